@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make demo` runs the example job locally,
+# `make test` installs what is missing and runs the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test soak bench demo crd manifests clean
+
+$(STAMP): requirements-test.txt trainer/pyproject.toml operator/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-test.txt
+	$(PY) -m pip install -q -e trainer -e operator
+	touch $@
+
+setup: $(STAMP)
+	scripts/install-system-deps.sh
+
+test: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+soak: setup
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench
+
+demo: setup
+	scripts/demo.sh
+
+clean:
+	rm -rf $(VENV) runs
