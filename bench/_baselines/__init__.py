@@ -1,0 +1,1 @@
+"""Baselines that ddpjob's trainer is measured against: plain scripts a team would write without it."""
