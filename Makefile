@@ -31,3 +31,8 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) runs
+
+# manifests/install.yaml = the chart's CRDs + its templates rendered with
+# default values; a test fails when it drifts from the chart.
+manifests: setup
+	$(PY) scripts/generate-manifests.py
