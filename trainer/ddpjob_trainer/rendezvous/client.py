@@ -1,0 +1,190 @@
+"""A fail-over connection to an etcd v3 cluster, with TLS, user/password auth and one lease per process.
+
+etcd3 0.12 talks to one endpoint per client. :class:`EtcdConnection` keeps an
+ordered list of endpoints and runs every call against the current one; when it
+is unreachable the call moves on to the next endpoint (a fresh gRPC channel,
+so no reconnect backoff is inherited) until ``read_timeout`` runs out. Errors
+that retrying cannot fix (bad credentials, missing permissions) are raised at
+once with the user and the key prefix named.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TypeVar
+
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
+
+from ddpjob_trainer.rendezvous import _etcd3
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# One RPC may wait this long for an endpoint before the next endpoint is tried.
+_ATTEMPT_TIMEOUT_S = 5.0
+# Pause between full passes over all endpoints (doubling up to the maximum).
+_RETRY_PAUSE_S = 0.2
+_MAX_RETRY_PAUSE_S = 1.0
+# Short gRPC reconnect backoff: an etcd restart should be noticed within a second, not grpc's 120 s maximum.
+_GRPC_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    """How to reach and authenticate to etcd; built from ``--rdzv_endpoint`` and ``--rdzv_conf``."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    ca_cert: str | None = None
+    ssl_cert: str | None = None
+    ssl_cert_key: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    read_timeout: float = 60.0
+    lease_ttl: int = 7200
+
+    @property
+    def endpoint_names(self) -> str:
+        return ", ".join(f"{host}:{port}" for host, port in self.endpoints)
+
+
+class EtcdConnection:
+    """Runs etcd3 client calls against the first reachable endpoint; owns this process's lease.
+
+    Thread-safe: torch's keep-alive timer thread and the agent's main thread
+    share one connection, and calls are serialized by a lock.
+    """
+
+    def __init__(self, settings: EtcdSettings) -> None:
+        if not settings.endpoints:
+            raise ValueError("etcd endpoints must not be empty: pass --rdzv_endpoint=host:port[,host:port...]")
+        self.settings = settings
+        self._etcd3 = _etcd3.load()
+        self._lock = threading.RLock()
+        self._index = 0
+        self._client = None
+        self._lease = None
+        self._lease_refreshed_at = 0.0
+
+    def call(self, what: str, operation: Callable[[object], T]) -> T:
+        """Returns ``operation(client)``, failing over between endpoints until ``read_timeout`` runs out.
+
+        Args:
+            what: a few words naming the operation, for error messages.
+            operation: receives an ``etcd3.Etcd3Client``; must be safe to repeat.
+
+        Raises:
+            RendezvousConnectionError: no endpoint answered within ``read_timeout``.
+            RendezvousError: etcd rejected the credentials or the permissions.
+        """
+        with self._lock:
+            deadline = time.monotonic() + self.settings.read_timeout
+            pause = _RETRY_PAUSE_S
+            failures: dict[str, str] = {}
+            while True:
+                for _ in self.settings.endpoints:
+                    endpoint = self._current_name()
+                    try:
+                        return operation(self._connected_client(deadline))
+                    except Exception as exc:  # noqa: BLE001 - classified below, re-raised when not transient
+                        reason = self._transient_reason(exc, endpoint)
+                        failures[endpoint] = reason
+                        logger.info("etcd %s failed on %s (%s); trying the next endpoint", what, endpoint, reason)
+                        self._drop_client()
+                        self._index = (self._index + 1) % len(self.settings.endpoints)
+                if time.monotonic() + pause >= deadline:
+                    raise RendezvousConnectionError(self._unreachable_message(what, failures))
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_RETRY_PAUSE_S)
+
+    def lease_id(self, client) -> int:
+        """This process's lease (granted on first use, renewed after a third of its TTL or when it expired)."""
+        ttl = self.settings.lease_ttl
+        now = time.monotonic()
+        if self._lease is None or now - self._lease_refreshed_at > ttl / 3:
+            alive = False
+            if self._lease is not None:
+                responses = client.refresh_lease(self._lease.id)
+                alive = any(response.TTL > 0 for response in responses)
+            if not alive:
+                self._lease = client.lease(ttl)
+            self._lease_refreshed_at = now
+        return self._lease.id
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_client()
+
+    def _current_name(self) -> str:
+        host, port = self.settings.endpoints[self._index]
+        return f"{host}:{port}"
+
+    def _connected_client(self, deadline: float):
+        if self._client is None:
+            host, port = self.settings.endpoints[self._index]
+            s = self.settings
+            self._client = self._etcd3.client(
+                host=host,
+                port=port,
+                ca_cert=s.ca_cert,
+                cert_cert=s.ssl_cert,
+                cert_key=s.ssl_cert_key,
+                user=s.username,
+                password=s.password,
+                timeout=max(0.1, min(_ATTEMPT_TIMEOUT_S, deadline - time.monotonic())),
+                grpc_options=_GRPC_OPTIONS,
+            )
+        return self._client
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _transient_reason(self, exc: Exception, endpoint: str) -> str:
+        """Returns why ``exc`` is worth retrying elsewhere, or raises a clear error when it is not."""
+        exceptions = self._etcd3.exceptions
+        if isinstance(exc, exceptions.ConnectionFailedError):
+            return "unavailable"
+        if isinstance(exc, exceptions.ConnectionTimeoutError):
+            return "timed out"
+        code = getattr(exc, "code", None)
+        if not callable(code):
+            raise exc
+        name = code().name
+        details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+        if name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            return f"{name.lower()}: {details}"
+        if name == "UNAUTHENTICATED":
+            # etcd forgets simple auth tokens when it restarts; a new client authenticates again.
+            return f"auth token rejected, re-authenticating: {details}"
+        if name == "INVALID_ARGUMENT" and "authentication failed" in details:
+            raise RendezvousError(
+                f"etcd at {endpoint} rejected rdzv_conf username '{self.settings.username}': {details}; "
+                f"check the username and password"
+            ) from exc
+        if name == "FAILED_PRECONDITION" and "authentication is not enabled" in details:
+            raise RendezvousError(
+                f"etcd at {endpoint} has authentication disabled but rdzv_conf username "
+                f"'{self.settings.username}' was given: drop username/password or enable auth in etcd"
+            ) from exc
+        if name == "PERMISSION_DENIED":
+            raise RendezvousError(
+                f"etcd at {endpoint} denied rdzv_conf username '{self.settings.username}': {details}; "
+                f"grant it a role with readwrite on the rendezvous key prefix"
+            ) from exc
+        raise exc
+
+    def _unreachable_message(self, what: str, failures: dict[str, str]) -> str:
+        tried = "; ".join(f"{endpoint} ({reason})" for endpoint, reason in failures.items())
+        return (
+            f"etcd {what} failed: no endpoint of --rdzv_endpoint={self.settings.endpoint_names} answered within "
+            f"read_timeout={self.settings.read_timeout:g} s; tried {tried}. Check that etcd is running and "
+            f"reachable at these addresses"
+        )
