@@ -133,3 +133,9 @@ def test_chart_metadata_declares_kube_and_app_versions():
         metadata = chart.metadata
     assert metadata["apiVersion"] == "v2" and metadata["appVersion"] == "0.1.0"
     assert metadata["kubeVersion"].startswith(">=1.29")
+
+
+@pytest.mark.parametrize("path", leaf_paths(yaml.safe_load(VALUES_TEXT)))
+def test_install_docs_list_every_value(path):
+    docs = (CHART_DIR.parents[1] / "docs" / "install.md").read_text()
+    assert f"| `{path}` |" in docs, f"docs/install.md: add a row for `{path}` to the values table"
