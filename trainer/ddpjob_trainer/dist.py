@@ -1,0 +1,76 @@
+"""The process group for one worker: set up from DistEnv, always torn down.
+
+On a machine with CUDA each worker binds to GPU ``local_rank`` and uses
+NCCL; without CUDA it uses gloo, so the same script runs in CPU-only tests.
+
+Usage::
+
+    from ddpjob_trainer import distributed
+
+    with distributed() as env:      # init_process_group(...) ... destroy_process_group()
+        train(env)
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as torch_dist
+
+from .env import DistEnv, dist_env
+
+log = logging.getLogger(__name__)
+
+# Long enough for a slow snapshot write on rank 0 while the others wait in a
+# collective; short enough that a hung peer fails the round instead of
+# blocking until torchrun's own timeouts.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def backend_for(cuda_available: bool) -> str:
+    """NCCL when the worker has a GPU, gloo otherwise."""
+    return "nccl" if cuda_available else "gloo"
+
+
+def device_for(env: DistEnv, cuda_available: bool | None = None) -> torch.device:
+    """The device this worker trains on: ``cuda:<local_rank>`` or the CPU."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    return torch.device("cuda", env.local_rank) if cuda_available else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def distributed(env: DistEnv | None = None, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Iterator[DistEnv]:
+    """Joins the process group described by ``env`` (read from torchrun when omitted).
+
+    The group is destroyed on every way out of the block, including
+    exceptions, so a failed worker does not leave NCCL communicators behind.
+
+    Yields:
+        The DistEnv the group was built from.
+    """
+    env = env or dist_env()
+    cuda = torch.cuda.is_available()
+    backend = backend_for(cuda)
+    device_id = None
+    if cuda:
+        # Before init: NCCL picks the current device for its communicator.
+        torch.cuda.set_device(env.local_rank)
+        device_id = torch.device("cuda", env.local_rank)
+    torch_dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+        device_id=device_id,
+    )
+    log.debug("rank %d/%d joined the %s process group", env.rank, env.world_size, backend)
+    try:
+        yield env
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()

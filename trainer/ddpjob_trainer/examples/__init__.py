@@ -1,0 +1,1 @@
+"""Runnable example jobs (``torchrun -m ddpjob_trainer.examples.<name>``)."""

@@ -1,0 +1,353 @@
+"""Atomic, verified training snapshots on a volume shared by every node.
+
+A snapshot is two files in the snapshot directory, named by global step and
+epoch so that names sort in training order::
+
+    snapshot-s0000000120-e000003.pt     torch.save() of the state dict
+    snapshot-s0000000120-e000003.json   manifest: format, file, sha256, size,
+                                        epoch, step, samples_consumed, time
+
+Both are written to a temporary file in the same directory, fsynced, renamed
+into place, and the directory is fsynced, data first and manifest last. A
+snapshot counts only when its manifest exists and the data's sha256 matches,
+so a writer killed at any point leaves either the previous snapshot or a
+complete new one, never a half-written file that looks valid. (Writing in
+place, as the PyTorch DDP tutorial does, corrupts the only snapshot when the
+writer dies mid-write.)
+
+After each complete snapshot ``progress.json`` (``{epoch, step, time, path,
+samples_consumed}``) is replaced atomically for the operator, and snapshots
+beyond the newest ``keep`` are deleted, manifest first, so that a deletion
+interrupted half-way never leaves a manifest pointing at missing data.
+
+``epoch`` is the epoch training resumes at (= epochs completed) and
+``samples_consumed`` how many samples of that epoch's global order were
+already trained on.
+
+Usage::
+
+    store = SnapshotStore("/snapshots", keep=2, rank=env.rank)
+    found = store.load_latest(map_location=device)      # None on a fresh start
+    ...
+    store.save(state, epoch=3, step=120)                # no-op on ranks other than 0
+    store.close()                                       # waits for an async save
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+PROGRESS_FILE = "progress.json"
+_NAME = re.compile(r"^snapshot-s(\d{10})-e(\d{6})$")
+_TMP_MARK = ".tmp-"
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot could not be written, or none of the stored ones is usable."""
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """What a manifest says about one complete snapshot."""
+
+    path: str
+    epoch: int
+    step: int
+    samples_consumed: int
+    time: str
+    sha256: str = ""
+    size: int = 0
+
+    @property
+    def manifest_path(self) -> Path:
+        return Path(self.path).with_suffix(".json")
+
+
+def snapshot_stem(epoch: int, step: int) -> str:
+    """Base name of a snapshot; names sort by (step, epoch)."""
+    return f"snapshot-s{step:010d}-e{epoch:06d}"
+
+
+class SnapshotStore:
+    """Writes (rank 0 only) and reads snapshots in ``directory``.
+
+    Args:
+        directory: snapshot directory, the same path on every node.
+        keep: complete snapshots to keep (older ones are deleted after a newer one is complete).
+        rank: global rank of this worker; only rank 0 writes.
+        async_save: copy the state to CPU and write it in a background thread;
+            the next save (and ``wait``/``close``) waits for it and re-raises its error.
+        on_saved: called with the SnapshotInfo after each complete snapshot
+            (from the writer thread when ``async_save``).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        keep: int = 2,
+        *,
+        rank: int = 0,
+        async_save: bool = False,
+        on_saved: Callable[[SnapshotInfo], None] | None = None,
+    ):
+        if keep < 1:
+            raise ValueError(f"SnapshotStore keep ({keep}) must be >= 1: the newest snapshot is always kept")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.rank = rank
+        self.async_save = async_save
+        self.on_saved = on_saved
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._remove_temporaries()
+
+    # -- writing -------------------------------------------------------------------
+
+    def save(self, state: dict[str, Any], *, epoch: int, step: int, samples_consumed: int = 0) -> None:
+        """Stores ``state`` as the snapshot for (epoch, step); returns at once on other ranks.
+
+        Raises:
+            SnapshotError: the previous asynchronous save failed.
+        """
+        if self.rank != 0:
+            return
+        self.wait()
+        meta = {"epoch": epoch, "step": step, "samples_consumed": samples_consumed}
+        if not self.async_save:
+            self._write(state, meta)
+            return
+        # Copy now: the training loop mutates parameters and optimizer state
+        # in place while the writer thread is still serializing.
+        cpu_state = to_cpu(state)
+        self._thread = threading.Thread(target=self._write_in_background, args=(cpu_state, meta), daemon=False)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Blocks until a pending asynchronous save is complete; re-raises its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise SnapshotError(f"asynchronous snapshot save to {self.directory} failed: {error}") from error
+
+    def close(self) -> None:
+        """Waits for a pending save (same as ``wait``)."""
+        self.wait()
+
+    def _write_in_background(self, state: dict[str, Any], meta: dict[str, int]) -> None:
+        try:
+            self._write(state, meta)
+        except BaseException as error:  # noqa: BLE001 - handed to the training thread
+            self._error = error
+
+    def _write(self, state: dict[str, Any], meta: dict[str, int]) -> None:
+        stem = snapshot_stem(meta["epoch"], meta["step"])
+        data_path = self.directory / f"{stem}.pt"
+        digest, size = _atomic_write(data_path, lambda handle: torch.save(state, handle))
+        info = SnapshotInfo(path=str(data_path), time=_now(), sha256=digest, size=size, **meta)
+        manifest = {"format": FORMAT_VERSION, "file": data_path.name, **asdict(info)}
+        del manifest["path"]
+        _atomic_write(info.manifest_path, _json_writer(manifest))
+        progress = {k: getattr(info, k) for k in ("epoch", "step", "time", "path", "samples_consumed")}
+        _atomic_write(self.directory / PROGRESS_FILE, _json_writer(progress))
+        log.info("snapshot complete: %s (epoch %d, step %d)", data_path, info.epoch, info.step)
+        self._prune()
+        if self.on_saved is not None:
+            self.on_saved(info)
+
+    def _prune(self) -> None:
+        """Deletes complete snapshots beyond ``keep`` and orphaned data older than the kept ones."""
+        complete = self.complete()
+        for old in complete[: -self.keep]:
+            old.manifest_path.unlink(missing_ok=True)
+            Path(old.path).unlink(missing_ok=True)
+        kept = complete[-self.keep :]
+        if not kept:
+            return
+        oldest_kept = _sort_key(Path(kept[0].path))
+        for data in self.directory.glob("snapshot-*.pt"):
+            if _sort_key(data) < oldest_kept and not data.with_suffix(".json").exists():
+                data.unlink(missing_ok=True)
+
+    def _remove_temporaries(self) -> None:
+        # Left by a writer that was killed; no writer runs while a new round starts.
+        for leftover in self.directory.glob(f".*{_TMP_MARK}*"):
+            leftover.unlink(missing_ok=True)
+
+    # -- reading -------------------------------------------------------------------
+
+    def complete(self) -> list[SnapshotInfo]:
+        """Snapshots whose manifest is in place, oldest first (data not verified)."""
+        found = []
+        for manifest in self.directory.glob("snapshot-*.json"):
+            if _NAME.match(manifest.stem) is None:
+                continue
+            try:
+                found.append(_read_manifest(manifest))
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                _warn(f"snapshot manifest {manifest} is unreadable ({error}); ignoring it")
+        return sorted(found, key=lambda info: _sort_key(Path(info.path)))
+
+    def latest(self) -> SnapshotInfo | None:
+        """The newest snapshot whose data matches its manifest, warning about each one skipped."""
+        skipped: list[str] = []
+        for candidate in self._candidates_newest_first():
+            problem = _verify(candidate) if isinstance(candidate, SnapshotInfo) else "it has no manifest (save was interrupted)"
+            name = candidate.path if isinstance(candidate, SnapshotInfo) else str(candidate)
+            if problem is None:
+                if skipped:
+                    _warn(f"skipped snapshot(s) {'; '.join(skipped)}; using previous snapshot {name}")
+                return candidate
+            skipped.append(f"{name}: {problem}")
+        if skipped:
+            _warn(f"no usable snapshot in {self.directory}; skipped {'; '.join(skipped)}; starting from scratch")
+        return None
+
+    def load(self, info: SnapshotInfo, map_location: Any = None) -> dict[str, Any]:
+        """Reads the state stored in ``info`` onto ``map_location`` (e.g. this rank's device)."""
+        # weights_only=False: the state holds Python/numpy RNG states and the user's extra dict.
+        return torch.load(info.path, map_location=map_location, weights_only=False)
+
+    def load_latest(self, map_location: Any = None) -> tuple[SnapshotInfo, dict[str, Any]] | None:
+        """The newest usable snapshot and its state, or None when there is none."""
+        info = self.latest()
+        if info is None:
+            return None
+        return info, self.load(info, map_location)
+
+    def _candidates_newest_first(self) -> list[SnapshotInfo | Path]:
+        """Complete snapshots plus data files without a manifest that are newer than all of them."""
+        complete = self.complete()
+        newest_key = _sort_key(Path(complete[-1].path)) if complete else (-1, -1)
+        orphans = [
+            data
+            for data in self.directory.glob("snapshot-*.pt")
+            if _NAME.match(data.stem) and not data.with_suffix(".json").exists() and _sort_key(data) > newest_key
+        ]
+        merged: list[SnapshotInfo | Path] = [*complete, *orphans]
+        merged.sort(key=lambda item: _sort_key(Path(item.path if isinstance(item, SnapshotInfo) else item)))
+        return merged[::-1]
+
+
+def to_cpu(value: Any) -> Any:
+    """A deep copy of ``value`` with every tensor copied to CPU memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: to_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        copied = [to_cpu(item) for item in value]
+        return type(value)(copied) if isinstance(value, list) else tuple(copied)
+    return copy.deepcopy(value)
+
+
+class _HashingWriter:
+    """File wrapper that hashes bytes as they are written (no second read of a large file)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> tuple[str, int]:
+    """Writes via a same-directory temporary file, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as handle:
+            writer = _HashingWriter(handle)
+            write(writer)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return writer.sha256.hexdigest(), writer.size
+
+
+def _fsync_directory(directory: Path) -> None:
+    # The rename is durable only once the directory entry is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json_writer(document: dict[str, Any]) -> Callable[[Any], None]:
+    return lambda handle: handle.write(json.dumps(document, indent=1, sort_keys=True).encode() + b"\n")
+
+
+def _read_manifest(manifest: Path) -> SnapshotInfo:
+    document = json.loads(manifest.read_text())
+    if document.get("format") != FORMAT_VERSION:
+        raise ValueError(f"format {document.get('format')!r} is not {FORMAT_VERSION}")
+    return SnapshotInfo(
+        path=str(manifest.with_name(document["file"])),
+        epoch=int(document["epoch"]),
+        step=int(document["step"]),
+        samples_consumed=int(document["samples_consumed"]),
+        time=str(document["time"]),
+        sha256=str(document["sha256"]),
+        size=int(document["size"]),
+    )
+
+
+def _verify(info: SnapshotInfo) -> str | None:
+    """None when the data file matches the manifest, else what is wrong."""
+    path = Path(info.path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "its data file is missing"
+    if size != info.size:
+        return f"size {size} bytes does not match the manifest's {info.size}"
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != info.sha256:
+        return "sha256 does not match the manifest (corrupt data)"
+    return None
+
+
+def _sort_key(data_path: Path) -> tuple[int, int]:
+    match = _NAME.match(data_path.stem)
+    return (int(match.group(1)), int(match.group(2))) if match else (-1, -1)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _warn(message: str) -> None:
+    log.warning(message)

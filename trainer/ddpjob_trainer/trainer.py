@@ -1,0 +1,495 @@
+"""The DDP training loop: resume from a snapshot, train, snapshot, repeat.
+
+Follows torchrun's contract: any worker failure or membership change restarts
+every worker, so the loop is written to be killed at any point. On start it
+loads the newest complete snapshot *before* wrapping the model in DDP
+(DDP broadcasts rank 0's parameters at construction, so every rank must hold
+the restored weights by then) and continues at the first unfinished step:
+a mid-epoch snapshot resumes inside its epoch, skipping exactly the samples
+already trained on, also when the world size changed (see sampler.py).
+
+Usage (inside ``with distributed():``)::
+
+    trainer = Trainer(
+        model, optimizer, dataset,
+        TrainerConfig(epochs=5, batch_size=32, snapshot_dir="/snapshots", snapshot_every_steps=100),
+        loss_fn=lambda model, batch: F.mse_loss(model(batch[0]), batch[1]),
+        scheduler=scheduler,
+    )
+    result = trainer.train()
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from .dist import device_for
+from .env import DistEnv, dist_env
+from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
+from .sampler import ResumableSampler
+from .snapshot import SnapshotInfo, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+@dataclass
+class TrainerConfig:
+    """Knobs of the training loop.
+
+    Attributes:
+        epochs: epochs to train in total (across restarts).
+        batch_size: samples per rank per micro-step.
+        accumulation_steps: micro-steps per optimizer step (gradients are
+            all-reduced only on the last one).
+        seed: seed for the data order and the initial RNG state.
+        snapshot_dir: shared snapshot directory; None disables snapshots (a
+            restart then trains from scratch).
+        snapshot_every_epochs: snapshot after every N epochs (0 = off).
+        snapshot_every_steps: snapshot after every M optimizer steps (0 = off).
+        snapshot_keep: complete snapshots to keep.
+        async_snapshot: write snapshots in a background thread.
+        metrics_file: JSON-lines metrics file written by rank 0 (None = off).
+        bucket_cap_mb: DDP gradient bucket size.
+        amp: mixed precision with a GradScaler (CUDA only; ignored on CPU).
+        num_workers: DataLoader worker processes.
+        progress_bar: tqdm bar on rank 0.
+        step_sleep: seconds to sleep after each optimizer step (slows the job for kill tests).
+        tensorboard_dir: also log scalars to TensorBoard (needs tensorboard).
+        wandb_project: also log scalars to W&B (needs wandb); the run id is kept in the snapshot.
+        fail_at_step: debugging: raise after this global step on the first attempt
+            (TORCHELASTIC_RESTART_COUNT=0), to exercise the restart path.
+    """
+
+    epochs: int
+    batch_size: int = 32
+    accumulation_steps: int = 1
+    seed: int = 0
+    snapshot_dir: str | None = None
+    snapshot_every_epochs: int = 1
+    snapshot_every_steps: int = 0
+    snapshot_keep: int = 2
+    async_snapshot: bool = False
+    metrics_file: str | None = None
+    bucket_cap_mb: float = 25.0
+    amp: bool = False
+    num_workers: int = 0
+    progress_bar: bool = True
+    step_sleep: float = 0.0
+    tensorboard_dir: str | None = None
+    wandb_project: str | None = None
+    fail_at_step: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"TrainerConfig.{f.name} ({getattr(self, f.name)}) must be {rule}"
+            for f in fields(self)
+            for rule in [_RULES.get(f.name)]
+            if rule is not None and not _RULE_CHECKS[rule](getattr(self, f.name))
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+_RULES = {
+    "epochs": ">= 1",
+    "batch_size": ">= 1",
+    "accumulation_steps": ">= 1",
+    "snapshot_every_epochs": ">= 0",
+    "snapshot_every_steps": ">= 0",
+    "snapshot_keep": ">= 1",
+    "bucket_cap_mb": "> 0",
+    "num_workers": ">= 0",
+    "step_sleep": ">= 0",
+}
+_RULE_CHECKS = {">= 1": lambda v: v >= 1, ">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0}
+
+
+@dataclass
+class Position:
+    """Where training stands: the epoch to run, optimizer steps done, samples of that epoch done."""
+
+    epoch: int = 0
+    step: int = 0
+    consumed: int = 0
+
+
+@dataclass
+class TrainResult:
+    """What ``Trainer.train`` achieved in this attempt."""
+
+    epochs: int
+    step: int
+    loss: float
+    resumed_from: SnapshotInfo | None = None
+    validation_loss: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    """Trains ``model`` with DDP on ``train_data``; needs an initialized process group.
+
+    Args:
+        model: the model (moved to this rank's device; wrapped in DDP after the snapshot is loaded).
+        optimizer: optimizer over ``model``'s parameters.
+        train_data: map-style dataset; batches are collated by DataLoader.
+        config: TrainerConfig.
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``, batch already on the device.
+        scheduler: LR scheduler, stepped after every optimizer step.
+        val_data: validated on rank 0 after every epoch when given.
+        env: the DistEnv (read from torchrun when omitted).
+        extra: user state saved in and restored from every snapshot (``trainer.extra``).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_data: Dataset,
+        config: TrainerConfig,
+        *,
+        loss_fn: LossFn,
+        scheduler: Any = None,
+        val_data: Dataset | None = None,
+        env: DistEnv | None = None,
+        extra: dict[str, Any] | None = None,
+    ):
+        if not torch_dist.is_initialized():
+            raise RuntimeError("Trainer needs a process group: construct it inside `with ddpjob_trainer.distributed():`")
+        self.env = env or dist_env()
+        self.config = config
+        self.device = device_for(self.env)
+        self.model = model.to(self.device)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn
+        self.train_data = train_data
+        self.val_data = val_data
+        self.extra = dict(extra or {})
+        self.scaler = torch.amp.GradScaler("cuda") if config.amp and self.device.type == "cuda" else None
+        self.position = Position()
+        # The data order's seed; a resumed job keeps the snapshot's.
+        self.sampler_seed = config.seed
+        self.store = self._make_store()
+        self.resumed_from = self._resume()
+        self.metrics = MetricsWriter(config.metrics_file if self.env.is_rank0 else None, self._make_sinks())
+        self.ddp = DistributedDataParallel(
+            self.model,
+            device_ids=[self.env.local_rank] if self.device.type == "cuda" else None,
+            bucket_cap_mb=config.bucket_cap_mb,
+        )
+
+    # -- setup ---------------------------------------------------------------------
+
+    def _make_store(self) -> SnapshotStore | None:
+        if not self.config.snapshot_dir:
+            if self.env.is_rank0:
+                log.warning("no snapshot directory: a restart will train from scratch")
+            return None
+        return SnapshotStore(
+            self.config.snapshot_dir,
+            keep=self.config.snapshot_keep,
+            rank=self.env.rank,
+            async_save=self.config.async_snapshot,
+            on_saved=self._on_snapshot_saved,
+        )
+
+    def _make_sinks(self) -> list[Sink]:
+        if not self.env.is_rank0:
+            return []
+        sinks: list[Sink] = []
+        if self.config.tensorboard_dir:
+            sinks.append(TensorBoardSink(self.config.tensorboard_dir))
+        if self.config.wandb_project:
+            sink = WandbSink(self.config.wandb_project, self.extra.get("wandb_run_id"), config=vars(self.config))
+            self.extra["wandb_run_id"] = sink.run_id
+            sinks.append(sink)
+        return sinks
+
+    def _resume(self) -> SnapshotInfo | None:
+        seed_everything(self.config.seed + self.env.rank)
+        if self.store is None:
+            return None
+        # Rank 0 picks the snapshot and tells the others, so every rank loads
+        # the same file even if a shared volume shows new files late.
+        chosen = [self.store.latest() if self.env.is_rank0 else None]
+        torch_dist.broadcast_object_list(chosen, src=0)
+        info = chosen[0]
+        if info is None:
+            return None
+        state = self.store.load(info, map_location=self.device)
+        self._restore(state)
+        if self.env.is_rank0:
+            log.info(
+                "resumed from %s: epoch %d, step %d, %d samples of the epoch done (saved at world size %d, now %d)",
+                info.path, info.epoch, info.step, info.samples_consumed, state["world_size"], self.env.world_size,
+            )
+        return info
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        restore_rng(state["rng"], self.env.rank)
+        self.position = Position(state["epoch"], state["step"], state["samples_consumed"])
+        if state["sampler_seed"] != self.config.seed:
+            log.warning("keeping the snapshot's data seed %d (config seed %d)", state["sampler_seed"], self.config.seed)
+        self.sampler_seed = state["sampler_seed"]
+        self.extra.update(state.get("extra") or {})
+
+    # -- the loop ------------------------------------------------------------------
+
+    def train(self) -> TrainResult:
+        """Runs the remaining epochs; returns where training ended."""
+        cfg = self.config
+        self.metrics.write(
+            "start", world_size=self.env.world_size, restart_count=self.env.restart_count,
+            resume_epoch=self.position.epoch, resume_step=self.position.step,
+        )
+        loss, val_loss = math.nan, None
+        try:
+            for epoch in range(self.position.epoch, cfg.epochs):
+                loss = self._run_epoch(epoch)
+                val_loss = self._end_epoch(epoch, loss)
+            if self.store is not None:
+                self.store.wait()
+            self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
+        finally:
+            self._close()
+        return TrainResult(cfg.epochs, self.position.step, loss, self.resumed_from, val_loss, self.extra)
+
+    def _run_epoch(self, epoch: int) -> float:
+        consumed = self.position.consumed if epoch == self.position.epoch else 0
+        loader = self._loader(epoch, consumed)
+        micro_batches = len(loader)
+        accum = self.config.accumulation_steps
+        bar = self._progress_bar(epoch, math.ceil(micro_batches / accum))
+        losses: list[float] = []
+        group_loss, group_samples, last_time = 0.0, 0, time.perf_counter()
+        for index, batch in enumerate(loader):
+            group_start = index - index % accum
+            group_size = min(accum, micro_batches - group_start)
+            last_micro = index + 1 == group_start + group_size
+            group_loss += self._micro_step(batch, group_size, sync=last_micro)
+            group_samples += _batch_len(batch)
+            if not last_micro:
+                continue
+            loss = self._optimizer_step(group_loss / group_size)
+            consumed += group_samples * self.env.world_size
+            now = time.perf_counter()
+            self._after_step(epoch, loss, group_samples * self.env.world_size / (now - last_time), bar)
+            losses.append(loss)
+            self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
+            group_loss, group_samples, last_time = 0.0, 0, time.perf_counter()
+        bar.close()
+        return float(np.mean(losses)) if losses else math.nan
+
+    def _micro_step(self, batch: Any, group_size: int, sync: bool) -> float:
+        batch = _to_device(batch, self.device)
+        # no_sync: skip the gradient all-reduce on all but the last micro-step
+        # of an accumulation group; gradients accumulate locally meanwhile.
+        context = contextlib.nullcontext() if sync else self.ddp.no_sync()
+        with context:
+            with torch.autocast(self.device.type, enabled=self.scaler is not None):
+                loss = self.loss_fn(self.ddp, batch)
+            scaled = loss / group_size
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return loss.detach().item()
+
+    def _optimizer_step(self, local_loss: float) -> float:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.position.step += 1
+        # The logged loss is the mean over all ranks, not just rank 0's shard.
+        total = torch.tensor([local_loss], dtype=torch.float64, device=self.device)
+        torch_dist.all_reduce(total)
+        return total.item() / self.env.world_size
+
+    def _after_step(self, epoch: int, loss: float, samples_per_s: float, bar: tqdm) -> None:
+        step = self.position.step
+        self.metrics.write(
+            "step", epoch=epoch, step=step, loss=loss, samples_per_s=round(samples_per_s, 2), world_size=self.env.world_size
+        )
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", step=step)
+        if self.config.fail_at_step == step and self.env.restart_count == 0:
+            raise RuntimeError(f"fail_at_step={step}: failing on purpose on the first attempt (debugging flag)")
+        if self.config.step_sleep:
+            time.sleep(self.config.step_sleep)
+
+    def _maybe_step_snapshot(self, epoch: int, consumed: int, last_in_epoch: bool) -> None:
+        every = self.config.snapshot_every_steps
+        # At the epoch's last step the end-of-epoch snapshot stands in, so that
+        # a resume never replays the epoch's end.
+        if every and self.position.step % every == 0 and not last_in_epoch:
+            self._snapshot(epoch, consumed)
+
+    def _end_epoch(self, epoch: int, loss: float) -> float | None:
+        cfg, step = self.config, self.position.step
+        self.metrics.write("epoch_end", epoch=epoch, step=step, loss=loss)
+        val_loss = self._validate() if self.env.is_rank0 and self.val_data is not None else None
+        if val_loss is not None:
+            self.metrics.write("validation", epoch=epoch, step=step, loss=val_loss)
+        if self.env.is_rank0:
+            log.info("epoch %d done at step %d: loss %.5f, validation loss %s", epoch, step, loss, val_loss)
+        due = (
+            (cfg.snapshot_every_epochs and (epoch + 1) % cfg.snapshot_every_epochs == 0)
+            or (cfg.snapshot_every_steps and step % cfg.snapshot_every_steps == 0)
+            or epoch + 1 == cfg.epochs
+        )
+        if due:
+            self._snapshot(epoch + 1, 0)
+        self.position = Position(epoch + 1, step, 0)
+        return val_loss
+
+    @torch.no_grad()
+    def _validate(self) -> float:
+        model = self.ddp.module
+        model.eval()
+        loader = DataLoader(self.val_data, batch_size=self.config.batch_size, generator=torch.Generator())
+        total, count = 0.0, 0
+        for batch in loader:
+            size = _batch_len(batch)
+            total += self.loss_fn(model, _to_device(batch, self.device)).item() * size
+            count += size
+        model.train()
+        return total / max(count, 1)
+
+    # -- snapshots -----------------------------------------------------------------
+
+    def _snapshot(self, epoch: int, consumed: int) -> None:
+        """Saves (rank 0) the state to resume at ``epoch`` after ``consumed`` of its samples."""
+        if self.store is None:
+            return
+        rng_states = gather_rng_states()  # collective: every rank calls _snapshot
+        if not self.env.is_rank0:
+            return
+        state = {
+            "model": self.ddp.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": epoch,
+            "step": self.position.step,
+            "samples_consumed": consumed,
+            "sampler_seed": self.sampler_seed,
+            "world_size": self.env.world_size,
+            "rng": rng_states,
+            "extra": self.extra,
+        }
+        self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
+
+    def _on_snapshot_saved(self, info: SnapshotInfo) -> None:
+        self.metrics.write(
+            "snapshot", epoch=info.epoch, step=info.step, path=info.path, samples_consumed=info.samples_consumed
+        )
+
+    def _loader(self, epoch: int, consumed: int) -> DataLoader:
+        sampler = ResumableSampler(len(self.train_data), self.env.world_size, self.env.rank, seed=self.sampler_seed)
+        sampler.set_epoch(epoch, consumed)
+        # A private generator: DataLoader otherwise draws its worker seed from
+        # the global RNG, which would make the RNG stream depend on where the
+        # job resumed.
+        generator = torch.Generator()
+        generator.manual_seed(self.sampler_seed * 1_000_003 + epoch * 1009 + self.env.rank)
+        return DataLoader(
+            self.train_data,
+            batch_size=self.config.batch_size,
+            sampler=sampler,
+            num_workers=self.config.num_workers,
+            pin_memory=self.device.type == "cuda",
+            generator=generator,
+        )
+
+    def _progress_bar(self, epoch: int, total: int) -> tqdm:
+        return tqdm(
+            total=total, desc=f"epoch {epoch}", unit="step", leave=False,
+            disable=not (self.env.is_rank0 and self.config.progress_bar),
+        )
+
+    def _close(self) -> None:
+        try:
+            if self.store is not None:
+                self.store.close()
+        finally:
+            self.metrics.close()
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python, numpy and torch (CPU and CUDA) RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (Python, numpy, torch CPU, torch CUDA of the current device)."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restores what ``rng_state`` returned (tensors may arrive on a GPU through map_location)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def gather_rng_states() -> list[dict[str, Any]]:
+    """Every rank's RNG state, indexed by rank (a collective call)."""
+    states: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(states, rng_state())
+    return states
+
+
+def restore_rng(states: list[dict[str, Any]], rank: int) -> None:
+    """Restores the saved state of ``rank``; a rank that did not exist at save time keeps its fresh seed."""
+    if rank < len(states):
+        set_rng_state(states[rank])
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: _to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(value, device) for value in batch)
+    return batch
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        return _batch_len(next(iter(batch.values())))
+    return _batch_len(batch[0])
