@@ -44,6 +44,7 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 NAMESPACED_GRANTS = {
     ("ddpjob.io", "ddpjobs"): {"get", "list", "watch", "patch", "delete"},
     ("ddpjob.io", "ddpjobs/status"): {"get", "patch"},
+    ("ddpjob.io", "ddpjobs/finalizers"): {"update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "services"): {"get", "list", "watch", "create", "delete"},
     ("", "events"): {"create", "patch"},
