@@ -206,3 +206,11 @@ def test_notes_tell_the_next_step():
     assert "kubectl apply -f" in notes and "manifests/examples/ddpjob-c10d.yaml" in notes
     assert "all namespaces" in notes
     assert "team-a, team-b" in render_notes(NAMESPACED)
+
+
+def test_packaged_chart_renders_the_same_as_the_directory(tmp_path):
+    archive = helm.package(CHART_DIR, destination=tmp_path)
+    assert archive.endswith("ddpjob-operator-0.1.0.tgz")
+    with helm.Chart.load(archive) as packaged, helm.Chart.load(CHART_DIR) as directory:
+        assert packaged.render(name=RELEASE, namespace=NAMESPACE) == directory.render(name=RELEASE, namespace=NAMESPACE)
+        assert sorted(c["filename"] for c in packaged.crds) == sorted(c["filename"] for c in directory.crds)
