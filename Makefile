@@ -36,3 +36,8 @@ clean:
 # default values; a test fails when it drifts from the chart.
 manifests: setup
 	$(PY) scripts/generate-manifests.py
+
+# The CRD is generated from the pydantic model (operator/ddpjob_operator/spec.py);
+# tests/operator/test_crd.py fails when the checked-in files drift from it.
+crd: $(STAMP)
+	$(PY) -m ddpjob_operator.crd

@@ -1,0 +1,93 @@
+"""Every fixed name the operator shares with Kubernetes, torchrun and its users.
+
+One module so that a label key or a condition reason is spelled once; the pure
+modules (render, plan, status) and the Kubernetes wiring all import from here.
+"""
+
+from __future__ import annotations
+
+# --- API -------------------------------------------------------------------
+GROUP = "ddpjob.io"  # API group of the DDPJob custom resource
+VERSION = "v1alpha1"  # served and stored version (alpha: fields may still change)
+API_VERSION = f"{GROUP}/{VERSION}"  # apiVersion written in manifests and ownerReferences
+KIND = "DDPJob"  # kind of the custom resource
+PLURAL = "ddpjobs"  # URL path segment and first part of the CRD name
+SINGULAR = "ddpjob"  # name kubectl accepts for one object
+SHORT_NAMES = ["ddpj"]  # `kubectl get ddpj`
+CATEGORIES = ["all"]  # `kubectl get all` lists DDPJobs next to their pods
+CRD_NAME = f"{PLURAL}.{GROUP}"  # metadata.name of the CustomResourceDefinition
+
+# --- Labels and annotations --------------------------------------------------
+LABEL_APP_NAME = "app.kubernetes.io/name"  # recommended label: the application
+LABEL_INSTANCE = "app.kubernetes.io/instance"  # recommended label: this job's name
+LABEL_COMPONENT = "app.kubernetes.io/component"  # recommended label: the role of the object
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # recommended label: who writes the object
+LABEL_JOB_NAME = f"{GROUP}/job-name"  # selects every object of one job (Service selector, scale selector)
+LABEL_NODE_INDEX = f"{GROUP}/node-index"  # the node index 0..replicas-1 of a pod
+ANNOTATION_RESTART_ATTEMPT = f"{GROUP}/restart-attempt"  # status.restarts when the pod was created
+
+APP_NAME = "ddpjob"  # value of LABEL_APP_NAME
+COMPONENT_NODE = "node"  # value of LABEL_COMPONENT on node pods
+COMPONENT_RENDEZVOUS = "rendezvous"  # value of LABEL_COMPONENT on the headless Service
+MANAGED_BY = "ddpjob-operator"  # value of LABEL_MANAGED_BY
+
+# --- Pods ------------------------------------------------------------------
+CONTAINER_NAME = "trainer"  # the one container of a node pod
+RDZV_PORT_NAME = "rdzv"  # name of the c10d rendezvous port on Service and container
+DEFAULT_RDZV_PORT = 29400  # torchrun's conventional c10d rendezvous port
+DEFAULT_ETCD_PORT = 2379  # etcd client port, used when an endpoint has no port
+SNAPSHOT_VOLUME = "snapshots"  # pod volume name of spec.snapshot.volume
+SHM_VOLUME = "dshm"  # pod volume name of the memory-backed /dev/shm
+SHM_MOUNT_PATH = "/dev/shm"  # where DataLoader workers and NCCL put shared memory
+CLUSTER_DOMAIN = "cluster.local"  # default cluster DNS suffix of Service FQDNs
+DNS_LABEL_MAX = 63  # RFC 1123 label limit for pod names, hostnames and Service names
+
+# --- Environment of the trainer --------------------------------------------
+ENV_SNAPSHOT_DIR = "DDPJOB_SNAPSHOT_DIR"  # where the trainer reads and writes snapshots
+ENV_JOB_NAME = "DDPJOB_JOB_NAME"  # metadata.name of the job, for logs and metrics
+ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"  # node index of this pod or local agent
+ENV_NAMESPACE = "DDPJOB_NAMESPACE"  # namespace of the job ("" for local runs)
+
+# --- Status ----------------------------------------------------------------
+PHASE_PENDING = "Pending"  # accepted; fewer than minReplicas nodes running yet
+PHASE_RUNNING = "Running"  # at least minReplicas nodes running
+PHASE_RESTARTING = "Restarting"  # a failed node is being replaced (maybe waiting for backoff)
+PHASE_SUCCEEDED = "Succeeded"  # every node's torchrun agent exited 0
+PHASE_FAILED = "Failed"  # permanent error, restart budget spent, deadline passed or invalid spec
+PHASE_SUSPENDED = "Suspended"  # runPolicy.suspend is true; no pods run
+FINISHED_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)  # phases that never change again
+
+COND_RUNNING = "Running"  # True while the phase is Running
+COND_RESTARTING = "Restarting"  # True while failed nodes are replaced
+COND_SUCCEEDED = "Succeeded"  # True once the job succeeded
+COND_FAILED = "Failed"  # True once the job failed
+COND_SUSPENDED = "Suspended"  # True while suspended
+COND_INVALID_SPEC = "InvalidSpec"  # True when the spec breaks a rule the CRD schema could not check
+PHASE_CONDITION = {  # the condition that is True in each phase (Pending has none)
+    PHASE_RUNNING: COND_RUNNING,
+    PHASE_RESTARTING: COND_RESTARTING,
+    PHASE_SUCCEEDED: COND_SUCCEEDED,
+    PHASE_FAILED: COND_FAILED,
+    PHASE_SUSPENDED: COND_SUSPENDED,
+}
+
+# Reasons (CamelCase, machine-readable) used in conditions and Events.
+REASON_CREATED = "Created"  # the job was accepted and its first pods are being created
+REASON_RUNNING = "NodesRunning"  # enough nodes run to train
+REASON_NODE_FAILED = "NodeFailed"  # a node pod failed with a retryable error
+REASON_NODE_DISRUPTED = "NodeDisrupted"  # a node pod was evicted or preempted
+REASON_BACKOFF = "BackoffLimitNotElapsed"  # waiting before replacing a failed node
+REASON_SUCCEEDED = "AllNodesSucceeded"  # every node exited 0
+REASON_PERMANENT_ERROR = "PermanentExitCode"  # a node exited with a code listed as permanent
+REASON_RESTARTS_EXHAUSTED = "RestartBudgetExhausted"  # failurePolicy.maxRestarts spent
+REASON_DEADLINE = "DeadlineExceeded"  # runPolicy.activeDeadlineSeconds passed
+REASON_SUSPENDED = "Suspended"  # runPolicy.suspend set
+REASON_RESUMED = "Resumed"  # runPolicy.suspend cleared
+REASON_INVALID_SPEC = "InvalidSpec"  # the spec breaks a validation rule
+REASON_SPEC_VALID = "SpecValid"  # a previously invalid spec is valid again
+REASON_SCALED = "Scaled"  # spec.replicas changed
+REASON_TTL_EXPIRED = "TTLExpired"  # ttlSecondsAfterFinished passed; the job is deleted
+
+# Event types (the two Kubernetes knows).
+EVENT_NORMAL = "Normal"  # routine progress
+EVENT_WARNING = "Warning"  # something needs a person's attention

@@ -1,0 +1,42 @@
+"""One reconciliation pass as a pure function: body + observed pods + now ->
+(status, events, actions). The kopf handlers call this and execute the result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from .plan import Action, plan_actions
+from .spec import DDPJobSpec, FieldError, JobRef, validate_job
+from .status import Event, compute_status
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """Everything one pass decided."""
+
+    status: dict[str, Any]
+    events: list[Event]
+    actions: list[Action]
+    spec: DDPJobSpec | None = None
+    errors: list[FieldError] = field(default_factory=list)
+
+
+def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime, *,
+              service_exists: bool) -> Reconciliation:
+    """Validate, compute the status, then plan from that fresh status.
+
+    Args:
+        body: the DDPJob object (metadata, spec, status).
+        pods: the job's pods, listed fresh for this pass.
+        now: the current time.
+        service_exists: whether the job's Service exists.
+    """
+    pods = list(pods)
+    ref = JobRef.from_body(body)
+    errors = validate_job(body)
+    spec = None if errors else DDPJobSpec.model_validate(body.get("spec") or {})
+    update = compute_status(ref, spec, pods, body.get("status"), now, errors=errors)
+    actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
+    return Reconciliation(update.status, update.events, actions, spec, errors)

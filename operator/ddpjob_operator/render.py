@@ -1,0 +1,186 @@
+"""Render a job's Kubernetes objects as plain dicts: one headless Service, one Pod per node.
+
+Pure: no API calls. `kube.py` sends what this returns; tests compare it with
+golden YAML files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import constants as C
+from .launch import NodeLaunch, launch_plan
+from .names import c10d_host, pod_hostname, pod_name, service_name
+from .spec import DDPJobSpec, JobRef
+
+
+def common_labels(job: str) -> dict[str, str]:
+    """Labels on every object of the job; LABEL_JOB_NAME is the selector."""
+    return {
+        C.LABEL_APP_NAME: C.APP_NAME,
+        C.LABEL_INSTANCE: job,
+        C.LABEL_MANAGED_BY: C.MANAGED_BY,
+        C.LABEL_JOB_NAME: job,
+    }
+
+
+def selector_labels(job: str) -> dict[str, str]:
+    """Labels that select the job's node pods (Service selector, scale selector)."""
+    return {C.LABEL_JOB_NAME: job}
+
+
+def selector(job: str) -> str:
+    """status.selector: the label selector of the scale subresource, as a string."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(job).items())
+
+
+def pod_labels(job: str, index: int) -> dict[str, str]:
+    """Labels of node pod `index`."""
+    return {**common_labels(job), C.LABEL_COMPONENT: C.COMPONENT_NODE, C.LABEL_NODE_INDEX: str(index)}
+
+
+def owner_reference(ref: JobRef) -> dict[str, Any]:
+    """Makes the DDPJob the controller of an object, so deleting the job deletes it."""
+    return {
+        "apiVersion": C.API_VERSION,
+        "kind": C.KIND,
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def render_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
+    """The headless Service that gives every node pod a DNS name."""
+    port = spec.elastic_policy.rdzv_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(ref.name),
+            "namespace": ref.namespace,
+            "labels": {**common_labels(ref.name), C.LABEL_COMPONENT: C.COMPONENT_RENDEZVOUS},
+            "ownerReferences": [owner_reference(ref)],
+        },
+        "spec": {
+            "clusterIP": "None",  # headless: DNS names resolve to pod IPs, no proxying
+            # Agents must resolve node 0 while the pods start, before any is Ready.
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(ref.name),
+            "ports": [{"name": C.RDZV_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def node_launch(ref: JobRef, spec: DDPJobSpec, index: int) -> NodeLaunch:
+    """The launch plan of node `index` inside the cluster."""
+    return launch_plan(
+        job=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec, node_index=index,
+        rdzv_host=c10d_host(ref.name, ref.namespace),
+        snapshot_dir=spec.snapshot.mount_path if spec.snapshot else None,
+    )
+
+
+def render_pod(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
+    """Node pod `index` (same name after every replacement, so its DNS name is stable)."""
+    po = spec.pod_overrides
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(ref.name, index),
+            "namespace": ref.namespace,
+            "labels": {**po.labels, **pod_labels(ref.name, index)},
+            **({"annotations": dict(po.annotations)} if po.annotations else {}),
+            "ownerReferences": [owner_reference(ref)],
+        },
+        "spec": _pod_spec(ref, spec, index),
+    }
+
+
+def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        # hostname + subdomain = the headless Service give <pod>.<job>.<ns>.svc DNS names.
+        "hostname": pod_hostname(ref.name, index),
+        "subdomain": service_name(ref.name),
+        # The operator replaces failed pods itself (with backoff and a budget); torchrun
+        # already restarts workers inside the pod (elasticPolicy.maxRestarts).
+        "restartPolicy": "Never",
+        # Service links would inject *_PORT variables; a Service named "master" sets
+        # MASTER_PORT=tcp://... and breaks torch.distributed.
+        "enableServiceLinks": False,
+        "containers": [_container(ref, spec, index)],
+        "volumes": _volumes(spec),
+    }
+    return {**body, **_scheduling(spec), **_pod_overrides(spec)}
+
+
+def _container(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
+    launch = node_launch(ref, spec, index)
+    container: dict[str, Any] = {
+        "name": C.CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": launch.command,
+        "args": launch.args,
+        "env": _env(launch, spec),
+    }
+    if spec.elastic_policy.rdzv_backend == "c10d":
+        port = spec.elastic_policy.rdzv_port
+        container["ports"] = [{"name": C.RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"}]
+    resources = {k: dict(v) for k, v in (("limits", spec.resources.limits),
+                                         ("requests", spec.resources.requests)) if v}
+    if resources:
+        container["resources"] = resources
+    container["volumeMounts"] = _volume_mounts(spec)
+    return container
+
+
+def _env(launch: NodeLaunch, spec: DDPJobSpec) -> list[dict[str, Any]]:
+    """Operator variables, then spec.env; a user entry replaces the operator's of the same
+    name (Kubernetes would let the later one win too, but warns about the duplicate)."""
+    user = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
+    overridden = {e["name"] for e in user}
+    ours = [{"name": k, "value": v} for k, v in launch.env.items() if k not in overridden]
+    return ours + user
+
+
+def _volumes(spec: DDPJobSpec) -> list[dict[str, Any]]:
+    volumes = []
+    if spec.snapshot:
+        volumes.append({"name": C.SNAPSHOT_VOLUME, **spec.snapshot.volume})
+    # The container runtime's default /dev/shm is 64 MiB; DataLoader workers and NCCL
+    # exchange tensors through it and die with "bus error" when it is full.
+    volumes.append({"name": C.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    return volumes + [dict(v) for v in spec.pod_overrides.volumes]
+
+
+def _volume_mounts(spec: DDPJobSpec) -> list[dict[str, Any]]:
+    mounts = []
+    if spec.snapshot:
+        mounts.append({"name": C.SNAPSHOT_VOLUME, "mountPath": spec.snapshot.mount_path})
+    mounts.append({"name": C.SHM_VOLUME, "mountPath": C.SHM_MOUNT_PATH})
+    return mounts + [dict(m) for m in spec.pod_overrides.volume_mounts]
+
+
+def _scheduling(spec: DDPJobSpec) -> dict[str, Any]:
+    s = spec.scheduling
+    fields = {
+        "nodeSelector": dict(s.node_selector),
+        "tolerations": [dict(t) for t in s.tolerations],
+        "affinity": dict(s.affinity),
+        "priorityClassName": s.priority_class_name,
+        "schedulerName": s.scheduler_name,
+    }
+    return {k: v for k, v in fields.items() if v}  # unset: leave the cluster's defaults
+
+
+def _pod_overrides(spec: DDPJobSpec) -> dict[str, Any]:
+    po = spec.pod_overrides
+    fields = {
+        "serviceAccountName": po.service_account_name,
+        "imagePullSecrets": [dict(s) for s in po.image_pull_secrets],
+        "securityContext": dict(po.security_context),
+    }
+    return {k: v for k, v in fields.items() if v}

@@ -1,0 +1,666 @@
+"""The DDPJob spec: pydantic models, defaults and validation rules.
+
+This module is the single source of truth for the API. `crd.py` turns these
+models into the CRD's openAPIV3Schema (descriptions, enums, minimums, defaults
+and the CEL rules attached here with `cel(...)`), the README field reference is
+generated from them, and the operator and `ddpjob run` parse user input with
+`parse_spec`. Every CEL rule has a pydantic twin in `_cross_field_errors`, so a
+rule the API server could not run (old cluster, `kubectl apply --validate=false`,
+local runs) is still enforced, reported as InvalidSpec.
+
+Defaults that depend on other fields (they cannot live in the CRD schema):
+  * `elasticPolicy.minReplicas` defaults to `replicas` (1 when neither is set);
+  * `elasticPolicy.maxReplicas` defaults to max(`minReplicas`, `replicas`);
+  * `replicas` defaults to `minReplicas`: a job starts with the nodes it needs
+    and grows through the scale subresource (kubectl scale, an autoscaler).
+So `replicas: 3` alone is a fixed-size 3-node job, and `elasticPolicy: {minReplicas: 2,
+maxReplicas: 8}` alone starts 2 nodes and may be scaled to 8.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Mapping
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from . import constants as C
+from .names import pod_name
+
+GPU_RESOURCE = "nvidia.com/gpu"  # extended resource that nProcPerNode "gpu" needs
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v3")  # accepted elasticPolicy.rdzvBackend values
+ETCD_BACKENDS = ("etcd", "etcd-v3")  # backends that talk to an external etcd
+
+# Environment variables the operator sets from a spec field; a user entry for one of them
+# would silently fight the field (or break the rendezvous), so validation rejects it and
+# names the field to use instead. Other operator variables (PYTHONUNBUFFERED, ...) may be
+# overridden by spec.env: user entries come last and win.
+RESERVED_ENV = {
+    "PET_NNODES": "spec.elasticPolicy.minReplicas/maxReplicas",
+    "PET_NPROC_PER_NODE": "spec.elasticPolicy.nProcPerNode",
+    "PET_RDZV_BACKEND": "spec.elasticPolicy.rdzvBackend",
+    "PET_RDZV_ENDPOINT": "spec.elasticPolicy.rdzvEndpoints/rdzvPort",
+    "PET_RDZV_ID": "metadata.uid (set by the operator)",
+    "PET_RDZV_CONF": "spec.elasticPolicy.rdzvTimeouts",
+    "PET_MAX_RESTARTS": "spec.elasticPolicy.maxRestarts",
+    C.ENV_SNAPSHOT_DIR: "spec.snapshot.mountPath",
+    C.ENV_JOB_NAME: "metadata.name (set by the operator)",
+    C.ENV_NODE_INDEX: "the pod's node index (set by the operator)",
+    C.ENV_NAMESPACE: "metadata.namespace (set by the operator)",
+}
+MAX_ENV = 128  # most spec.env entries (bounds the CEL cost of the reserved-name rule)
+RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
+                   C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
+RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME)  # pod volume names the operator uses
+
+# Kubernetes resource.Quantity, as apimachinery's OpenAPI pattern spells it.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+def cel(rule: str, message: str, message_expression: str | None = None) -> dict[str, str]:
+    """One CEL `x-kubernetes-validations` entry (rule, message and optional messageExpression)."""
+    entry = {"rule": rule, "message": message}
+    if message_expression:
+        entry["messageExpression"] = message_expression
+    return entry
+
+
+def immutable(path: str, why: str) -> dict[str, Any]:
+    """json_schema_extra for a field that may not change once set (a CEL transition rule)."""
+    return {"x-kubernetes-validations": [cel("self == oldSelf", f"{path} is immutable: {why}")]}
+
+
+# --- Field types that are not plain JSON types ------------------------------
+
+def _check_nproc(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if value in ("gpu", "auto"):
+        return value
+    raise ValueError('must be an integer >= 1, "gpu" or "auto"')
+
+
+NProcPerNode = Annotated[
+    int | str,
+    PlainValidator(_check_nproc),
+    WithJsonSchema({
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "x-kubernetes-int-or-string": True,
+        "x-kubernetes-validations": [cel(
+            "type(self) == int ? self >= 1 : self in ['gpu', 'auto']",
+            'spec.elasticPolicy.nProcPerNode must be an integer >= 1, "gpu" or "auto"',
+        )],
+    }),
+]
+
+
+def _check_quantity(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and re.match(QUANTITY_PATTERN, value):
+        return value
+    raise ValueError('must be a Kubernetes quantity such as 2, "500m" or "16Gi" (quote fractions)')
+
+
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_check_quantity),
+    WithJsonSchema({
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "x-kubernetes-int-or-string": True,
+        "pattern": QUANTITY_PATTERN,
+    }),
+]
+
+# A Kubernetes object this API passes through unchanged (affinity, a volume source, ...):
+# typed loosely on purpose, the API server validates it when the pod is created.
+KubeObject = dict[str, Any]
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are errors (typos)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+def _object(model: type[BaseModel], description: str, **extra: Any) -> Any:
+    """An optional nested object that defaults to all of its own defaults.
+
+    The CRD gets `default: {}` so the API server fills the nested defaults in too.
+    """
+    return Field(default_factory=model, description=description,
+                 json_schema_extra={"default": {}, **extra})
+
+
+# --- The spec ----------------------------------------------------------------
+
+class EnvVar(_Model):
+    """A core/v1 EnvVar: a literal value or a reference (valueFrom)."""
+
+    name: str = Field(min_length=1, max_length=253, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: KubeObject | None = Field(
+        None, description="core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).")
+
+
+class Resources(_Model):
+    """Compute resources of the trainer container (core/v1 ResourceRequirements)."""
+
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Maximum resources, e.g. {cpu: \"4\", memory: 16Gi, nvidia.com/gpu: 1}.")
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Guaranteed resources; default to the limits.")
+
+
+class RdzvTimeouts(_Model):
+    """torchrun rendezvous timeouts (PET_RDZV_CONF); lower values notice failures sooner."""
+
+    join_seconds: int = Field(600, ge=1, description=(
+        "How long an agent waits for a rendezvous to complete (join_timeout)."))
+    last_call_seconds: int = Field(30, ge=0, description=(
+        "Wait for more nodes after minReplicas joined (last_call_timeout); "
+        "every restart pays it."))
+    close_seconds: int = Field(30, ge=1, description=(
+        "Wait for the rendezvous to close after maxReplicas joined (close_timeout)."))
+    keep_alive_interval_seconds: int = Field(5, ge=1, description=(
+        "Heartbeat period of each agent (keep_alive_interval)."))
+    keep_alive_max_attempts: int = Field(3, ge=1, description=(
+        "Missed heartbeats before a node counts as dead (keep_alive_max_attempt)."))
+
+
+class ElasticPolicy(_Model):
+    """How torchrun forms and re-forms the training group (Kubeflow's names)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("!has(self.minReplicas) || !has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",
+            "spec.elasticPolicy.maxReplicas must be >= spec.elasticPolicy.minReplicas",
+            "'spec.elasticPolicy.maxReplicas (' + string(self.maxReplicas) + ') must be >= "
+            "spec.elasticPolicy.minReplicas (' + string(self.minReplicas) + ')'"),
+        cel("!has(self.rdzvBackend) || self.rdzvBackend == 'c10d' || "
+            "(has(self.rdzvEndpoints) && size(self.rdzvEndpoints) > 0)",
+            "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port "
+            "when rdzvBackend is etcd or etcd-v3"),
+        cel("(has(self.rdzvBackend) && self.rdzvBackend != 'c10d') || "
+            "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) == 0",
+            "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d "
+            "(the operator points every node at node 0)"),
+        cel("!has(self.rdzvBackend) || self.rdzvBackend != 'etcd' || "
+            "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) <= 1",
+            "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend "
+            "is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)"),
+    ]})
+
+    min_replicas: int | None = Field(None, ge=1, description=(
+        "Fewest nodes that may train (torchrun --nnodes MIN:MAX). Default: replicas, or 1."),
+        json_schema_extra=immutable(
+            "spec.elasticPolicy.minReplicas", "running torchrun agents were started with it"))
+    max_replicas: int | None = Field(None, ge=1, description=(
+        "Most nodes that may train; replicas may be scaled up to it. "
+        "Default: max(minReplicas, replicas)."),
+        json_schema_extra=immutable(
+            "spec.elasticPolicy.maxReplicas", "running torchrun agents were started with it"))
+    n_proc_per_node: NProcPerNode = Field("auto", description=(
+        'Worker processes per node: an integer, "gpu" (one per GPU; needs an nvidia.com/gpu '
+        'limit) or "auto" (one per GPU, else one per CPU).'))
+    max_restarts: int = Field(3, ge=0, description=(
+        "Worker group restarts torchrun does inside a pod before the pod fails "
+        "(torchrun --max-restarts)."))
+    rdzv_backend: Literal["c10d", "etcd", "etcd-v3"] = Field("c10d", description=(
+        "Rendezvous backend: c10d (store on node 0, no extra service), etcd (torch's etcd v2 "
+        "backend) or etcd-v3 (ddpjob's etcd v3 backend)."),
+        json_schema_extra=immutable(
+            "spec.elasticPolicy.rdzvBackend", "nodes of one job must share one rendezvous"))
+    rdzv_port: int = Field(C.DEFAULT_RDZV_PORT, ge=1, le=65535, description=(
+        "Port of the c10d rendezvous store on node 0 (c10d only)."),
+        json_schema_extra=immutable(
+            "spec.elasticPolicy.rdzvPort", "nodes of one job must share one rendezvous"))
+    rdzv_endpoints: list[str] = Field(default_factory=list, description=(
+        "etcd client endpoints host:port (etcd backends only; etcd takes exactly one)."),
+        json_schema_extra=immutable(
+            "spec.elasticPolicy.rdzvEndpoints", "nodes of one job must share one rendezvous"))
+    rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
+
+
+class Snapshot(_Model):
+    """Where the trainer keeps snapshots; a shared volume lets a replaced node resume."""
+
+    mount_path: str = Field("/snapshots", pattern=r"^/", description=(
+        "Absolute path of the volume in every pod; DDPJOB_SNAPSHOT_DIR points here."))
+    volume: KubeObject = Field(
+        default_factory=lambda: {"emptyDir": {}}, min_length=1, max_length=1,
+        description=(
+            "core/v1 volume source with exactly one key, e.g. {persistentVolumeClaim: "
+            "{claimName: x}}; a ReadWriteMany claim survives node loss, emptyDir does not."),
+        json_schema_extra={"minProperties": 1, "maxProperties": 1})
+    keep: int = Field(2, ge=1, description="Complete snapshots kept; older ones are deleted.")
+
+
+class FailurePolicy(_Model):
+    """When the operator replaces failed node pods and when it gives up (JobSet's name)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("!has(self.backoffSeconds) || !has(self.maxBackoffSeconds) || "
+            "self.maxBackoffSeconds >= self.backoffSeconds",
+            "spec.failurePolicy.maxBackoffSeconds must be >= spec.failurePolicy.backoffSeconds",
+            "'spec.failurePolicy.maxBackoffSeconds (' + string(self.maxBackoffSeconds) + ') must "
+            "be >= spec.failurePolicy.backoffSeconds (' + string(self.backoffSeconds) + ')'"),
+    ]})
+
+    max_restarts: int = Field(5, ge=0, description=(
+        "Failure incidents the operator recovers from by replacing pods; one more fails the "
+        "job. Failures within a minute of each other are one incident; evictions and "
+        "preemptions do not count."))
+    backoff_seconds: int = Field(10, ge=0, description=(
+        "Delay before the first replacement; doubles with each incident."))
+    max_backoff_seconds: int = Field(300, ge=0, description="Upper bound of the delay.")
+    permanent_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=lambda: [126, 127], description=(
+            "Exit codes that fail the job at once (126: not executable, 127: command not found)."))
+
+
+class RunPolicy(_Model):
+    """Lifetime of the job and its pods (Kubeflow's names)."""
+
+    suspend: bool = Field(False, description="Delete all pods and pause; false resumes from the last snapshot.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description=(
+        "Fail the job this long after it started (suspension restarts the clock)."))
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description=(
+        "Delete the finished job (and by ownership its pods) this long after it finished."))
+    clean_pod_policy: Literal["None", "Running", "All"] = Field("Running", description=(
+        "Pods deleted when the job finishes: None, Running (those still running) or All."))
+
+
+class Scheduling(_Model):
+    """Where node pods may run (core/v1 PodSpec fields)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
+    affinity: KubeObject = Field(default_factory=dict, description="Pod affinity.")
+    priority_class_name: str = Field("", description="Pod priorityClassName.")
+    scheduler_name: str = Field("", description="Pod schedulerName (e.g. a gang scheduler).")
+
+
+class PodOverrides(_Model):
+    """Extra settings copied into every node pod."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        # `in` on a map costs O(1); a rule iterating the keys would exceed the CEL cost budget.
+        cel("!has(self.labels) || (" + " && ".join(f"!('{k}' in self.labels)" for k in RESERVED_LABELS) + ")",
+            "spec.podOverrides.labels may not set the labels the operator selects pods by"),
+    ]})
+
+    service_account_name: str = Field("", description="Pod serviceAccountName.")
+    image_pull_secrets: list[KubeObject] = Field(default_factory=list, description=(
+        "Pod imagePullSecrets ([{name: secret}])."))
+    security_context: KubeObject = Field(default_factory=dict, description="Pod securityContext.")
+    volumes: list[KubeObject] = Field(default_factory=list, description="Extra pod volumes.")
+    volume_mounts: list[KubeObject] = Field(default_factory=list, description=(
+        "Extra volume mounts of the trainer container."))
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+
+
+def _spec_rules() -> list[dict[str, str]]:
+    """CEL twins of `_cross_field_errors` that span several spec fields."""
+    ep = "has(self.elasticPolicy) && has(self.elasticPolicy.{0})"
+    return [
+        cel("has(self.module) != has(self.script)",
+            "exactly one of spec.module or spec.script must be set"),
+        cel(f"!has(self.replicas) || !({ep.format('minReplicas')}) || "
+            "self.replicas >= self.elasticPolicy.minReplicas",
+            "spec.replicas must be >= spec.elasticPolicy.minReplicas",
+            "'spec.replicas (' + string(self.replicas) + ') must be >= "
+            "spec.elasticPolicy.minReplicas (' + string(self.elasticPolicy.minReplicas) + ')'"),
+        cel(f"!has(self.replicas) || !({ep.format('maxReplicas')}) || "
+            "self.replicas <= self.elasticPolicy.maxReplicas",
+            "spec.replicas must be <= spec.elasticPolicy.maxReplicas",
+            "'spec.replicas (' + string(self.replicas) + ') must be <= "
+            "spec.elasticPolicy.maxReplicas (' + string(self.elasticPolicy.maxReplicas) + ')'"),
+        cel(f"!({ep.format('nProcPerNode')}) || type(self.elasticPolicy.nProcPerNode) == int || "
+            "self.elasticPolicy.nProcPerNode != 'gpu' || (has(self.resources) && "
+            f"has(self.resources.limits) && '{GPU_RESOURCE}' in self.resources.limits)",
+            f'spec.elasticPolicy.nProcPerNode "gpu" needs spec.resources.limits["{GPU_RESOURCE}"]'),
+        cel("!has(self.env) || self.env.all(e, !(e.name in "
+            + json.dumps(sorted(RESERVED_ENV)).replace('"', "'") + "))",
+            "spec.env may not set variables the operator derives from the spec "
+            "(PET_*, DDPJOB_*): use the spec field instead"),
+    ]
+
+
+class DDPJobSpec(_Model):
+    """Desired state of an elastic PyTorch DDP training job."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _spec_rules()})
+
+    replicas: int | None = Field(None, ge=1, description=(
+        "Desired nodes (pods); between minReplicas and maxReplicas. Changed by kubectl scale. "
+        "Default: elasticPolicy.minReplicas."))
+    image: str = Field(min_length=1, description="Container image with torch and the training code.",
+                       json_schema_extra=immutable(
+                           "spec.image", "all nodes of a DDP group must run the same code"))
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Container imagePullPolicy.")
+    module: str | None = Field(None, min_length=1, description=(
+        "Python module to run (torchrun -m MODULE); exactly one of module or script."),
+        json_schema_extra=immutable("spec.module", "all nodes of a DDP group must run the same code"))
+    script: str | None = Field(None, min_length=1, description=(
+        "Path of the training script in the image; exactly one of module or script."),
+        json_schema_extra=immutable("spec.script", "all nodes of a DDP group must run the same code"))
+    args: list[str] = Field(default_factory=list, description="Arguments of the module or script.")
+    # maxItems bounds the cost the API server estimates for the CEL rule over env.
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description=(
+        "Extra environment (core/v1 EnvVar list); entries come after the operator's and win, "
+        "except the reserved PET_*/DDPJOB_* names, which are rejected."))
+    resources: Resources = _object(Resources, "Resources of the trainer container.")
+    elastic_policy: ElasticPolicy = _object(ElasticPolicy, "Elastic rendezvous settings.")
+    snapshot: Snapshot | None = Field(None, description=(
+        "Snapshot volume; without it the job cannot resume after a failure."))
+    failure_policy: FailurePolicy = _object(FailurePolicy, "Pod replacement policy.")
+    run_policy: RunPolicy = _object(RunPolicy, "Suspension, deadline and cleanup.")
+    scheduling: Scheduling = _object(Scheduling, "Pod placement.")
+    pod_overrides: PodOverrides = _object(PodOverrides, "Extra pod settings.")
+
+    @model_validator(mode="after")
+    def _defaults_and_rules(self, info: ValidationInfo) -> DDPJobSpec:
+        _resolve_replica_defaults(self)
+        errors = _cross_field_errors(self)
+        collector = (info.context or {}).get("collect_errors")
+        if collector is not None:
+            collector.extend(errors)
+        elif errors:
+            raise ValueError("; ".join(e.message for e in errors))
+        return self
+
+    @property
+    def min_replicas(self) -> int:
+        """Resolved elasticPolicy.minReplicas."""
+        return self.elastic_policy.min_replicas  # type: ignore[return-value]
+
+    @property
+    def max_replicas(self) -> int:
+        """Resolved elasticPolicy.maxReplicas."""
+        return self.elastic_policy.max_replicas  # type: ignore[return-value]
+
+    @property
+    def desired_replicas(self) -> int:
+        """Resolved replicas."""
+        return self.replicas  # type: ignore[return-value]
+
+
+def _resolve_replica_defaults(spec: DDPJobSpec) -> None:
+    ep = spec.elastic_policy
+    if ep.min_replicas is None:
+        ep.min_replicas = spec.replicas or 1
+    if ep.max_replicas is None:
+        ep.max_replicas = max(ep.min_replicas, spec.replicas or 0)
+    if spec.replicas is None:
+        spec.replicas = ep.min_replicas
+
+
+# --- Errors ------------------------------------------------------------------
+
+MISSING = object()  # FieldError.value of a field that is absent
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One broken rule: where, what was there, and what the rule says."""
+
+    path: str  # e.g. "spec.elasticPolicy.maxReplicas"
+    value: Any  # the offending value, or MISSING
+    rule: str  # e.g. "must be >= spec.elasticPolicy.minReplicas (2)"
+
+    @property
+    def message(self) -> str:
+        """'<path> (<value>) <rule>', e.g. 'spec.replicas (0) must be >= 1'."""
+        if self.value is MISSING:
+            return f"{self.path} {self.rule}"
+        return f"{self.path} ({_show(self.value)}) {self.rule}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidSpecError(ValueError):
+    """The spec breaks one or more rules; `errors` lists all of them."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = list(errors)
+        super().__init__("invalid DDPJob: " + "; ".join(e.message for e in self.errors))
+
+
+def _cross_field_errors(spec: DDPJobSpec) -> list[FieldError]:
+    """Rules that span fields; each has a CEL twin in the models' x-kubernetes-validations."""
+    errors: list[FieldError] = []
+    ep, fp = spec.elastic_policy, spec.failure_policy
+    if spec.module is None and spec.script is None:
+        errors.append(FieldError("spec.module", MISSING,
+                                 "is required: set exactly one of spec.module or spec.script"))
+    elif spec.module is not None and spec.script is not None:
+        errors.append(FieldError("spec.script", spec.script, f"may not be set together with spec.module "
+                                 f"({_show(spec.module)}): set exactly one of them"))
+    if ep.max_replicas < ep.min_replicas:
+        errors.append(FieldError("spec.elasticPolicy.maxReplicas", ep.max_replicas,
+                                 f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})"))
+    if spec.replicas < ep.min_replicas:
+        errors.append(FieldError("spec.replicas", spec.replicas,
+                                 f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})"))
+    if spec.replicas > ep.max_replicas:
+        errors.append(FieldError("spec.replicas", spec.replicas,
+                                 f"must be <= spec.elasticPolicy.maxReplicas ({ep.max_replicas})"))
+    errors += _rdzv_errors(ep)
+    if ep.n_proc_per_node == "gpu" and GPU_RESOURCE not in spec.resources.limits:
+        errors.append(FieldError("spec.elasticPolicy.nProcPerNode", "gpu",
+                                 f'needs spec.resources.limits["{GPU_RESOURCE}"] (a GPU limit)'))
+    if fp.max_backoff_seconds < fp.backoff_seconds:
+        errors.append(FieldError("spec.failurePolicy.maxBackoffSeconds", fp.max_backoff_seconds,
+                                 f"must be >= spec.failurePolicy.backoffSeconds ({fp.backoff_seconds})"))
+    return errors + _env_errors(spec) + _override_errors(spec)
+
+
+def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
+    path = "spec.elasticPolicy.rdzvEndpoints"
+    if ep.rdzv_backend in ETCD_BACKENDS and not ep.rdzv_endpoints:
+        return [FieldError(path, ep.rdzv_endpoints,
+                           f"must list at least one etcd host:port when rdzvBackend is {ep.rdzv_backend}")]
+    if ep.rdzv_backend == "c10d" and ep.rdzv_endpoints:
+        return [FieldError(path, ep.rdzv_endpoints,
+                           "must be empty when rdzvBackend is c10d (the operator points every node at node 0)")]
+    if ep.rdzv_backend == "etcd" and len(ep.rdzv_endpoints) > 1:
+        return [FieldError(path, ep.rdzv_endpoints,
+                           "must have exactly one entry when rdzvBackend is etcd "
+                           "(torch's v2 backend takes one endpoint; etcd-v3 takes several)")]
+    return []
+
+
+def _env_errors(spec: DDPJobSpec) -> list[FieldError]:
+    return [
+        FieldError(f"spec.env[{i}].name", e.name,
+                   f"is set by the operator; use {RESERVED_ENV[e.name]} instead")
+        for i, e in enumerate(spec.env) if e.name in RESERVED_ENV
+    ]
+
+
+def _override_errors(spec: DDPJobSpec) -> list[FieldError]:
+    po, errors = spec.pod_overrides, []
+    for key in po.labels:
+        if key in RESERVED_LABELS:
+            errors.append(FieldError(f"spec.podOverrides.labels[{key!r}]", po.labels[key],
+                                     "may not be set: the operator selects its pods by this label"))
+    for i, vol in enumerate(po.volumes):
+        if vol.get("name") in RESERVED_VOLUMES:
+            errors.append(FieldError(f"spec.podOverrides.volumes[{i}].name", vol.get("name"),
+                                     f"is used by the operator; pick a name other than {', '.join(RESERVED_VOLUMES)}"))
+    taken = {C.SHM_MOUNT_PATH} | ({spec.snapshot.mount_path} if spec.snapshot else set())
+    for i, mount in enumerate(po.volume_mounts):
+        if mount.get("mountPath") in taken:
+            errors.append(FieldError(f"spec.podOverrides.volumeMounts[{i}].mountPath", mount.get("mountPath"),
+                                     "is already mounted by the operator (/dev/shm or spec.snapshot.mountPath)"))
+    return errors
+
+
+def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
+    return [_from_pydantic(err) for err in exc.errors()]
+
+
+def _from_pydantic(err: Mapping[str, Any]) -> FieldError:
+    path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input", MISSING)
+    if kind == "missing":
+        return FieldError(path, MISSING, "is required")
+    if kind == "extra_forbidden":
+        return FieldError(path, value, "is not a field of this object (check the spelling)")
+    rules = {
+        "greater_than_equal": lambda: f"must be >= {ctx.get('ge')}",
+        "less_than_equal": lambda: f"must be <= {ctx.get('le')}",
+        "literal_error": lambda: f"must be one of {ctx.get('expected')}",
+        "string_too_short": lambda: "must not be empty",
+        "too_short": lambda: f"must have at least {ctx.get('min_length')} entries",
+        "too_long": lambda: f"must have at most {ctx.get('max_length')} entries",
+        "string_pattern_mismatch": lambda: f"must match {ctx.get('pattern')}",
+        "value_error": lambda: str(ctx.get("error", err["msg"])),
+    }
+    rule = rules.get(kind, lambda: _lower_first(err["msg"]))()
+    return FieldError(path, value, rule)
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+# --- Entry points ------------------------------------------------------------
+
+def validate_spec(body_spec: Mapping[str, Any] | None) -> list[FieldError]:
+    """All rule violations of a DDPJob `spec` (empty list: valid).
+
+    Type errors are collected first; cross-field rules run only when the types are
+    right (they need a typed spec), and then all of them are reported together.
+    """
+    collected: list[FieldError] = []
+    try:
+        DDPJobSpec.model_validate(body_spec or {}, context={"collect_errors": collected})
+    except ValidationError as exc:
+        return _pydantic_errors(exc)
+    return collected
+
+
+def parse_spec(body_spec: Mapping[str, Any] | None) -> DDPJobSpec:
+    """Typed, defaulted spec.
+
+    Raises:
+        InvalidSpecError: carrying every FieldError.
+    """
+    errors = validate_spec(body_spec)
+    if errors:
+        raise InvalidSpecError(errors)
+    return DDPJobSpec.model_validate(body_spec or {})
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Identity of a DDPJob object: what names, labels and ownerReferences need."""
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> JobRef:
+        meta = body.get("metadata") or {}
+        return cls(name=meta.get("name", ""), namespace=meta.get("namespace") or "default",
+                   uid=meta.get("uid", ""), generation=int(meta.get("generation") or 0))
+
+
+def validate_job(body: Mapping[str, Any]) -> list[FieldError]:
+    """validate_spec plus the rules on metadata (generated names fit DNS labels)."""
+    errors = validate_spec(body.get("spec"))
+    name = (body.get("metadata") or {}).get("name", "")
+    if not errors:
+        spec = DDPJobSpec.model_validate(body.get("spec") or {})
+        longest = pod_name(name, spec.max_replicas - 1)
+        if len(longest) > C.DNS_LABEL_MAX:
+            errors.append(FieldError("metadata.name", name, (
+                f"is too long: pod name {longest!r} has {len(longest)} characters, over the "
+                f"DNS label limit of {C.DNS_LABEL_MAX}; use at most "
+                f"{len(name) - (len(longest) - C.DNS_LABEL_MAX)} characters")))
+    return errors
+
+
+def parse_job(body: Mapping[str, Any]) -> tuple[JobRef, DDPJobSpec]:
+    """JobRef and typed spec of a DDPJob body.
+
+    Raises:
+        InvalidSpecError: carrying every FieldError of spec and metadata.
+    """
+    errors = validate_job(body)
+    if errors:
+        raise InvalidSpecError(errors)
+    return JobRef.from_body(body), DDPJobSpec.model_validate(body.get("spec") or {})
+
+
+
+# --- Status (the schema of .status; status.py computes it) ----------------------
+
+class Condition(_Model):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Running, Restarting, Succeeded, Failed, Suspended or InvalidSpec.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field("", description="CamelCase reason of the last transition.")
+    message: str = Field("", description="Human-readable details.")
+    last_transition_time: str | None = Field(None, description="When status last changed.",
+                                             json_schema_extra={"format": "date-time"})
+
+
+class LastSnapshot(_Model):
+    """The newest complete snapshot, from <snapshot dir>/progress.json."""
+
+    epoch: int | None = Field(None, description="Epoch of the snapshot.")
+    step: int | None = Field(None, description="Global optimizer step of the snapshot.")
+    time: str | None = Field(None, description="When it was written.", json_schema_extra={"format": "date-time"})
+    path: str | None = Field(None, description="Where it is, inside the snapshot volume.")
+
+
+class DDPJobStatus(_Model):
+    """Observed state of a DDPJob, written by the operator."""
+
+    phase: Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"] | None = Field(
+        None, description="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
+    conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
+    replicas: int | None = Field(None, description="Node pods that exist and have not finished.")
+    ready_replicas: int | None = Field(None, description="Node pods that are running and Ready.")
+    ready: str | None = Field(None, description="readyReplicas/spec.replicas, for kubectl get.")
+    selector: str | None = Field(None, description="Label selector of the node pods (scale subresource).")
+    restarts: int | None = Field(None, description="Failure incidents recovered from (failurePolicy budget).")
+    last_failure_time: str | None = Field(None, description="Start of the latest failure incident.",
+                                          json_schema_extra={"format": "date-time"})
+    handled_failures: list[str] = Field(default_factory=list, description=(
+        "uids of failed pods already counted, so each failure is counted once."))
+    last_snapshot: LastSnapshot | None = Field(None, description="The newest complete snapshot.")
+    start_time: str | None = Field(None, description="When the job (last) started.",
+                                   json_schema_extra={"format": "date-time"})
+    completion_time: str | None = Field(None, description="When the job finished.",
+                                        json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(None, description="metadata.generation this status describes.")

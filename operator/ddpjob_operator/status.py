@@ -1,0 +1,321 @@
+"""Compute a DDPJob's status from its spec, its observed pods, the previous status and now.
+
+Pure: `compute_status` returns the whole new status (written once per pass) and
+the Events to emit, which are only produced when something changed (a phase
+flip, a newly seen failure, a new validation message). Conditions follow the
+Kubernetes convention: lastTransitionTime moves only when a condition's status flips.
+
+Failure bookkeeping lives in the status so that a pass is idempotent:
+`handledFailures` holds the uids of failed pods already counted (pruned to pods
+still observed), `restarts` counts failure incidents (failures within
+failure.INCIDENT_WINDOW_SECONDS of the incident's first one are one incident),
+`lastFailureTime` is when the current incident began; plan.py waits
+`backoff_seconds(restarts)` after it before creating replacements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from . import constants as C
+from .clock import format_time, parse_time, seconds_between
+from .failure import (
+    INCIDENT_WINDOW_SECONDS,
+    Outcome,
+    backoff_seconds,
+    budget_exhausted,
+    classify_pod,
+    pod_exit_code,
+    pod_finished_at,
+    pod_reason,
+)
+from .pods import current_pods, is_active, is_ready, pod_index, pod_name_of, pod_phase, pod_uid
+from .render import selector
+from .spec import DDPJobSpec, FieldError, JobRef
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record on the DDPJob."""
+
+    type: str  # C.EVENT_NORMAL or C.EVENT_WARNING
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """The new status and the Events that explain what changed."""
+
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class _Verdict:
+    """Phase with its reason and message, plus the Events found on the way."""
+
+    phase: str
+    reason: str
+    message: str
+    events: list[Event] = field(default_factory=list)
+
+
+def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[str, Any]],
+                   previous: Mapping[str, Any] | None, now: datetime, *,
+                   errors: Iterable[FieldError] = ()) -> StatusUpdate:
+    """The status after one observation.
+
+    Args:
+        ref: the job's identity (generation becomes observedGeneration).
+        spec: the parsed spec, or None when it is invalid (then `errors` says why).
+        pods: the job's pods as the API returned them.
+        previous: the status stored on the object (None or {} for a new job).
+        now: the current time (tests pass a fixed clock).
+        errors: validation errors of the spec; non-empty means InvalidSpec.
+    """
+    pods, prev, errors = list(pods), dict(previous or {}), list(errors)
+    status = _carried(prev)
+    status.update(_counts(ref, spec, pods))
+    status["observedGeneration"] = ref.generation
+    if errors or spec is None:
+        verdict = _invalid(errors)
+    elif prev.get("phase") in C.FINISHED_PHASES and prev.get("completionTime"):
+        verdict = _Verdict(prev["phase"], "", "")  # finished jobs never change phase
+    elif spec.run_policy.suspend:
+        status["startTime"] = None  # like a Job: the deadline clock restarts on resume
+        verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED,
+                           "spec.runPolicy.suspend is true: node pods are deleted until it is false")
+    else:
+        status["startTime"] = status.get("startTime") or format_time(now)
+        verdict = _active_verdict(spec, pods, status, now, prev.get("phase"))
+    return _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
+
+
+def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
+            "completionTime")
+    status = {k: prev.get(k) for k in keys}
+    status["restarts"] = int(prev.get("restarts") or 0)
+    status["handledFailures"] = list(prev.get("handledFailures") or [])
+    return status
+
+
+def _counts(ref: JobRef, spec: DDPJobSpec | None, pods: list[Mapping[str, Any]]) -> dict[str, Any]:
+    ready = sum(1 for p in pods if is_ready(p))
+    desired = spec.desired_replicas if spec else 0
+    return {
+        "replicas": sum(1 for p in pods if is_active(p)),
+        "readyReplicas": ready,
+        "ready": f"{ready}/{desired}",
+        "selector": selector(ref.name),
+    }
+
+
+def _invalid(errors: list[FieldError]) -> _Verdict:
+    message = "; ".join(e.message for e in errors) or "spec could not be parsed"
+    return _Verdict(C.PHASE_FAILED, C.REASON_INVALID_SPEC, message)
+
+
+def _active_verdict(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any],
+                    now: datetime, prev_phase: str | None) -> _Verdict:
+    """Phase of a job that is neither invalid, finished nor suspended."""
+    failure = _record_failures(spec, pods, status, now)
+    if failure.phase == C.PHASE_FAILED:
+        return failure
+    deadline = spec.run_policy.active_deadline_seconds
+    started = parse_time(status["startTime"])
+    if deadline and started and seconds_between(started, now) >= deadline:
+        return _with_events(failure, _Verdict(C.PHASE_FAILED, C.REASON_DEADLINE, (
+            f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline})")))
+    current = current_pods(pods, spec.desired_replicas)
+    succeeded = [p for p in current if pod_phase(p) == "Succeeded"]
+    if succeeded and not any(is_active(p) for p in current):
+        return _with_events(failure, _Verdict(C.PHASE_SUCCEEDED, C.REASON_SUCCEEDED, (
+            f"training finished: {len(succeeded)} node pod(s) exited 0")))
+    if failure.phase == C.PHASE_RESTARTING or _in_backoff(spec, current, status, now):
+        return _with_events(failure, _restarting(spec, status, now, failure))
+    return _with_events(failure, _running_or_pending(spec, current, prev_phase))
+
+
+def _with_events(source: _Verdict, target: _Verdict) -> _Verdict:
+    target.events = source.events + target.events
+    return target
+
+
+def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any],
+                     now: datetime) -> _Verdict:
+    """Count failed pods not seen before; Failed when one is permanent or the budget is spent."""
+    observed = {pod_uid(p) for p in pods}
+    handled = [uid for uid in status["handledFailures"] if uid in observed]
+    verdict = _Verdict("", "", "")
+    fp = spec.failure_policy
+    for pod in current_pods(pods, spec.desired_replicas):
+        uid = pod_uid(pod)
+        outcome = classify_pod(pod, fp.permanent_exit_codes)
+        if outcome in (None, Outcome.SUCCEEDED) or uid in handled:
+            continue
+        handled.append(uid)
+        _apply_failure(spec, pod, outcome, status, now, verdict)
+    status["handledFailures"] = sorted(handled)
+    if verdict.phase != C.PHASE_FAILED and budget_exhausted(status["restarts"], fp.max_restarts):
+        verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_RESTARTS_EXHAUSTED
+        verdict.message = (f"{status['restarts']} failure incidents exceed "
+                           f"spec.failurePolicy.maxRestarts ({fp.max_restarts})")
+    return verdict
+
+
+def _describe(pod: Mapping[str, Any]) -> str:
+    code, reason = pod_exit_code(pod), pod_reason(pod)
+    parts = [f"exit code {code}" if code is not None else "no exit code"]
+    if reason:
+        parts.append(reason)
+    return f"node pod {pod_name_of(pod)} failed ({', '.join(parts)})"
+
+
+def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
+                   status: dict[str, Any], now: datetime, verdict: _Verdict) -> None:
+    what = _describe(pod)
+    if outcome == Outcome.PERMANENT:
+        verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_PERMANENT_ERROR
+        verdict.message = f"{what}; the code is in spec.failurePolicy.permanentExitCodes"
+        verdict.events.append(Event(C.EVENT_WARNING, C.REASON_PERMANENT_ERROR, verdict.message))
+        return
+    if verdict.phase != C.PHASE_FAILED:
+        verdict.phase = C.PHASE_RESTARTING
+    if outcome == Outcome.DISRUPTION:
+        verdict.reason = verdict.reason or C.REASON_NODE_DISRUPTED
+        verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED,
+                                    f"{what}; disruptions do not use the restart budget"))
+        return
+    verdict.reason = C.REASON_NODE_FAILED
+    failed_at = parse_time(pod_finished_at(pod)) or now
+    incident = parse_time(status.get("lastFailureTime"))
+    if incident is None or abs(seconds_between(incident, failed_at)) > INCIDENT_WINDOW_SECONDS:
+        status["restarts"] += 1
+        status["lastFailureTime"] = format_time(failed_at)
+    verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, (
+        f"{what}; failure incident {status['restarts']} of "
+        f"spec.failurePolicy.maxRestarts ({spec.failure_policy.max_restarts})")))
+
+
+def replacement_delay(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> float:
+    """Seconds until replacements may be created (0 when they may be created now)."""
+    restarts = int(status.get("restarts") or 0)
+    since = parse_time(status.get("lastFailureTime"))
+    if restarts == 0 or since is None:
+        return 0.0
+    fp = spec.failure_policy
+    wait = backoff_seconds(restarts, fp.backoff_seconds, fp.max_backoff_seconds)
+    return max(0.0, wait - seconds_between(since, now))
+
+
+def _missing_indexes(spec: DDPJobSpec, current: list[Mapping[str, Any]]) -> list[int]:
+    present = {pod_index(p) for p in current if is_active(p) or pod_phase(p) == "Succeeded"}
+    return [i for i in range(spec.desired_replicas) if i not in present]
+
+
+def _in_backoff(spec: DDPJobSpec, current: list[Mapping[str, Any]], status: Mapping[str, Any],
+                now: datetime) -> bool:
+    return bool(_missing_indexes(spec, current)) and replacement_delay(spec, status, now) > 0
+
+
+def _restarting(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime,
+                failure: _Verdict) -> _Verdict:
+    delay = replacement_delay(spec, status, now)
+    reason = failure.reason or C.REASON_BACKOFF
+    when = f"in {delay:.0f}s (backoff)" if delay > 0 else "now"
+    return _Verdict(C.PHASE_RESTARTING, reason, (
+        f"replacing failed node pods {when}; {status.get('restarts', 0)} of "
+        f"spec.failurePolicy.maxRestarts ({spec.failure_policy.max_restarts}) incidents used"))
+
+
+def _running_or_pending(spec: DDPJobSpec, current: list[Mapping[str, Any]],
+                        prev_phase: str | None) -> _Verdict:
+    running = sum(1 for p in current if is_active(p) and pod_phase(p) == "Running")
+    counts = (f"{running} of {spec.desired_replicas} node pods running "
+              f"(minReplicas {spec.min_replicas}, maxReplicas {spec.max_replicas})")
+    if running >= spec.min_replicas:
+        return _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, counts)
+    if prev_phase == C.PHASE_RESTARTING:  # restarting lasts until enough replacements run
+        return _Verdict(C.PHASE_RESTARTING, C.REASON_NODE_FAILED, f"waiting for replacement nodes: {counts}")
+    return _Verdict(C.PHASE_PENDING, C.REASON_CREATED, f"waiting for nodes: {counts}")
+
+
+# --- Conditions and events -----------------------------------------------------
+
+def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str,
+                  message: str, now: str) -> list[dict[str, Any]]:
+    """Conditions with `type_` set; lastTransitionTime moves only when the status flips."""
+    result, found = [], False
+    for cond in conditions:
+        if cond.get("type") != type_:
+            result.append(cond)
+            continue
+        found = True
+        moved = cond.get("status") != status
+        result.append({"type": type_, "status": status, "reason": reason, "message": message,
+                       "lastTransitionTime": now if moved else cond.get("lastTransitionTime", now)})
+    if not found:
+        result.append({"type": type_, "status": status, "reason": reason, "message": message,
+                       "lastTransitionTime": now})
+    return result
+
+
+def _conditions(prev: Mapping[str, Any], verdict: _Verdict, now: str, invalid: bool) -> list[dict[str, Any]]:
+    conditions = [dict(c) for c in prev.get("conditions") or []]
+    existing = {c.get("type"): c for c in conditions}
+    target = C.PHASE_CONDITION.get(verdict.phase)
+    for type_ in dict.fromkeys(C.PHASE_CONDITION.values()):
+        if type_ == target:
+            conditions = set_condition(conditions, type_, "True", verdict.reason, verdict.message, now)
+        elif existing.get(type_, {}).get("status") == "True":
+            conditions = set_condition(conditions, type_, "False", verdict.reason or verdict.phase,
+                                       f"the job is {verdict.phase}", now)
+    if invalid:
+        conditions = set_condition(conditions, C.COND_INVALID_SPEC, "True", C.REASON_INVALID_SPEC,
+                                   verdict.message, now)
+    elif existing.get(C.COND_INVALID_SPEC, {}).get("status") == "True":
+        conditions = set_condition(conditions, C.COND_INVALID_SPEC, "False", C.REASON_SPEC_VALID,
+                                   "the spec is valid", now)
+    return conditions
+
+
+def _finish(status: dict[str, Any], prev: Mapping[str, Any], verdict: _Verdict, now: datetime,
+            invalid: bool) -> StatusUpdate:
+    now_s = format_time(now)
+    finished_before = prev.get("phase") in C.FINISHED_PHASES and prev.get("completionTime")
+    if finished_before:
+        status["phase"], status["conditions"] = prev["phase"], list(prev.get("conditions") or [])
+        return StatusUpdate(_ordered(status), [])
+    status["phase"] = verdict.phase
+    status["conditions"] = _conditions(prev, verdict, now_s, invalid)
+    if verdict.phase in C.FINISHED_PHASES and not invalid:
+        status["completionTime"] = now_s
+    events = list(verdict.events)
+    if _changed(prev, verdict, invalid):
+        kind = C.EVENT_WARNING if verdict.phase in (C.PHASE_FAILED, C.PHASE_RESTARTING) else C.EVENT_NORMAL
+        reason = C.REASON_RESUMED if prev.get("phase") == C.PHASE_SUSPENDED else verdict.reason
+        events.append(Event(kind, reason, verdict.message))
+    return StatusUpdate(_ordered(status), events)
+
+
+def _changed(prev: Mapping[str, Any], verdict: _Verdict, invalid: bool) -> bool:
+    if prev.get("phase") != verdict.phase:
+        return True
+    if invalid:  # a different validation message is news even if the phase stays Failed
+        old = next((c for c in prev.get("conditions") or [] if c.get("type") == C.COND_INVALID_SPEC), {})
+        return old.get("message") != verdict.message
+    return False
+
+
+_ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector", "restarts",
+          "lastFailureTime", "handledFailures", "lastSnapshot", "startTime", "completionTime",
+          "observedGeneration")
+
+
+def _ordered(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: status.get(k) for k in _ORDER}
+

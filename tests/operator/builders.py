@@ -1,0 +1,99 @@
+"""Small builders of DDPJob bodies and Pod dicts for the operator's pure tests.
+
+`make_ddpjob(replicas=3)` gives a valid job; keyword arguments change one thing
+each, so a test states only what matters to it. `make_pod(job, 1, phase="Failed",
+exit_code=1)` gives a pod as the API would return it.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ddpjob_operator import constants as C
+from ddpjob_operator.clock import format_time
+from ddpjob_operator.render import render_pod
+from ddpjob_operator.spec import JobRef, parse_spec
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)  # the fixed clock of the tests
+
+
+def at(seconds: float) -> datetime:
+    """T0 plus `seconds`."""
+    return T0 + timedelta(seconds=seconds)
+
+
+def make_spec(*, replicas: int | None = 2, min_replicas: int | None = None,
+              max_replicas: int | None = None, **fields: Any) -> dict[str, Any]:
+    """A valid spec dict; keyword arguments (camelCase spec fields) override or add fields."""
+    spec: dict[str, Any] = {"image": "ghcr.io/ddpjob/trainer:0.1.0", "module": "ddpjob_trainer.examples.mlp"}
+    if replicas is not None:
+        spec["replicas"] = replicas
+    elastic = dict(fields.pop("elasticPolicy", {}))
+    if min_replicas is not None:
+        elastic["minReplicas"] = min_replicas
+    if max_replicas is not None:
+        elastic["maxReplicas"] = max_replicas
+    if elastic:
+        spec["elasticPolicy"] = elastic
+    spec.update(fields)
+    return spec
+
+
+def make_ddpjob(name: str = "mlp", *, namespace: str = "default", uid: str = "uid-mlp",
+                generation: int = 1, status: dict[str, Any] | None = None,
+                **spec_fields: Any) -> dict[str, Any]:
+    """A DDPJob body (metadata, spec, status) as the API server would hand it over."""
+    return {
+        "apiVersion": C.API_VERSION,
+        "kind": C.KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "generation": generation},
+        "spec": make_spec(**spec_fields),
+        "status": copy.deepcopy(status) if status else {},
+    }
+
+
+def job_ref(body: dict[str, Any]) -> JobRef:
+    """The JobRef of a body."""
+    return JobRef.from_body(body)
+
+
+def make_pod(body: dict[str, Any], index: int, *, phase: str = "Running", ready: bool = True,
+             exit_code: int | None = None, reason: str | None = None, finished_at: datetime | None = None,
+             deleting: bool = False, disrupted: bool = False, uid: str | None = None) -> dict[str, Any]:
+    """The rendered pod of node `index` with an observed status.
+
+    phase Running/Pending/Succeeded/Failed; Succeeded implies exit code 0; a Failed pod
+    without exit_code gets 1 unless `reason` says it was evicted.
+    """
+    pod = render_pod(job_ref(body), parse_spec(body["spec"]), index)
+    pod["metadata"]["uid"] = uid or f"{pod['metadata']['name']}-uid"
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = format_time(T0)
+    status: dict[str, Any] = {"phase": phase, "conditions": []}
+    if phase == "Running":
+        status["conditions"].append({"type": "Ready", "status": "True" if ready else "False"})
+        status["containerStatuses"] = [{"name": C.CONTAINER_NAME, "state": {"running": {}}}]
+    if phase in ("Succeeded", "Failed"):
+        code = 0 if phase == "Succeeded" else exit_code
+        if code is None and reason != "Evicted":
+            code = 1
+        terminated: dict[str, Any] = {"finishedAt": format_time(finished_at or T0)}
+        if code is not None:
+            terminated["exitCode"] = code
+        if reason and reason != "Evicted":
+            terminated["reason"] = reason
+        status["containerStatuses"] = [{"name": C.CONTAINER_NAME, "state": {"terminated": terminated}}]
+    if reason == "Evicted":
+        status["reason"] = "Evicted"
+    if disrupted:
+        status["conditions"].append({"type": "DisruptionTarget", "status": "True"})
+    pod["status"] = status
+    return pod
+
+
+def running_pods(body: dict[str, Any], count: int | None = None) -> list[dict[str, Any]]:
+    """`count` Running+Ready pods (default: spec.replicas) for indexes 0..count-1."""
+    count = body["spec"].get("replicas", 1) if count is None else count
+    return [make_pod(body, i) for i in range(count)]
