@@ -175,17 +175,18 @@ class SnapshotStore:
             self.on_saved(info)
 
     def _prune(self) -> None:
-        """Deletes complete snapshots beyond ``keep`` and orphaned data older than the kept ones."""
+        """Deletes complete snapshots beyond ``keep`` and orphaned data older than the newest one."""
         complete = self.complete()
         for old in complete[: -self.keep]:
             old.manifest_path.unlink(missing_ok=True)
             Path(old.path).unlink(missing_ok=True)
-        kept = complete[-self.keep :]
-        if not kept:
+        if not complete:
             return
-        oldest_kept = _sort_key(Path(kept[0].path))
+        # Data without a manifest, older than a complete snapshot: its writer
+        # was killed and nothing will ever complete it.
+        newest = _sort_key(Path(complete[-1].path))
         for data in self.directory.glob("snapshot-*.pt"):
-            if _sort_key(data) < oldest_kept and not data.with_suffix(".json").exists():
+            if _sort_key(data) < newest and not data.with_suffix(".json").exists():
                 data.unlink(missing_ok=True)
 
     def _remove_temporaries(self) -> None:
