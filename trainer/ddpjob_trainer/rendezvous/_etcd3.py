@@ -16,8 +16,10 @@ native runtime we fail with a message saying what to set.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import warnings
 from types import ModuleType
 
 # protobuf reads this variable once, when ``google.protobuf`` is first imported.
@@ -38,7 +40,8 @@ def load() -> ModuleType:
     previous = os.environ.get(_PROTOBUF_ENV)
     os.environ[_PROTOBUF_ENV] = "python"
     try:
-        import etcd3
+        with _quiet_descriptor_warnings():
+            import etcd3
     finally:
         if previous is None:
             del os.environ[_PROTOBUF_ENV]
@@ -51,7 +54,8 @@ def _import_with_loaded_protobuf() -> ModuleType:
     from google.protobuf.internal import api_implementation
 
     try:
-        import etcd3
+        with _quiet_descriptor_warnings():
+            import etcd3
     except TypeError as exc:
         raise ImportError(
             f"etcd3 cannot be imported: protobuf was already imported with the "
@@ -59,3 +63,12 @@ def _import_with_loaded_protobuf() -> ModuleType:
             f"set {_PROTOBUF_ENV}=python in the environment of the torchrun agent"
         ) from exc
     return etcd3
+
+
+
+@contextlib.contextmanager
+def _quiet_descriptor_warnings():
+    """etcd3's old generated code triggers hundreds of protobuf DeprecationWarnings on import; none is actionable."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield

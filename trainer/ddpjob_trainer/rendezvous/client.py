@@ -140,6 +140,9 @@ class EtcdConnection:
                 timeout=max(0.1, min(_ATTEMPT_TIMEOUT_S, deadline - time.monotonic())),
                 grpc_options=_GRPC_OPTIONS,
             )
+            if not self._client.uses_secure_channel:
+                # grpc refuses call credentials on plaintext channels; etcd3 also sends the token as metadata.
+                self._client.call_credentials = None
         return self._client
 
     def _drop_client(self) -> None:
@@ -161,9 +164,14 @@ class EtcdConnection:
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
         if name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
             return f"{name.lower()}: {details}"
-        if name == "UNAUTHENTICATED":
+        if name == "UNAUTHENTICATED" and "invalid auth token" in details:
             # etcd forgets simple auth tokens when it restarts; a new client authenticates again.
-            return f"auth token rejected, re-authenticating: {details}"
+            return f"auth token expired, re-authenticating: {details}"
+        if name == "INVALID_ARGUMENT" and "user name is empty" in details:
+            raise RendezvousError(
+                f"etcd at {endpoint} requires authentication: set rdzv_conf username and password "
+                f"(or password_file)"
+            ) from exc
         if name == "INVALID_ARGUMENT" and "authentication failed" in details:
             raise RendezvousError(
                 f"etcd at {endpoint} rejected rdzv_conf username '{self.settings.username}': {details}; "
