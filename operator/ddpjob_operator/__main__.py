@@ -1,0 +1,75 @@
+"""``python -m ddpjob_operator`` (console script ``ddpjob-operator``): runs the kopf operator.
+
+Examples::
+
+    ddpjob-operator                          # all namespaces, standalone
+    ddpjob-operator --namespace team-a --namespace team-b
+    ddpjob-operator --peering ddpjob --liveness-port 8080 --metrics-port 9090
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import kopf
+
+from ddpjob_operator import metrics
+
+DEFAULT_LIVENESS_PORT = 8080  # kubelet probes GET /healthz here
+DEFAULT_METRICS_PORT = 9090  # Prometheus scrapes /metrics here
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ddpjob-operator", description="Kubernetes operator for DDPJob.")
+    parser.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                        help="watch this namespace (repeatable); none given: all namespaces")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--standalone", action="store_true", default=True,
+                      help="run without peering (default): exactly one operator replica must run")
+    mode.add_argument("--peering", metavar="NAME", default=None,
+                      help="coordinate with other replicas through the kopf peering object NAME")
+    parser.add_argument("--liveness-port", type=int, default=DEFAULT_LIVENESS_PORT,
+                        help="serve GET /healthz on this port (0: off)")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                        help="serve Prometheus /metrics on this port (0: off)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler")
+    args = parser.parse_args(argv)
+    for port_flag in ("liveness_port", "metrics_port"):
+        if not 0 <= getattr(args, port_flag) <= 65535:
+            parser.error(f"--{port_flag.replace('_', '-')} ({getattr(args, port_flag)}) must be 0..65535")
+    return args
+
+
+def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # With explicit namespaces there is nothing to discover: skip the cluster-wide namespace and
+    # CRD scans, which would need cluster-scoped RBAC the namespaced install does not grant.
+    settings.scanning.disabled = bool(args.namespace)
+    # Events are posted by the operator itself (kube.post_event) only when something changed;
+    # kopf's per-handler "Handler succeeded" events would bury them.
+    settings.posting.level = 100
+    # Progress of retried handlers goes in annotations only: the status belongs to the job.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage()
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import ddpjob_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+
+    kopf.configure(verbose=args.verbose, debug=args.verbose)
+    metrics.serve(args.metrics_port)
+    kopf.run(
+        settings=settings_for(args),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""kopf wiring: which events start a reconciliation pass of which DDPJob.
+
+A pass only observes and applies; every decision is made by the pure ``reconcile`` (spec ->
+plan -> status) and every API call goes through ``kube``. A pass:
+
+1. reads the job, its pods and whether its Service exists (fresh, not kopf's cached body, so
+   the failure bookkeeping in the status is never older than our own last write);
+2. writes the status once, when it changed, *before* acting, so a failure that is about to be
+   replaced is counted durably even if the operator dies right after;
+3. executes the actions (create-or-skip, delete-or-skip);
+4. posts the Events the status computation returned (only when something changed).
+
+Passes of one job never overlap (one lock per job), and pod events are coalesced so that a
+job creating 8 pods is reconciled a couple of times, not 8. kopf cannot retry watch-event
+handlers, so a planned requeue (backoff end, deadline, TTL) is an in-memory timer; a restarted
+operator re-plans every job from its ``@kopf.on.resume`` handler, so nothing is lost with it.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import kopf
+
+from ddpjob_operator import constants as C
+from ddpjob_operator import kube, metrics
+from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.reconcile import Reconciliation, reconcile
+from ddpjob_operator.render import selector
+
+logger = logging.getLogger("ddpjob_operator")
+
+COALESCE_SECONDS = 0.05  # pod events closer together than this share one pass
+ERROR_RETRY_SECONDS = 2.0  # a pass started by a pod event that failed is tried again after this
+
+JobKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class PassOutcome:
+    """What the wiring needs to know after a pass."""
+
+    requeue: float | None = None  # look again after this many seconds even without an event
+    invalid: str = ""  # why the spec is invalid ("" when valid): retrying will not help
+
+
+class JobPasses:
+    """Serialises, coalesces and schedules the passes of each job."""
+
+    def __init__(self, run: Callable[[JobKey], Awaitable[PassOutcome]]):
+        self._run = run
+        self._locks: dict[JobKey, asyncio.Lock] = {}
+        self._queued: set[JobKey] = set()
+        self._timers: dict[JobKey, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run_now(self, key: JobKey) -> PassOutcome:
+        """One pass, awaited, so that kopf sees its errors (and retries TemporaryError)."""
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            outcome = await self._run(key)
+        self.schedule(key, outcome.requeue)
+        return outcome
+
+    def poke(self, key: JobKey) -> None:
+        """A pass soon; several pokes within COALESCE_SECONDS share it."""
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        task = asyncio.get_running_loop().create_task(self._poked(key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def schedule(self, key: JobKey, after: float | None) -> None:
+        """A pass ``after`` seconds from now, unless an earlier one is already scheduled."""
+        if after is None:
+            return
+        loop = asyncio.get_running_loop()
+        current = self._timers.get(key)
+        if current is not None and not current.cancelled() and current.when() <= loop.time() + after:
+            return
+        if current is not None:
+            current.cancel()
+        self._timers[key] = loop.call_later(after, self.poke, key)
+
+    def forget(self, key: JobKey) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self._locks.pop(key, None)
+
+    async def _poked(self, key: JobKey) -> None:
+        await asyncio.sleep(COALESCE_SECONDS)
+        self._queued.discard(key)
+        try:
+            await self.run_now(key)
+        except Exception as e:  # nobody awaits a poked pass: log it and try again later
+            logger.warning("Reconciling %s/%s failed, retrying in %s s: %s", *key, ERROR_RETRY_SECONDS, e)
+            self.schedule(key, ERROR_RETRY_SECONDS)
+
+
+async def run_pass(api: kube.Kube, key: JobKey) -> PassOutcome:
+    """One pass over one job."""
+    namespace, name = key
+    with metrics.timed_pass():
+        job = await api.get_job(namespace, name)
+        if job is None:
+            metrics.observe_job(namespace, name, None)
+            return PassOutcome()
+        pods = await api.list_pods(namespace, selector(name))
+        service_exists = await api.exists("Service", namespace, name)
+        result = reconcile(job, pods, datetime.datetime.now(datetime.timezone.utc), service_exists=service_exists)
+        await _write_status(api, job, result)
+        requeue = await _apply(api, job, pods, result)
+        for event in result.events:
+            await api.post_event(job, event.type, event.reason, event.message)
+    metrics.observe_job(namespace, name, result.status.get("phase"))
+    return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
+
+
+async def _write_status(api: kube.Kube, job: dict, result: Reconciliation) -> None:
+    old = job.get("status") or {}
+    if result.status == old:
+        return
+    patch = {**{k: None for k in old if k not in result.status}, **result.status}  # merge-patch: null removes
+    await api.patch_job_status(job["metadata"]["namespace"], job["metadata"]["name"], patch)
+    metrics.observe_restarts(int(old.get("restarts") or 0), int(result.status.get("restarts") or 0))
+
+
+async def _apply(api: kube.Kube, job: dict, pods: list[dict], result: Reconciliation) -> float | None:
+    namespace = job["metadata"]["namespace"]
+    uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods}
+    writes, requeue = [], None
+    for action in result.actions:
+        if isinstance(action, (CreatePod, CreateService)):
+            writes.append(api.create_or_skip(action.body, namespace))
+        elif isinstance(action, DeletePod):
+            logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
+            writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name)))
+        elif isinstance(action, DeleteJob):
+            logger.info("Deleting DDPJob %s/%s: %s", namespace, job["metadata"]["name"], action.reason)
+            writes.append(api.delete_job(namespace, job["metadata"]["name"], job["metadata"]["uid"]))
+        elif isinstance(action, Requeue):
+            requeue = action.after
+    await asyncio.gather(*writes)  # independent objects: one round trip instead of one per pod
+    return requeue
+
+
+# ---------------------------------------------------------------------------- kopf handlers
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    return kube.login(**kwargs)
+
+
+@kopf.on.startup()
+async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
+    info = kube.login(logger=logger, **kwargs)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig was found")
+    memo.api = kube.Kube(info)
+    memo.passes = JobPasses(lambda key: run_pass(memo.api, key))
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    await memo.api.close()
+
+
+@kopf.on.resume(C.GROUP, C.VERSION, C.PLURAL)
+@kopf.on.create(C.GROUP, C.VERSION, C.PLURAL)
+@kopf.on.update(C.GROUP, C.VERSION, C.PLURAL)
+async def job_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A job appeared, changed its spec (replicas, suspend, ...) or was found at start-up."""
+    outcome = await memo.passes.run_now((namespace, name))
+    if outcome.invalid:  # reported in status and an Event by the pass; retrying cannot fix it
+        raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
+
+
+@kopf.on.event("", "v1", "pods", labels={C.LABEL_MANAGED_BY: C.MANAGED_BY, C.LABEL_JOB_NAME: kopf.PRESENT})
+async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    """A node pod was created, changed phase or went away: its job needs a look."""
+    memo.passes.poke((namespace, labels[C.LABEL_JOB_NAME]))
+
+
+@kopf.on.delete(C.GROUP, C.VERSION, C.PLURAL, optional=True)
+async def job_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Ownership deletes the pods and Service; only the in-memory bookkeeping is dropped here."""
+    memo.passes.forget((namespace, name))
+    metrics.observe_job(namespace, name, None)
+

@@ -1,0 +1,206 @@
+"""The only module that calls the Kubernetes API.
+
+Writes are idempotent so that a pass can be repeated after a crash or a conflict without harm:
+creating an object that already exists is skipped (409), deleting one that is gone is skipped
+(404), and a delete names the uid it means so it never removes a newer pod of the same name.
+Errors that a retry may fix (HTTP 429 and 5xx, lost connections) become
+``kopf.TemporaryError`` so kopf retries the handler after a delay instead of the handler sleeping.
+
+The connection comes from kopf's own login functions (in-cluster service account, else the
+kubeconfig), so the operator and kopf always talk to the same server with the same identity.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+from ddpjob_operator.constants import API_VERSION, GROUP, MANAGED_BY, PLURAL, VERSION
+
+RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
+REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a reconcile forever
+
+_PLURALS = {"Pod": "pods", "Service": "services", "Event": "events"}  # kinds the operator writes
+
+
+class ApiError(Exception):
+    """The API answered with an error status that a retry will not fix."""
+
+    def __init__(self, status: int, reason: str, message: str, what: str):
+        self.status = status
+        self.reason = reason
+        super().__init__(f"{what}: HTTP {status} {reason}: {message}")
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's service-account login inside a cluster, else its kubeconfig login."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def object_path(api_version: str, plural: str, namespace: str | None, name: str | None = None,
+                subresource: str | None = None) -> str:
+    """The REST path of a collection or an object: /api/v1/... for the core group, /apis/... otherwise."""
+    parts = ["/api/v1" if api_version == "v1" else f"/apis/{api_version}"]
+    if namespace is not None:
+        parts += ["namespaces", namespace]
+    parts.append(plural)
+    if name is not None:
+        parts.append(name)
+    if subresource is not None:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+def job_path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    return object_path(API_VERSION, PLURAL, namespace, name, subresource)
+
+
+class Kube:
+    """An aiohttp session to the API server with the operator's few verbs."""
+
+    def __init__(self, info: kopf.ConnectionInfo):
+        self._info = info
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            info = self._info
+            headers = {"User-Agent": f"{MANAGED_BY}/{GROUP}"}
+            auth = None
+            if info.token:
+                headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+            elif info.username:
+                auth = aiohttp.BasicAuth(info.username, info.password or "")
+            self._session = aiohttp.ClientSession(
+                base_url=info.server.rstrip("/") + "/", headers=headers, auth=auth,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+                connector=aiohttp.TCPConnector(ssl=_ssl_context(info), limit=64))
+        return self._session
+
+    async def request(self, method: str, path: str, body: Any = None, *,
+                      content_type: str = "application/json", params: Mapping[str, str] | None = None) -> Any:
+        """One API call; returns the decoded JSON. Raises ApiError, or TemporaryError where a retry may help."""
+        what = f"{method} {path}"
+        try:
+            async with self._open().request(method, path.lstrip("/"), json=body, params=params,
+                                            headers={"Content-Type": content_type}) as response:
+                payload = await response.json(content_type=None) if response.content_length != 0 else None
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise kopf.TemporaryError(f"{what}: {e!r}", delay=RETRY_DELAY_SECONDS) from e
+        if status < 400:
+            return payload
+        reason = payload.get("reason", "") if isinstance(payload, dict) else ""
+        message = payload.get("message", "") if isinstance(payload, dict) else str(payload)
+        if status == 429 or status >= 500:
+            raise kopf.TemporaryError(f"{what}: HTTP {status} {reason}: {message}", delay=RETRY_DELAY_SECONDS)
+        raise ApiError(status, reason, message, what)
+
+    # ------------------------------------------------------------------ verbs
+
+    async def create_or_skip(self, obj: Mapping[str, Any], namespace: str) -> bool:
+        """Creates ``obj``; False (not an error) when it exists already, e.g. from a pass before a restart."""
+        path = object_path(obj["apiVersion"], _PLURALS[obj["kind"]], namespace)
+        try:
+            await self.request("POST", path, obj)
+        except ApiError as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    async def delete_or_skip(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Deletes one object, only the incarnation with ``uid`` when given; False when it is gone already."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self.request("DELETE", object_path("v1", _PLURALS[kind], namespace, name), body)
+        except ApiError as e:
+            if e.status in (404, 409):  # gone, or replaced by a newer object of the same name
+                return False
+            raise
+        return True
+
+    async def exists(self, kind: str, namespace: str, name: str) -> bool:
+        try:
+            await self.request("GET", object_path("v1", _PLURALS[kind], namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
+        result = await self.request("GET", object_path("v1", "pods", namespace),
+                                    params={"labelSelector": label_selector})
+        return list(result.get("items", []))
+
+    async def get_job(self, namespace: str, name: str) -> dict | None:
+        try:
+            return await self.request("GET", job_path(namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict | None:
+        """One merge-patch of the status subresource; None when the job was deleted meanwhile."""
+        try:
+            return await self.request("PATCH", job_path(namespace, name, "status"), {"status": dict(status)},
+                                      content_type="application/merge-patch+json")
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def delete_job(self, namespace: str, name: str, uid: str) -> bool:
+        try:
+            await self.request("DELETE", job_path(namespace, name),
+                               {"propagationPolicy": "Background", "preconditions": {"uid": uid}})
+        except ApiError as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def post_event(self, job: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        """A core/v1 Event about the job, as ``kubectl describe ddpjob`` shows them."""
+        meta = job["metadata"]
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": job.get("kind", "DDPJob"),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": event_type, "reason": reason, "message": message[:1024],  # the API caps messages
+            "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
+            "reportingInstance": socket.gethostname(), "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        await self.request("POST", object_path("v1", "events", meta["namespace"]), event)
+
+
+def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    if not info.server.startswith("https"):
+        return False
+    if info.insecure:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        ca_data = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
+        context = ssl.create_default_context(cafile=info.ca_path, cadata=ca_data)
+    if info.certificate_path and info.private_key_path:
+        context.load_cert_chain(info.certificate_path, info.private_key_path)
+    return context
