@@ -404,13 +404,14 @@ class DDPJobSpec(_Model):
 
 
 def _resolve_replica_defaults(spec: DDPJobSpec) -> None:
+    # Written through __dict__ so model_fields_set keeps telling given fields from defaults.
     ep = spec.elastic_policy
     if ep.min_replicas is None:
-        ep.min_replicas = spec.replicas or 1
+        ep.__dict__["min_replicas"] = spec.replicas or 1
     if ep.max_replicas is None:
-        ep.max_replicas = max(ep.min_replicas, spec.replicas or 0)
+        ep.__dict__["max_replicas"] = max(ep.min_replicas, spec.replicas or 0)
     if spec.replicas is None:
-        spec.replicas = ep.min_replicas
+        spec.__dict__["replicas"] = ep.min_replicas
 
 
 # --- Errors ------------------------------------------------------------------
@@ -463,10 +464,11 @@ def _cross_field_errors(spec: DDPJobSpec) -> list[FieldError]:
     if ep.max_replicas < ep.min_replicas:
         errors.append(FieldError("spec.elasticPolicy.maxReplicas", ep.max_replicas,
                                  f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})"))
-    if spec.replicas < ep.min_replicas:
+    given = "replicas" in spec.model_fields_set  # a defaulted replicas only repeats min/max errors
+    if given and spec.replicas < ep.min_replicas:
         errors.append(FieldError("spec.replicas", spec.replicas,
                                  f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})"))
-    if spec.replicas > ep.max_replicas:
+    if given and spec.replicas > ep.max_replicas:
         errors.append(FieldError("spec.replicas", spec.replicas,
                                  f"must be <= spec.elasticPolicy.maxReplicas ({ep.max_replicas})"))
     errors += _rdzv_errors(ep)

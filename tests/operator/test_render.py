@@ -1,0 +1,131 @@
+"""Rendered Service and Pods: golden YAML for the full shape, small tests for each rule."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddpjob_operator import constants as C
+from ddpjob_operator.render import render_pod, render_service, selector
+from ddpjob_operator.spec import JobRef, parse_spec
+from tests.operator.builders import make_spec
+
+GOLDEN = Path(__file__).parent / "golden"
+REF = JobRef(name="mlp", namespace="team-a", uid="6f1c2a9e-0000-4000-8000-000000000001", generation=1)
+
+
+def assert_golden(name: str, obj: dict) -> None:
+    """Compare `obj` as YAML with golden/<name>; DDPJOB_UPDATE_GOLDEN=1 rewrites the file."""
+    text = yaml.safe_dump(obj, sort_keys=False, width=100)
+    path = GOLDEN / name
+    if os.environ.get("DDPJOB_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs; see golden/README.md to regenerate"
+
+
+def full_spec():
+    """A spec that uses every part of the pod template."""
+    return parse_spec(make_spec(
+        replicas=2, min_replicas=1, max_replicas=4,
+        args=["--epochs", "5"],
+        env=[{"name": "FOO", "value": "bar"},
+             {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}}],
+        resources={"limits": {"nvidia.com/gpu": 1, "cpu": "4", "memory": "16Gi"}},
+        elasticPolicy={"nProcPerNode": "gpu", "rdzvTimeouts": {"lastCallSeconds": 3, "keepAliveIntervalSeconds": 2}},
+        snapshot={"volume": {"persistentVolumeClaim": {"claimName": "mlp-snapshots"}}},
+        scheduling={"nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                    "priorityClassName": "training"},
+        podOverrides={"serviceAccountName": "trainer", "imagePullSecrets": [{"name": "ghcr"}],
+                      "securityContext": {"runAsNonRoot": True},
+                      "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}],
+                      "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+                      "labels": {"team": "vision"}, "annotations": {"owner": "ana"}},
+    ))
+
+
+def test_service_matches_golden_yaml():
+    assert_golden("service.yaml", render_service(REF, full_spec()))
+
+
+def test_pod_matches_golden_yaml():
+    assert_golden("pod.yaml", render_pod(REF, full_spec(), 1))
+
+
+def test_service_is_headless_and_publishes_not_ready_pods_on_the_rdzv_port():
+    svc = render_service(REF, parse_spec(make_spec(elasticPolicy={"rdzvPort": 29500})))["spec"]
+    assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
+    assert svc["selector"] == {C.LABEL_JOB_NAME: "mlp"}
+    assert svc["ports"] == [{"name": "rdzv", "port": 29500, "targetPort": 29500, "protocol": "TCP"}]
+
+
+def test_pod_dns_name_comes_from_hostname_and_the_service_subdomain():
+    pod = render_pod(REF, parse_spec(make_spec()), 3)
+    assert (pod["metadata"]["name"], pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (
+        "mlp-node-3", "mlp-node-3", "mlp")
+
+
+def test_pod_is_owned_and_controlled_by_its_job():
+    (owner,) = render_pod(REF, parse_spec(make_spec()), 0)["metadata"]["ownerReferences"]
+    assert owner == {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "name": "mlp",
+                     "uid": REF.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def test_pod_labels_carry_job_and_node_index_and_the_selector_matches_them():
+    labels = render_pod(REF, parse_spec(make_spec()), 2)["metadata"]["labels"]
+    assert labels[C.LABEL_JOB_NAME] == "mlp" and labels[C.LABEL_NODE_INDEX] == "2"
+    assert labels[C.LABEL_COMPONENT] == "node" and labels[C.LABEL_MANAGED_BY] == "ddpjob-operator"
+    key, value = selector("mlp").split("=")
+    assert labels[key] == value
+
+
+def test_pod_never_restarts_in_place_because_the_operator_replaces_it():
+    assert render_pod(REF, parse_spec(make_spec()), 0)["spec"]["restartPolicy"] == "Never"
+
+
+def test_module_runs_as_torchrun_dash_m_and_script_as_its_path():
+    module_pod = render_pod(REF, parse_spec(make_spec(args=["--epochs", "1"])), 0)
+    script_pod = render_pod(REF, parse_spec(make_spec(module=None, script="/w/train.py")), 0)
+    (mc,), (sc,) = module_pod["spec"]["containers"], script_pod["spec"]["containers"]
+    assert (mc["command"], mc["args"]) == (["torchrun"], ["-m", "ddpjob_trainer.examples.mlp", "--epochs", "1"])
+    assert (sc["command"], sc["args"]) == (["torchrun"], ["/w/train.py"])
+
+
+def test_dev_shm_is_a_memory_volume_and_the_snapshot_volume_is_mounted_at_mount_path():
+    pod = render_pod(REF, parse_spec(make_spec(snapshot={"mountPath": "/ckpt"})), 0)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["snapshots"] == {"name": "snapshots", "emptyDir": {}}
+    assert mounts == {"snapshots": "/ckpt", "dshm": "/dev/shm"}
+
+
+def test_without_a_snapshot_there_is_no_snapshot_volume_or_variable():
+    pod = render_pod(REF, parse_spec(make_spec()), 0)
+    (container,) = pod["spec"]["containers"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["dshm"]
+    assert C.ENV_SNAPSHOT_DIR not in {e["name"] for e in container["env"]}
+
+
+def test_user_env_replaces_an_operator_variable_of_the_same_name_once():
+    spec = parse_spec(make_spec(env=[{"name": "PYTHONUNBUFFERED", "value": "0"}]))
+    env = render_pod(REF, spec, 0)["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "PYTHONUNBUFFERED"] == [{"name": "PYTHONUNBUFFERED", "value": "0"}]
+    assert env[-1]["name"] == "PYTHONUNBUFFERED"
+
+
+def test_etcd_pods_expose_no_rdzv_port():
+    spec = parse_spec(make_spec(elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd:2379"]}))
+    assert "ports" not in render_pod(REF, spec, 0)["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("field", ["nodeSelector", "tolerations", "affinity", "priorityClassName",
+                                   "schedulerName", "serviceAccountName", "imagePullSecrets", "securityContext"])
+def test_unset_scheduling_and_override_fields_are_left_to_the_cluster_defaults(field):
+    assert field not in render_pod(REF, parse_spec(make_spec()), 0)["spec"]
+
+
+def test_service_links_are_off_so_a_service_named_master_cannot_set_master_port():
+    assert render_pod(REF, parse_spec(make_spec()), 0)["spec"]["enableServiceLinks"] is False
