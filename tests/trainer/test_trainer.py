@@ -1,0 +1,156 @@
+"""The training loop in one process (world size 1, gloo): resume, determinism, accumulation.
+
+Multi-process behaviour (real torchrun, two workers, restarts) is in
+test_example_mlp.py; here the loop runs in the test process so a failure and
+a resume cost no process start.
+"""
+import dataclasses
+import os
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, distributed, read_metrics
+from ddpjob_trainer.env import DistEnv
+from ddpjob_trainer.examples.mlp import make_dataset, mse
+from ddpjob_trainer.metrics import read_raw_metrics
+from tests.support.procs import free_port
+
+DATA = make_dataset(200, seed=3)
+
+
+@pytest.fixture(scope="module")
+def env():
+    port = free_port()
+    saved = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    first_attempt = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0,
+                            restart_count=0, run_id="test", master_addr="127.0.0.1", master_port=port)
+    try:
+        with distributed(first_attempt):
+            yield first_attempt
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
+
+def build(seed=0, dropout=0.2):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(32, 4)
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.99)
+    return model, optimizer, scheduler
+
+
+def run(env, directory, *, restart_count=0, extra=None, **overrides):
+    model, optimizer, scheduler = build()
+    config = TrainerConfig(
+        epochs=2, batch_size=8, accumulation_steps=2, snapshot_dir=str(directory), snapshot_every_steps=4,
+        metrics_file=str(directory / "metrics.jsonl"), progress_bar=False, **overrides,
+    )
+    trainer = Trainer(model, optimizer, DATA, config, loss_fn=mse, scheduler=scheduler,
+                      env=dataclasses.replace(env, restart_count=restart_count), extra=extra)
+    return trainer, trainer.train()
+
+
+def final_weights(directory):
+    return SnapshotStore(directory).load_latest()[1]["model"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(env, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    run(env, directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def interrupted(env, tmp_path_factory):
+    """Fails after step 18 (mid epoch 1; last snapshot at step 16), then resumes with async snapshots."""
+    directory = tmp_path_factory.mktemp("interrupted")
+    with pytest.raises(RuntimeError, match="fail_at_step=18: failing on purpose on the first attempt"):
+        run(env, directory, fail_at_step=18, extra={"user": 1})
+    trainer, result = run(env, directory, restart_count=1, fail_at_step=18, async_snapshot=True)
+    return directory, trainer, result
+
+
+def test_a_run_resumed_mid_epoch_ends_with_the_same_weights_as_an_uninterrupted_one(uninterrupted, interrupted):
+    directory, trainer, result = interrupted
+    assert (trainer.resumed_from.epoch, trainer.resumed_from.step) == (1, 16)
+    assert trainer.resumed_from.samples_consumed == 3 * 2 * 8  # 3 optimizer steps of 2 micro-batches into epoch 1
+    expected, actual = final_weights(uninterrupted), final_weights(directory)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        # Dropout makes this depend on the restored RNG, Adam on the restored optimizer state.
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_after_a_resume_every_step_appears_once_and_the_lost_steps_are_rolled_back(interrupted):
+    directory, _, result = interrupted
+    steps_per_epoch = 13  # 25 micro-batches of 8, grouped in twos: 12 full groups and one single
+    events = read_metrics(directory / "metrics.jsonl")
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 2 * steps_per_epoch + 1))
+    assert [(e["epoch"], e["step"]) for e in events if e["event"] == "epoch_end"] == [(0, 13), (1, 26)]
+    starts = [e for e in events if e["event"] == "start"]
+    assert [(s["restart_count"], s["resume_epoch"], s["resume_step"]) for s in starts] == [(0, 0, 0), (1, 1, 16)]
+    raw_steps = [e["step"] for e in read_raw_metrics(directory / "metrics.jsonl") if e["event"] == "step"]
+    assert raw_steps.count(17) == raw_steps.count(18) == 2, "steps 17-18 ran, were lost, and ran again"
+    assert events[-1]["event"] == "done" and result.step == 26
+
+
+def test_the_users_extra_state_survives_the_restart(interrupted):
+    _, trainer, result = interrupted
+    assert trainer.extra == {"user": 1} and result.extra == {"user": 1}
+
+
+def test_snapshots_record_the_resume_position_and_keep_two(interrupted):
+    directory, _, _ = interrupted
+    infos = SnapshotStore(directory).complete()
+    assert [(i.epoch, i.step, i.samples_consumed) for i in infos] == [(1, 24, 176), (2, 26, 0)]
+    state = SnapshotStore(directory).load(infos[-1])
+    assert (state["world_size"], state["sampler_seed"], len(state["rng"])) == (1, 0, 1)
+    assert state["scheduler"]["last_epoch"] == 26 and state["optimizer"]["state"][0]["step"] == 26
+
+
+def test_a_finished_job_restarted_trains_nothing_more(env, uninterrupted):
+    trainer, result = run(env, uninterrupted, restart_count=1)
+    assert result.step == 26 and trainer.resumed_from.epoch == 2
+    events = read_metrics(uninterrupted / "metrics.jsonl")
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 27))
+    assert [e["event"] for e in events].count("done") == 1
+
+
+def test_accumulating_two_micro_batches_equals_one_double_batch_and_all_reduces_once_per_step(env, tmp_path):
+    results = {}
+    for accumulation, batch_size in ((2, 8), (1, 16)):
+        model, _, _ = build(dropout=0.0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        config = TrainerConfig(epochs=1, batch_size=batch_size, accumulation_steps=accumulation, progress_bar=False)
+        trainer = Trainer(model, optimizer, make_dataset(192, seed=1), config, loss_fn=mse, env=env)
+        reductions = []
+
+        def counting_hook(state, bucket):
+            reductions.append(bucket.index())
+            return allreduce_hook(state, bucket)
+
+        trainer.ddp.register_comm_hook(None, counting_hook)
+        result = trainer.train()
+        results[accumulation] = (model.state_dict(), result.step, len(reductions))
+    (accumulated, steps, reduced), (plain, plain_steps, _) = results[2], results[1]
+    assert steps == plain_steps == 12
+    assert reduced == steps, "no_sync must skip the all-reduce on all but the last micro-step"
+    for name in plain:
+        torch.testing.assert_close(accumulated[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_config_errors_name_each_field_value_and_rule():
+    with pytest.raises(ValueError) as error:
+        TrainerConfig(epochs=0, batch_size=-1, snapshot_every_steps=-2)
+    assert str(error.value) == (
+        "TrainerConfig.epochs (0) must be >= 1; TrainerConfig.batch_size (-1) must be >= 1; "
+        "TrainerConfig.snapshot_every_steps (-2) must be >= 0"
+    )
