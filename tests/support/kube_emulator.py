@@ -95,6 +95,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _scales: dict[Any, ScalePaths] = attrs.field(factory=dict, init=False)
     _background: set[asyncio.Task] = attrs.field(factory=set, init=False)
     _pending: list[tuple[Any, dict]] = attrs.field(factory=list, init=False)
+    # Seconds every write holds the server before it is applied (writes queue up, like a slow
+    # etcd), so that tests can stop a client in the middle of a series of writes. Tests may
+    # change it while serving.
+    write_latency: float = 0.0
+    _write_queue: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # reads do not wait on it
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -176,11 +181,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if method in ("POST", "PUT", "PATCH", "DELETE"):
             # Writes are interpreted here, not by user reactions: tests drive the server through
             # its API only, so every write must follow the conventions.
-            async with self._lock:
-                try:
-                    status, body = self._write(request, method)
-                finally:
-                    await self._publish()
+            async with self._write_queue:
+                if self.write_latency:
+                    await asyncio.sleep(self.write_latency)
+                async with self._lock:
+                    try:
+                        status, body = self._write(request, method)
+                    finally:
+                        await self._publish()
             return aiohttp.web.json_response(body, status=status)
         # Reads go through kmock's routing to the overridden _serve_* fallbacks below.
         return await kmock.KubernetesScaffold._handle(self, request)

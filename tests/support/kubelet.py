@@ -1,0 +1,60 @@
+"""Test helpers that play the parts of a cluster the emulator does not run: the kubelet
+(pod status) and the user (DDPJob manifests with fast failure policies)."""
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from ddpjob_operator import constants as C
+
+
+def ddpjob(name: str = "mlp", replicas: int = 2, **spec: Any) -> dict:
+    """A valid DDPJob manifest; backoffs are short so failure tests stay fast."""
+    body_spec = {"replicas": replicas, "image": "ghcr.io/ddpjob/trainer:0.1.0",
+                 "module": "ddpjob_trainer.examples.mlp", "args": ["--epochs", "2"],
+                 "failurePolicy": {"maxRestarts": 3, "backoffSeconds": 1, "maxBackoffSeconds": 2}}
+    body_spec.update(spec)
+    return {"apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": name}, "spec": body_spec}
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_running(k8s, pod: str) -> dict:
+    """The kubelet reports the pod's container started and ready."""
+    return k8s.patch("pods", pod, {"status": {
+        "phase": "Running", "startTime": now(),
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now()}],
+        "containerStatuses": [{"name": C.CONTAINER_NAME, "ready": True, "restartCount": 0,
+                               "state": {"running": {"startedAt": now()}}}]}}, subresource="status")
+
+
+def set_terminated(k8s, pod: str, exit_code: int, reason: str | None = None) -> dict:
+    """The kubelet reports the container exited (restartPolicy Never: the pod phase follows)."""
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    reason = reason or ("Completed" if exit_code == 0 else "Error")
+    return k8s.patch("pods", pod, {"status": {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now()}],
+        "containerStatuses": [{"name": C.CONTAINER_NAME, "ready": False, "restartCount": 0, "state": {
+            "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": now(), "finishedAt": now()}}}]}},
+        subresource="status")
+
+
+def pod_names(k8s, job: str = "mlp") -> list[str]:
+    return sorted(p["metadata"]["name"] for p in k8s.list("pods", label_selector=f"{C.LABEL_JOB_NAME}={job}")
+                  if not p["metadata"].get("deletionTimestamp"))
+
+
+def status(k8s, job: str = "mlp") -> dict:
+    return k8s.get("ddpjobs", job).get("status") or {}
+
+
+def condition(k8s, type_: str, job: str = "mlp") -> dict | None:
+    return next((c for c in status(k8s, job).get("conditions") or [] if c["type"] == type_), None)
+
+
+def events(k8s, job: str = "mlp") -> list[tuple[str, str, str]]:
+    return [(e["type"], e["reason"], e["message"]) for e in k8s.list("events")
+            if e["involvedObject"]["name"] == job]
