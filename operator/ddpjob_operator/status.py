@@ -135,6 +135,9 @@ def _active_verdict(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dic
     if succeeded and not any(is_active(p) for p in current):
         return _with_events(failure, _Verdict(C.PHASE_SUCCEEDED, C.REASON_SUCCEEDED, (
             f"training finished: {len(succeeded)} node pod(s) exited 0")))
+    if succeeded:  # torchrun agents finish together; wait for the rest to exit
+        return _with_events(failure, _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, (
+            f"training finishing: {len(succeeded)} of {len(current)} node pods exited 0")))
     if failure.phase == C.PHASE_RESTARTING or _in_backoff(spec, current, status, now):
         return _with_events(failure, _restarting(spec, status, now, failure))
     return _with_events(failure, _running_or_pending(spec, current, prev_phase))

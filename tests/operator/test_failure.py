@@ -1,0 +1,53 @@
+"""Failure policy: outcome of a finished node, restart budget, exponential backoff."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpjob_operator.failure import Outcome, backoff_seconds, budget_exhausted, classify, classify_pod
+from tests.operator.builders import make_ddpjob, make_pod
+
+PERMANENT = (126, 127)
+
+CASES = [
+    # (exit code, reason, disrupted, outcome)
+    (0, None, False, Outcome.SUCCEEDED),
+    (1, None, False, Outcome.RETRYABLE),
+    (137, "OOMKilled", False, Outcome.RETRYABLE),
+    (127, None, False, Outcome.PERMANENT),
+    (126, None, False, Outcome.PERMANENT),
+    (None, "Evicted", False, Outcome.DISRUPTION),
+    (143, None, True, Outcome.DISRUPTION),
+    (127, None, True, Outcome.DISRUPTION),  # a preempted pod says nothing about the code
+    (None, None, False, Outcome.RETRYABLE),
+]
+
+
+@pytest.mark.parametrize("code,reason,disrupted,outcome", CASES)
+def test_classify_a_finished_node(code, reason, disrupted, outcome):
+    assert classify(code, reason, disrupted=disrupted, permanent_exit_codes=PERMANENT) == outcome
+
+
+def test_exit_codes_are_permanent_only_when_listed():
+    assert classify(127) == Outcome.RETRYABLE
+
+
+@pytest.mark.parametrize("restarts,delay", [(0, 0), (1, 10), (2, 20), (3, 40), (4, 80), (5, 100), (60, 100)])
+def test_backoff_doubles_from_the_first_delay_up_to_the_cap(restarts, delay):
+    assert backoff_seconds(restarts, base=10, maximum=100) == delay
+
+
+@pytest.mark.parametrize("restarts,budget,exhausted", [(0, 0, False), (1, 0, True), (5, 5, False), (6, 5, True)])
+def test_budget_allows_max_restarts_incidents(restarts, budget, exhausted):
+    assert budget_exhausted(restarts, budget) is exhausted
+
+
+def test_classify_pod_reads_phase_exit_code_reason_and_disruption_condition():
+    job = make_ddpjob()
+    assert classify_pod(make_pod(job, 0)) is None
+    assert classify_pod(make_pod(job, 0, phase="Pending")) is None
+    assert classify_pod(make_pod(job, 0, phase="Succeeded")) == Outcome.SUCCEEDED
+    assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=2)) == Outcome.RETRYABLE
+    assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=127), PERMANENT) == Outcome.PERMANENT
+    assert classify_pod(make_pod(job, 0, phase="Failed", reason="Evicted")) == Outcome.DISRUPTION
+    assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=143, disrupted=True)) == Outcome.DISRUPTION
