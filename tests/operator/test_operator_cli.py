@@ -1,0 +1,79 @@
+"""The operator's command line: flags, /healthz, Prometheus /metrics and all-namespaces mode."""
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from ddpjob_operator.__main__ import parse_args, settings_for
+from tests.support.kubelet import ddpjob, pod_names, set_terminated, status
+from tests.support.operator_harness import OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
+from tests.support.procs import free_port
+
+
+def fetch(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+def test_flags_default_to_standalone_all_namespaces_with_both_endpoints():
+    args = parse_args([])
+    assert (args.namespace, args.peering, args.liveness_port, args.metrics_port) == ([], None, 8080, 9090)
+    assert settings_for(args).scanning.disabled is False
+
+
+def test_namespaces_repeat_and_turn_cluster_scanning_off():
+    args = parse_args(["--namespace", "a", "-n", "b", "--peering", "ddpjob"])
+    assert args.namespace == ["a", "b"] and args.peering == "ddpjob"
+    assert settings_for(args).scanning.disabled is True
+
+
+def test_standalone_and_peering_are_mutually_exclusive():
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator", "--standalone", "--peering", "x"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "not allowed with argument" in result.stderr
+
+
+def test_a_port_out_of_range_names_the_flag():
+    with pytest.raises(SystemExit):
+        parse_args(["--metrics-port", "70000"])
+
+
+def test_healthz_and_metrics_are_served_and_count_jobs_by_phase(cluster, k8s, tmp_path):
+    liveness, metrics = free_port(), free_port()
+    command = [sys.executable, "-m", "ddpjob_operator", "--namespace", k8s.namespace,
+               "--liveness-port", str(liveness), "--metrics-port", str(metrics)]
+    with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
+        k8s.create("ddpjobs", ddpjob(replicas=2))
+        k8s.wait_for(lambda: len(pod_names(k8s)) == 2, timeout=20, what="two node pods")
+        set_terminated(k8s, "mlp-node-1", 1)
+        k8s.wait_for(lambda: status(k8s).get("restarts") == 1, what="a counted failure")
+        assert k8s.wait_for(lambda: _get_or_none(f"http://127.0.0.1:{liveness}/healthz"), what="/healthz")[0] == 200
+        text = k8s.wait_for(lambda: (t := _metrics(metrics)) and 'ddpjob_operator_jobs{phase="Restarting"} 1.0' in t
+                            and t, what="the Restarting job in /metrics")
+        assert "ddpjob_operator_pod_replacements_total 1.0" in text
+        assert "ddpjob_operator_reconcile_seconds_count" in text
+    assert "Traceback" not in process.log()
+
+
+def test_without_namespaces_the_operator_serves_every_namespace(cluster, tmp_path):
+    command = [sys.executable, "-m", "ddpjob_operator", "--liveness-port", "0", "--metrics-port", "0"]
+    team_a, team_b = cluster.client("team-a"), cluster.client("team-b")
+    with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
+        team_a.create("ddpjobs", ddpjob("a", replicas=1))
+        team_b.create("ddpjobs", ddpjob("b", replicas=2))
+        team_a.wait_for(lambda: pod_names(team_a, "a") == ["a-node-0"], timeout=30, what="team-a's pod")
+        team_b.wait_for(lambda: pod_names(team_b, "b") == ["b-node-0", "b-node-1"], timeout=30, what="team-b's pods")
+    assert "Traceback" not in process.log()
+
+
+def _get_or_none(url):
+    try:
+        return fetch(url)
+    except OSError:
+        return None
+
+
+def _metrics(port):
+    got = _get_or_none(f"http://127.0.0.1:{port}/metrics")
+    return got[1] if got else ""
