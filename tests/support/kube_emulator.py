@@ -190,8 +190,27 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     finally:
                         await self._publish()
             return aiohttp.web.json_response(body, status=status)
-        # Reads go through kmock's routing to the overridden _serve_* fallbacks below.
-        return await kmock.KubernetesScaffold._handle(self, request)
+        # Reads are served directly too: kmock's routing matches each request against its whole
+        # request history, which grows with every call and made 100-job runs crawl.
+        if request.action == kmock.action.WATCH:
+            return await self._stream(request, self._serve_watch(request))
+        if request.name is None:
+            return aiohttp.web.json_response(await self._serve_list(request))
+        return aiohttp.web.json_response(await self._serve_fetch(request))
+
+    @staticmethod
+    async def _stream(request: rendering.Request, events: AsyncIterator[Any]) -> aiohttp.web.StreamResponse:
+        """A watch response: one JSON event per line, flushed as it happens, until either side stops."""
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+        try:
+            async for event in events:
+                if event != b"":
+                    await response.write(json.dumps(event).encode() + b"\n")
+            await response.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # the client went away (or the server is stopping): nothing left to send
+        return response
 
     def _write(self, request: rendering.Request, method: str) -> tuple[int, dict]:
         if method == "POST":
