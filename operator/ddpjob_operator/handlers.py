@@ -46,6 +46,7 @@ class PassOutcome:
 
     requeue: float | None = None  # look again after this many seconds even without an event
     invalid: str = ""  # why the spec is invalid ("" when valid): retrying will not help
+    gone: bool = False  # the job was deleted: drop its timers and lock
 
 
 class JobPasses:
@@ -62,7 +63,10 @@ class JobPasses:
         """One pass, awaited, so that kopf sees its errors (and retries TemporaryError)."""
         async with self._locks.setdefault(key, asyncio.Lock()):
             outcome = await self._run(key)
-        self.schedule(key, outcome.requeue)
+        if outcome.gone:
+            self.forget(key)
+        else:
+            self.schedule(key, outcome.requeue)
         return outcome
 
     def poke(self, key: JobKey) -> None:
@@ -109,7 +113,7 @@ async def run_pass(api: kube.Kube, key: JobKey) -> PassOutcome:
         job = await api.get_job(namespace, name)
         if job is None:
             metrics.observe_job(namespace, name, None)
-            return PassOutcome()
+            return PassOutcome(gone=True)
         pods = await api.list_pods(namespace, selector(name))
         service_exists = await api.exists("Service", namespace, name)
         result = reconcile(job, pods, datetime.datetime.now(datetime.timezone.utc), service_exists=service_exists)
@@ -185,11 +189,4 @@ async def job_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> N
 async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     """A node pod was created, changed phase or went away: its job needs a look."""
     memo.passes.poke((namespace, labels[C.LABEL_JOB_NAME]))
-
-
-@kopf.on.delete(C.GROUP, C.VERSION, C.PLURAL, optional=True)
-async def job_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Ownership deletes the pods and Service; only the in-memory bookkeeping is dropped here."""
-    memo.passes.forget((namespace, name))
-    metrics.observe_job(namespace, name, None)
 

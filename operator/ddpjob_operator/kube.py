@@ -12,6 +12,7 @@ kubeconfig), so the operator and kopf always talk to the same server with the sa
 from __future__ import annotations
 
 import datetime
+import json
 import socket
 import ssl
 from collections.abc import Mapping
@@ -94,10 +95,11 @@ class Kube:
         try:
             async with self._open().request(method, path.lstrip("/"), json=body, params=params,
                                             headers={"Content-Type": content_type}) as response:
-                payload = await response.json(content_type=None) if response.content_length != 0 else None
+                text = await response.text()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError) as e:
             raise kopf.TemporaryError(f"{what}: {e!r}", delay=RETRY_DELAY_SECONDS) from e
+        payload = _decode(text)
         if status < 400:
             return payload
         reason = payload.get("reason", "") if isinstance(payload, dict) else ""
@@ -189,6 +191,13 @@ class Kube:
             "reportingInstance": socket.gethostname(), "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         await self.request("POST", object_path("v1", "events", meta["namespace"]), event)
+
+
+def _decode(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:  # not JSON: a proxy's or a crashed server's error page
+        return text
 
 
 def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:

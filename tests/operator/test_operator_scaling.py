@@ -93,3 +93,12 @@ def test_kubectl_apply_of_the_example_manifest_starts_the_job(k8s, operator):
     assert [item["metadata"]["name"] for item in listed] == [name]
     k8s.wait_for(lambda: listed and (k8s.get("ddpjobs", name).get("status") or {}).get("phase") == C.PHASE_PENDING,
                  timeout=5, what="the example job's status")
+
+
+def test_kubectl_describe_shows_the_operator_events(k8s, operator):
+    k8s.create("ddpjobs", ddpjob(replicas=1))
+    k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
+    k8s.wait_for(lambda: k8s.list("events"), timeout=5, what="an Event about the job")
+    described = k8s.kubectl("describe", "ddpjob", "mlp").stdout
+    reasons = {e["reason"] for e in k8s.list("events")}
+    assert "Events:" in described and any(reason in described for reason in reasons), described

@@ -19,7 +19,7 @@ replaces only how writes and reads are interpreted, following the API convention
   disappears when the last finalizer is removed;
 * background cascade deletion through ``ownerReferences`` (the garbage collector);
 * label selectors (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, ``a in (x,y)``, ``a notin (x,y)``)
-  and simple field selectors (``metadata.name``, ``metadata.namespace``, ``status.phase``)
+  and equality field selectors on any dotted path (``metadata.name``, ``involvedObject.uid``...)
   on list and watch;
 * watch resumption from a ``resourceVersion`` (events replayed from a bounded log, 410 Gone
   when it is older than the log) and ``timeoutSeconds``;
@@ -721,17 +721,19 @@ def _requirement(match: re.Match):
 
 
 def parse_field_selector(text: str):
-    """A predicate for the field selectors the API supports on every resource (plus status.phase)."""
+    """A predicate for a field selector. The API allows a few fields per resource (metadata.name
+    and metadata.namespace everywhere, involvedObject.* on events, status.phase on pods...); the
+    emulator accepts any dotted path, a superset that serves ``kubectl describe``'s event query."""
     requirements = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        match = re.fullmatch(r"(?P<path>[A-Za-z.]+)\s*(?P<op>==|=|!=)\s*(?P<value>.*)", part)
-        if match is None or match.group("path") not in ("metadata.name", "metadata.namespace", "status.phase"):
-            raise api_error(400, "BadRequest", f'field label not supported: "{part}"')
+        match = re.fullmatch(r"(?P<path>[A-Za-z][A-Za-z0-9.]*)\s*(?P<op>==|=|!=)\s*(?P<value>.*)", part)
+        if match is None:
+            raise api_error(400, "BadRequest", f'unable to parse field selector requirement "{part}"')
         requirements.append(match.groupdict())
 
     def matches(body: Mapping[str, Any]) -> bool:
         for req in requirements:
-            equal = (_get_path(body, req["path"]) or "") == req["value"]
+            equal = str(_get_path(body, req["path"]) or "") == req["value"]
             if equal != (req["op"] != "!="):
                 return False
         return True
