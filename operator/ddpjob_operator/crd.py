@@ -191,7 +191,7 @@ def _type_of(node: dict[str, Any]) -> str:
 def _rules_of(node: dict[str, Any], required: bool) -> str:
     rules = ["required"] if required else []
     for key, text in (("minimum", ">= {}"), ("maximum", "<= {}"), ("minLength", "length >= {}"),
-                      ("pattern", "matches `{}`"), ("minProperties", ">= {} keys"),
+                      ("pattern", "matches `{}`"), ("maxItems", "<= {} entries"), ("minProperties", ">= {} keys"),
                       ("maxProperties", "<= {} keys")):
         if key in node and not (key == "pattern" and node.get("x-kubernetes-int-or-string")):
             rules.append(text.format(node[key]))

@@ -247,7 +247,7 @@ class Snapshot(_Model):
         description=(
             "core/v1 volume source with exactly one key, e.g. {persistentVolumeClaim: "
             "{claimName: x}}; a ReadWriteMany claim survives node loss, emptyDir does not."),
-        json_schema_extra={"minProperties": 1, "maxProperties": 1})
+        json_schema_extra={"minProperties": 1, "maxProperties": 1, "default": {"emptyDir": {}}})
     keep: int = Field(2, ge=1, description="Complete snapshots kept; older ones are deleted.")
 
 
@@ -271,7 +271,8 @@ class FailurePolicy(_Model):
     max_backoff_seconds: int = Field(300, ge=0, description="Upper bound of the delay.")
     permanent_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
         default_factory=lambda: [126, 127], description=(
-            "Exit codes that fail the job at once (126: not executable, 127: command not found)."))
+            "Exit codes that fail the job at once (126: not executable, 127: command not found)."),
+        json_schema_extra={"default": [126, 127]})
 
 
 class RunPolicy(_Model):
