@@ -320,5 +320,7 @@ _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:
-    return {k: status.get(k) for k in _ORDER}
+    """Known keys in a fixed order; unset (None) keys are left out, so a status read back
+    from the API compares equal to a recomputed one (the writer nulls keys that vanished)."""
+    return {k: status[k] for k in _ORDER if status.get(k) is not None}
 

@@ -129,3 +129,11 @@ def test_unset_scheduling_and_override_fields_are_left_to_the_cluster_defaults(f
 
 def test_service_links_are_off_so_a_service_named_master_cannot_set_master_port():
     assert render_pod(REF, parse_spec(make_spec()), 0)["spec"]["enableServiceLinks"] is False
+
+
+@pytest.mark.parametrize("render", [lambda s: render_service(REF, s), lambda s: render_pod(REF, s, 1)],
+                         ids=["service", "pod"])
+def test_rendered_objects_pass_the_kubernetes_schema_strictly(render):
+    import kubernetes_validate
+
+    kubernetes_validate.validate(render(full_spec()), "1.33", strict=True)
