@@ -24,7 +24,6 @@ LABEL_COMPONENT = "app.kubernetes.io/component"  # recommended label: the role o
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # recommended label: who writes the object
 LABEL_JOB_NAME = f"{GROUP}/job-name"  # selects every object of one job (Service selector, scale selector)
 LABEL_NODE_INDEX = f"{GROUP}/node-index"  # the node index 0..replicas-1 of a pod
-ANNOTATION_RESTART_ATTEMPT = f"{GROUP}/restart-attempt"  # status.restarts when the pod was created
 
 APP_NAME = "ddpjob"  # value of LABEL_APP_NAME
 COMPONENT_NODE = "node"  # value of LABEL_COMPONENT on node pods
@@ -85,8 +84,6 @@ REASON_SUSPENDED = "Suspended"  # runPolicy.suspend set
 REASON_RESUMED = "Resumed"  # runPolicy.suspend cleared
 REASON_INVALID_SPEC = "InvalidSpec"  # the spec breaks a validation rule
 REASON_SPEC_VALID = "SpecValid"  # a previously invalid spec is valid again
-REASON_SCALED = "Scaled"  # spec.replicas changed
-REASON_TTL_EXPIRED = "TTLExpired"  # ttlSecondsAfterFinished passed; the job is deleted
 
 # Event types (the two Kubernetes knows).
 EVENT_NORMAL = "Normal"  # routine progress
