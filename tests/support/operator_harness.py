@@ -51,26 +51,12 @@ RESOURCES: dict[str, tuple[str, bool]] = {
 
 
 def load_crd() -> dict:
-    """The generated CRD manifest, or a minimal stand-in with the contract's names until it exists."""
+    """The generated CRD manifest (as ``kubectl apply`` would install it), else the generator's output."""
     if CRD_PATH.exists():
         return yaml.safe_load(CRD_PATH.read_text())
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "ddpjobs.ddpjob.io"},
-        "spec": {
-            "group": "ddpjob.io",
-            "scope": "Namespaced",
-            "names": {"kind": "DDPJob", "plural": "ddpjobs", "singular": "ddpjob", "shortNames": ["ddpj"]},
-            "versions": [{
-                "name": "v1alpha1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                "subresources": {"status": {}, "scale": {
-                    "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
-                    "labelSelectorPath": ".status.selector"}},
-            }],
-        },
-    }
+    from ddpjob_operator.crd import build_crd
+
+    return build_crd()
 
 
 class ApiError(Exception):
