@@ -23,7 +23,7 @@ DEFAULT_METRICS_PORT = 9090  # Prometheus scrapes /metrics here
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ddpjob-operator", description="Kubernetes operator for DDPJob.")
     parser.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
-                        help="watch this namespace (repeatable); none given: all namespaces")
+                        help="watch this namespace or kopf pattern such as 'team-*' (repeatable); none: all namespaces")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--standalone", action="store_true", default=True,
                       help="run without peering (default): exactly one operator replica must run")
@@ -43,9 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    # With explicit namespaces there is nothing to discover: skip the cluster-wide namespace and
+    # With exact namespaces there is nothing to discover: skip the cluster-wide namespace and
     # CRD scans, which would need cluster-scoped RBAC the namespaced install does not grant.
-    settings.scanning.disabled = bool(args.namespace)
+    # kopf's patterns ("team-*", "!kube-*") still need the namespace scan to be resolved.
+    patterns = [ns for ns in args.namespace if set(ns) & set("*?[!")]
+    settings.scanning.disabled = bool(args.namespace) and not patterns
     # Events are posted by the operator itself (kube.post_event) only when something changed;
     # kopf's per-handler "Handler succeeded" events would bury them.
     settings.posting.level = 100

@@ -28,6 +28,10 @@ def test_namespaces_repeat_and_turn_cluster_scanning_off():
     assert settings_for(args).scanning.disabled is True
 
 
+def test_namespace_patterns_keep_the_namespace_scan_that_resolves_them():
+    assert settings_for(parse_args(["-n", "team-*"])).scanning.disabled is False
+
+
 def test_standalone_and_peering_are_mutually_exclusive():
     result = subprocess.run([sys.executable, "-m", "ddpjob_operator", "--standalone", "--peering", "x"],
                             capture_output=True, text=True, timeout=60)
@@ -79,3 +83,17 @@ def _get_or_none(url):
 def _metrics(port):
     got = _get_or_none(f"http://127.0.0.1:{port}/metrics")
     return got[1] if got else ""
+
+
+def test_a_namespace_pattern_serves_matching_namespaces_even_new_ones(cluster, tmp_path):
+    command = [sys.executable, "-m", "ddpjob_operator", "-n", "team-*", "--liveness-port", "0", "--metrics-port", "0"]
+    team_a, other = cluster.client("team-a"), cluster.client("other")
+    team_a.create("ddpjobs", ddpjob("a", replicas=1))  # exists before the operator starts
+    with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
+        team_a.wait_for(lambda: pod_names(team_a, "a") == ["a-node-0"], timeout=30, what="team-a's pod")
+        other.create("ddpjobs", ddpjob("o", replicas=1))
+        team_b = cluster.client("team-b")  # a namespace created while the operator runs
+        team_b.create("ddpjobs", ddpjob("b", replicas=1))
+        team_b.wait_for(lambda: pod_names(team_b, "b") == ["b-node-0"], timeout=30, what="team-b's pod")
+        assert pod_names(other, "o") == [], "a namespace outside the pattern is not served"
+    assert "Traceback" not in process.log()
