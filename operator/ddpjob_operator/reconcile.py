@@ -24,7 +24,7 @@ class Reconciliation:
 
 
 def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime, *,
-              service_exists: bool) -> Reconciliation:
+              service_exists: bool, last_snapshot: Mapping[str, Any] | None = None) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
@@ -32,11 +32,13 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
         pods: the job's pods, listed fresh for this pass.
         now: the current time.
         service_exists: whether the job's Service exists.
+        last_snapshot: the trainer's progress.json, when the caller can read it.
     """
     pods = list(pods)
     ref = JobRef.from_body(body)
     errors = validate_job(body)
     spec = None if errors else DDPJobSpec.model_validate(body.get("spec") or {})
-    update = compute_status(ref, spec, pods, body.get("status"), now, errors=errors)
+    update = compute_status(ref, spec, pods, body.get("status"), now, errors=errors,
+                            last_snapshot=last_snapshot)
     actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
     return Reconciliation(update.status, update.events, actions, spec, errors)

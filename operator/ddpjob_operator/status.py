@@ -65,7 +65,8 @@ class _Verdict:
 
 def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[str, Any]],
                    previous: Mapping[str, Any] | None, now: datetime, *,
-                   errors: Iterable[FieldError] = ()) -> StatusUpdate:
+                   errors: Iterable[FieldError] = (),
+                   last_snapshot: Mapping[str, Any] | None = None) -> StatusUpdate:
     """The status after one observation.
 
     Args:
@@ -75,9 +76,14 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
         previous: the status stored on the object (None or {} for a new job).
         now: the current time (tests pass a fixed clock).
         errors: validation errors of the spec; non-empty means InvalidSpec.
+        last_snapshot: the trainer's progress.json ({epoch, step, time, path}) when the
+            caller read a newer one; otherwise the previous status.lastSnapshot is kept.
     """
     pods, prev, errors = list(pods), dict(previous or {}), list(errors)
     status = _carried(prev)
+    if last_snapshot:
+        status["lastSnapshot"] = {k: last_snapshot[k] for k in ("epoch", "step", "time", "path")
+                                  if last_snapshot.get(k) is not None}
     status.update(_counts(ref, spec, pods))
     status["observedGeneration"] = ref.generation
     if errors or spec is None:

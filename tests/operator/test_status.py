@@ -212,3 +212,12 @@ def test_unset_fields_are_left_out_so_a_status_read_back_compares_equal():
     first = step(job, running_pods(job), 0).status
     assert {"lastFailureTime", "completionTime", "lastSnapshot"}.isdisjoint(first)
     assert step(job, running_pods(job), 5).status == first
+
+
+def test_a_newer_progress_file_replaces_last_snapshot_keeping_only_its_known_keys():
+    job = make_ddpjob(status={"lastSnapshot": {"epoch": 3, "step": 120}})
+    progress = {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z", "path": "/s/e4", "extra": 1}
+    update = compute_status(job_ref(job), parse_spec(job["spec"]), [], job["status"], at(0),
+                            last_snapshot=progress)
+    assert update.status["lastSnapshot"] == {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z",
+                                             "path": "/s/e4"}
