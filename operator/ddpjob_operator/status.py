@@ -138,7 +138,8 @@ def _active_verdict(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dic
             f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline})")))
     current = current_pods(pods, spec.desired_replicas)
     succeeded = [p for p in current if pod_phase(p) == "Succeeded"]
-    if succeeded and not any(is_active(p) for p in current):
+    # Pending pods do not hold completion up: they can never join the closed rendezvous.
+    if succeeded and not any(is_active(p) and pod_phase(p) != "Pending" for p in current):
         return _with_events(failure, _Verdict(C.PHASE_SUCCEEDED, C.REASON_SUCCEEDED, (
             f"training finished: {len(succeeded)} node pod(s) exited 0")))
     if succeeded:  # torchrun agents finish together; wait for the rest to exit

@@ -156,3 +156,9 @@ def test_plan_actions_can_be_called_with_any_status():
     actions = plan_actions(job_ref(job), spec, {"phase": "Running"}, [], at(0), service_exists=True)
     assert created(actions) == ["mlp-node-0"]
     assert plan_actions(job_ref(job), None, {}, [], at(0), service_exists=False) == []
+
+
+def test_success_with_unscheduled_pods_deletes_them_under_the_default_policy():
+    job = make_ddpjob(replicas=3, min_replicas=1, max_replicas=3)
+    pods = [make_pod(job, 0, phase="Succeeded"), make_pod(job, 1, phase="Pending"), make_pod(job, 2, phase="Pending")]
+    assert deleted(actions_at(job, pods, 0)) == ["mlp-node-1", "mlp-node-2"]

@@ -221,3 +221,10 @@ def test_a_newer_progress_file_replaces_last_snapshot_keeping_only_its_known_key
                             last_snapshot=progress)
     assert update.status["lastSnapshot"] == {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z",
                                              "path": "/s/e4"}
+
+
+def test_pods_that_never_started_do_not_hold_up_success():
+    job = make_ddpjob(replicas=4, min_replicas=2, max_replicas=4)
+    pods = [make_pod(job, 0, phase="Succeeded"), make_pod(job, 1, phase="Succeeded"),
+            make_pod(job, 2, phase="Pending"), make_pod(job, 3, phase="Pending")]
+    assert step(job, pods, 0).status["phase"] == "Succeeded"
