@@ -4,7 +4,6 @@ A tiny handlers file (not the ddpjob operator) proves the emulator is complete e
 kopf's whole object lifecycle: initial listing, watch, finalizers, progress annotations,
 status patches, events (kopf posts them with generateName) and deletion.
 """
-import sys
 import textwrap
 
 from tests.support.operator_harness import OperatorProcess, cluster, k8s, kopf_command  # noqa: F401

@@ -307,8 +307,14 @@ def k8s(cluster: Cluster) -> KubeClient:
 
 @pytest.fixture
 def operator(cluster: Cluster, k8s: KubeClient, tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
-    """The real operator (``python -m ddpjob_operator``) watching ``k8s.namespace``; log printed on failure."""
+    """The real operator (``python -m ddpjob_operator``) watching ``k8s.namespace``.
+
+    Its log is printed (shown when the test fails), and an unexpected exception in it (a
+    traceback) fails the test even when the cluster ended up as expected.
+    """
     process = OperatorProcess(cluster, operator_command(k8s.namespace), tmp_path / "operator.log")
     with process:
         yield process
-    sys.stdout.write(f"\n--- operator log ({process.log_path}) ---\n{process.log()[-20000:]}\n")
+    log = process.log()
+    sys.stdout.write(f"\n--- operator log ({process.log_path}) ---\n{log[-20000:]}\n")
+    assert "Traceback" not in log, f"the operator raised an unexpected exception:\n{log[-5000:]}"
