@@ -85,6 +85,24 @@ REASON_RESUMED = "Resumed"  # runPolicy.suspend cleared
 REASON_INVALID_SPEC = "InvalidSpec"  # the spec breaks a validation rule
 REASON_SPEC_VALID = "SpecValid"  # a previously invalid spec is valid again
 
+# Messages that go with the reasons ({placeholders} are filled by status.py).
+MSG_NODE_COUNTS = "{running} of {desired} node pods running (minReplicas {min}, maxReplicas {max})"
+MSG_PENDING = "waiting for nodes: " + MSG_NODE_COUNTS  # REASON_CREATED
+MSG_RUNNING = MSG_NODE_COUNTS  # REASON_RUNNING
+MSG_WAITING_FOR_REPLACEMENTS = "waiting for replacement nodes: " + MSG_NODE_COUNTS  # REASON_NODE_FAILED
+MSG_RESTARTING = ("replacing failed node pods {when}; {restarts} of "  # REASON_NODE_FAILED / REASON_BACKOFF
+                  "spec.failurePolicy.maxRestarts ({max}) incidents used")
+MSG_NODE_FAILED = "{what}; failure incident {restarts} of spec.failurePolicy.maxRestarts ({max})"  # REASON_NODE_FAILED
+MSG_NODE_DISRUPTED = "{what}; disruptions do not use the restart budget"  # REASON_NODE_DISRUPTED
+MSG_PERMANENT_ERROR = "{what}; the code is in spec.failurePolicy.permanentExitCodes"  # REASON_PERMANENT_ERROR
+MSG_RESTARTS_EXHAUSTED = ("{restarts} failure incidents exceed "  # REASON_RESTARTS_EXHAUSTED
+                          "spec.failurePolicy.maxRestarts ({max})")
+MSG_DEADLINE = "the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline})"  # REASON_DEADLINE
+MSG_SUCCEEDED = "training finished: {count} node pod(s) exited 0"  # REASON_SUCCEEDED
+MSG_FINISHING = "training finishing: {done} of {total} node pods exited 0"  # REASON_RUNNING, after a success
+MSG_SUSPENDED = "spec.runPolicy.suspend is true: node pods are deleted until it is false"  # REASON_SUSPENDED
+MSG_SPEC_VALID = "the spec is valid"  # REASON_SPEC_VALID
+
 # Event types (the two Kubernetes knows).
 EVENT_NORMAL = "Normal"  # routine progress
 EVENT_WARNING = "Warning"  # something needs a person's attention

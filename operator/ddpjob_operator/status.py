@@ -92,8 +92,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
         verdict = _Verdict(prev["phase"], "", "")  # finished jobs never change phase
     elif spec.run_policy.suspend:
         status["startTime"] = None  # like a Job: the deadline clock restarts on resume
-        verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED,
-                           "spec.runPolicy.suspend is true: node pods are deleted until it is false")
+        verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED)
     else:
         status["startTime"] = status.get("startTime") or format_time(now)
         verdict = _active_verdict(spec, pods, status, now, prev.get("phase"))
@@ -134,17 +133,17 @@ def _active_verdict(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dic
     deadline = spec.run_policy.active_deadline_seconds
     started = parse_time(status["startTime"])
     if deadline and started and seconds_between(started, now) >= deadline:
-        return _with_events(failure, _Verdict(C.PHASE_FAILED, C.REASON_DEADLINE, (
-            f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline})")))
+        return _with_events(failure, _Verdict(C.PHASE_FAILED, C.REASON_DEADLINE,
+                                              C.MSG_DEADLINE.format(deadline=deadline)))
     current = current_pods(pods, spec.desired_replicas)
     succeeded = [p for p in current if pod_phase(p) == "Succeeded"]
     # Pending pods do not hold completion up: they can never join the closed rendezvous.
     if succeeded and not any(is_active(p) and pod_phase(p) != "Pending" for p in current):
-        return _with_events(failure, _Verdict(C.PHASE_SUCCEEDED, C.REASON_SUCCEEDED, (
-            f"training finished: {len(succeeded)} node pod(s) exited 0")))
+        return _with_events(failure, _Verdict(C.PHASE_SUCCEEDED, C.REASON_SUCCEEDED,
+                                              C.MSG_SUCCEEDED.format(count=len(succeeded))))
     if succeeded:  # torchrun agents finish together; wait for the rest to exit
-        return _with_events(failure, _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, (
-            f"training finishing: {len(succeeded)} of {len(current)} node pods exited 0")))
+        return _with_events(failure, _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, C.MSG_FINISHING.format(
+            done=len(succeeded), total=len(current))))
     if failure.phase == C.PHASE_RESTARTING or _in_backoff(spec, current, status, now):
         return _with_events(failure, _restarting(spec, status, now, failure))
     return _with_events(failure, _running_or_pending(spec, current, prev_phase))
@@ -172,8 +171,7 @@ def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: di
     status["handledFailures"] = sorted(handled)
     if verdict.phase != C.PHASE_FAILED and budget_exhausted(status["restarts"], fp.max_restarts):
         verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_RESTARTS_EXHAUSTED
-        verdict.message = (f"{status['restarts']} failure incidents exceed "
-                           f"spec.failurePolicy.maxRestarts ({fp.max_restarts})")
+        verdict.message = C.MSG_RESTARTS_EXHAUSTED.format(restarts=status["restarts"], max=fp.max_restarts)
     return verdict
 
 
@@ -190,7 +188,7 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
     what = _describe(pod)
     if outcome == Outcome.PERMANENT:
         verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_PERMANENT_ERROR
-        verdict.message = f"{what}; the code is in spec.failurePolicy.permanentExitCodes"
+        verdict.message = C.MSG_PERMANENT_ERROR.format(what=what)
         verdict.events.append(Event(C.EVENT_WARNING, C.REASON_PERMANENT_ERROR, verdict.message))
         return
     if verdict.phase != C.PHASE_FAILED:
@@ -198,7 +196,7 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
     if outcome == Outcome.DISRUPTION:
         verdict.reason = verdict.reason or C.REASON_NODE_DISRUPTED
         verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED,
-                                    f"{what}; disruptions do not use the restart budget"))
+                                    C.MSG_NODE_DISRUPTED.format(what=what)))
         return
     verdict.reason = C.REASON_NODE_FAILED
     failed_at = parse_time(pod_finished_at(pod)) or now
@@ -206,9 +204,8 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
     if incident is None or abs(seconds_between(incident, failed_at)) > INCIDENT_WINDOW_SECONDS:
         status["restarts"] += 1
         status["lastFailureTime"] = format_time(failed_at)
-    verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, (
-        f"{what}; failure incident {status['restarts']} of "
-        f"spec.failurePolicy.maxRestarts ({spec.failure_policy.max_restarts})")))
+    verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, C.MSG_NODE_FAILED.format(
+        what=what, restarts=status["restarts"], max=spec.failure_policy.max_restarts)))
 
 
 def replacement_delay(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> float:
@@ -237,21 +234,21 @@ def _restarting(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime,
     delay = replacement_delay(spec, status, now)
     reason = failure.reason or C.REASON_BACKOFF
     when = f"in {delay:.0f}s (backoff)" if delay > 0 else "now"
-    return _Verdict(C.PHASE_RESTARTING, reason, (
-        f"replacing failed node pods {when}; {status.get('restarts', 0)} of "
-        f"spec.failurePolicy.maxRestarts ({spec.failure_policy.max_restarts}) incidents used"))
+    return _Verdict(C.PHASE_RESTARTING, reason, C.MSG_RESTARTING.format(
+        when=when, restarts=status.get("restarts", 0), max=spec.failure_policy.max_restarts))
 
 
 def _running_or_pending(spec: DDPJobSpec, current: list[Mapping[str, Any]],
                         prev_phase: str | None) -> _Verdict:
     running = sum(1 for p in current if is_active(p) and pod_phase(p) == "Running")
-    counts = (f"{running} of {spec.desired_replicas} node pods running "
-              f"(minReplicas {spec.min_replicas}, maxReplicas {spec.max_replicas})")
+    counts = dict(running=running, desired=spec.desired_replicas, min=spec.min_replicas,
+                  max=spec.max_replicas)
     if running >= spec.min_replicas:
-        return _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, counts)
+        return _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, C.MSG_RUNNING.format(**counts))
     if prev_phase == C.PHASE_RESTARTING:  # restarting lasts until enough replacements run
-        return _Verdict(C.PHASE_RESTARTING, C.REASON_NODE_FAILED, f"waiting for replacement nodes: {counts}")
-    return _Verdict(C.PHASE_PENDING, C.REASON_CREATED, f"waiting for nodes: {counts}")
+        return _Verdict(C.PHASE_RESTARTING, C.REASON_NODE_FAILED,
+                        C.MSG_WAITING_FOR_REPLACEMENTS.format(**counts))
+    return _Verdict(C.PHASE_PENDING, C.REASON_CREATED, C.MSG_PENDING.format(**counts))
 
 
 # --- Conditions and events -----------------------------------------------------
@@ -289,7 +286,7 @@ def _conditions(prev: Mapping[str, Any], verdict: _Verdict, now: str, invalid: b
                                    verdict.message, now)
     elif existing.get(C.COND_INVALID_SPEC, {}).get("status") == "True":
         conditions = set_condition(conditions, C.COND_INVALID_SPEC, "False", C.REASON_SPEC_VALID,
-                                   "the spec is valid", now)
+                                   C.MSG_SPEC_VALID, now)
     return conditions
 
 
