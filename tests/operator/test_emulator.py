@@ -286,3 +286,15 @@ def test_kubectl_apply_get_and_patch_work_against_the_emulator(k8s, tmp_path):
     k8s.kubectl("patch", "ddpjob", "applied", "--type=merge", "-p", '{"spec": {"replicas": 1}}')
     listed = k8s.kubectl("get", "ddpj", "-o", "json").stdout
     assert [item["spec"]["replicas"] for item in json.loads(listed)["items"]] == [1]
+
+
+def test_watch_from_a_resource_version_older_than_the_log_is_410_gone(k8s, monkeypatch):
+    from tests.support import kube_emulator
+
+    monkeypatch.setattr(kube_emulator, "WATCH_LOG_SIZE", 3)  # read when the pods' log is first made
+    first = k8s.create("pods", pod("p0"))["metadata"]["resourceVersion"]
+    for i in range(1, 5):
+        k8s.create("pods", pod(f"p{i}"))
+    watch = Watch(k8s, "pods", seconds=0.5, resourceVersion=first)
+    watch.thread.join(timeout=30)
+    assert [(e["type"], e["object"].get("code")) for e in watch.events] == [("ERROR", 410)]

@@ -517,6 +517,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             for event in initial:
                 if self._event_matches(request, event, selector, fields):
                     yield event
+                if event["type"] == "ERROR":  # the server ends a watch after an error event
+                    return
             try:
                 async with asyncio.timeout(timeout):
                     async for event in bus.stream(since=marker):
