@@ -269,10 +269,12 @@ class Trainer:
                 loss = self._run_epoch(epoch)
                 val_loss = self._end_epoch(epoch, loss)
             if self.store is not None:
-                self.store.wait()
+                self.store.wait()  # the final snapshot is complete before "done"
             self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
-        finally:
-            self._close()
+        except BaseException:
+            self._close(quiet=True)
+            raise
+        self._close()
         return TrainResult(cfg.epochs, self.position.step, loss, self.resumed_from, val_loss, self.extra)
 
     def _run_epoch(self, epoch: int) -> float:
@@ -430,10 +432,15 @@ class Trainer:
             disable=not (self.env.is_rank0 and self.config.progress_bar),
         )
 
-    def _close(self) -> None:
+    def _close(self, quiet: bool = False) -> None:
+        """Waits for a pending snapshot and closes the metrics; ``quiet`` keeps the original error on top."""
         try:
             if self.store is not None:
                 self.store.close()
+        except Exception:
+            if not quiet:
+                raise
+            log.exception("pending snapshot failed while training was already failing")
         finally:
             self.metrics.close()
 

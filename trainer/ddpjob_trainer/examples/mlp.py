@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--snapshot-every-epochs", type=int, default=1, help="0 = off")
     parser.add_argument("--snapshot-every-steps", type=int, default=0, help="0 = off")
     parser.add_argument("--snapshot-keep", type=int, default=2, help="complete snapshots to keep")
+    parser.add_argument("--amp", action="store_true", help="mixed precision with a GradScaler (CUDA only)")
     parser.add_argument("--async-snapshot", action="store_true", help="write snapshots in a background thread")
     parser.add_argument("--metrics-file", default=os.environ.get("DDPJOB_METRICS_FILE"),
                         help="JSON-lines metrics (default $DDPJOB_METRICS_FILE, else SNAPSHOT_DIR/metrics.jsonl)")
@@ -93,6 +94,7 @@ def config_from(args: argparse.Namespace) -> TrainerConfig:
         snapshot_every_steps=args.snapshot_every_steps,
         snapshot_keep=args.snapshot_keep,
         async_snapshot=args.async_snapshot,
+        amp=args.amp,
         metrics_file=args.metrics_file,
         step_sleep=args.step_sleep,
         fail_at_step=args.fail_at_step,
