@@ -7,6 +7,7 @@ operator (from Pod status) and `ddpjob run` (from local processes) decide alike.
 from __future__ import annotations
 
 import enum
+from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from . import constants as C
@@ -55,6 +56,27 @@ def backoff_seconds(restarts: int, base: float, maximum: float) -> float:
     return float(min(base * 2 ** min(restarts - 1, 32), maximum))
 
 
+def starts_new_incident(failed_at: datetime, started_at: datetime | None,
+                        incident_start: datetime | None) -> bool:
+    """Whether a failure opens a new incident (and so uses one restart of the budget).
+
+    It joins the current incident only when the failed node already existed when the
+    incident began (a cascade, e.g. agents losing node 0's store) and it failed within
+    INCIDENT_WINDOW_SECONDS of it. A replacement that fails again is always new:
+    otherwise a node crashing right after start would never use up the budget.
+
+    Args:
+        failed_at: when the node's process exited.
+        started_at: when the node (pod or local agent) was created; None if unknown.
+        incident_start: when the current incident began; None if there was none.
+    """
+    if incident_start is None:
+        return True
+    if started_at is not None and started_at > incident_start:
+        return True
+    return abs((failed_at - incident_start).total_seconds()) > INCIDENT_WINDOW_SECONDS
+
+
 def budget_exhausted(restarts: int, max_restarts: int) -> bool:
     """True when `restarts` incidents are more than the policy recovers from."""
     return restarts > max_restarts
@@ -80,6 +102,11 @@ def pod_exit_code(pod: Mapping[str, Any]) -> int | None:
 def pod_finished_at(pod: Mapping[str, Any]) -> str | None:
     """When the trainer container finished (RFC 3339), if the kubelet said."""
     return (_trainer_state(pod).get("terminated") or {}).get("finishedAt")
+
+
+def pod_created_at(pod: Mapping[str, Any]) -> str | None:
+    """metadata.creationTimestamp (RFC 3339), if the API server set it."""
+    return (pod.get("metadata") or {}).get("creationTimestamp")
 
 
 def pod_reason(pod: Mapping[str, Any]) -> str | None:

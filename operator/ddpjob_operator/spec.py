@@ -264,7 +264,8 @@ class FailurePolicy(_Model):
 
     max_restarts: int = Field(5, ge=0, description=(
         "Failure incidents the operator recovers from by replacing pods; one more fails the "
-        "job. Failures within a minute of each other are one incident; evictions and "
+        "job. Nodes that were running when an incident began and fail within a minute of it join "
+        "it (a cascade); a replacement that fails again starts a new one; evictions and "
         "preemptions do not count."))
     backoff_seconds: int = Field(10, ge=0, description=(
         "Delay before the first replacement; doubles with each incident."))

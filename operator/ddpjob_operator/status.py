@@ -7,8 +7,9 @@ Kubernetes convention: lastTransitionTime moves only when a condition's status f
 
 Failure bookkeeping lives in the status so that a pass is idempotent:
 `handledFailures` holds the uids of failed pods already counted (pruned to pods
-still observed), `restarts` counts failure incidents (failures within
-failure.INCIDENT_WINDOW_SECONDS of the incident's first one are one incident),
+still observed), `restarts` counts failure incidents (see failure.starts_new_incident:
+nodes that were running when an incident began and fail within a minute join it;
+a replacement that fails again always opens a new one),
 `lastFailureTime` is when the current incident began; plan.py waits
 `backoff_seconds(restarts)` after it before creating replacements.
 """
@@ -22,14 +23,15 @@ from typing import Any, Iterable, Mapping
 from . import constants as C
 from .clock import format_time, parse_time, seconds_between
 from .failure import (
-    INCIDENT_WINDOW_SECONDS,
     Outcome,
     backoff_seconds,
     budget_exhausted,
     classify_pod,
+    pod_created_at,
     pod_exit_code,
     pod_finished_at,
     pod_reason,
+    starts_new_incident,
 )
 from .pods import current_pods, is_active, is_ready, pod_index, pod_name_of, pod_phase, pod_uid
 from .render import selector
@@ -199,9 +201,9 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
                                     C.MSG_NODE_DISRUPTED.format(what=what)))
         return
     verdict.reason = C.REASON_NODE_FAILED
-    failed_at = parse_time(pod_finished_at(pod)) or now
+    failed_at = min(parse_time(pod_finished_at(pod)) or now, now)  # a skewed kubelet clock
     incident = parse_time(status.get("lastFailureTime"))
-    if incident is None or abs(seconds_between(incident, failed_at)) > INCIDENT_WINDOW_SECONDS:
+    if starts_new_incident(failed_at, parse_time(pod_created_at(pod)), incident):
         status["restarts"] += 1
         status["lastFailureTime"] = format_time(failed_at)
     verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, C.MSG_NODE_FAILED.format(

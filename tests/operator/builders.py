@@ -61,14 +61,17 @@ def job_ref(body: dict[str, Any]) -> JobRef:
 
 def make_pod(body: dict[str, Any], index: int, *, phase: str = "Running", ready: bool = True,
              exit_code: int | None = None, reason: str | None = None, finished_at: datetime | None = None,
-             deleting: bool = False, disrupted: bool = False, uid: str | None = None) -> dict[str, Any]:
+             deleting: bool = False, disrupted: bool = False, uid: str | None = None,
+             created_at: datetime | None = None) -> dict[str, Any]:
     """The rendered pod of node `index` with an observed status.
 
     phase Running/Pending/Succeeded/Failed; Succeeded implies exit code 0; a Failed pod
-    without exit_code gets 1 unless `reason` says it was evicted.
+    without exit_code gets 1 unless `reason` says it was evicted. created_at sets
+    metadata.creationTimestamp (default: T0 - 1 h, i.e. before anything in a test).
     """
     pod = render_pod(job_ref(body), parse_spec(body["spec"]), index)
     pod["metadata"]["uid"] = uid or f"{pod['metadata']['name']}-uid"
+    pod["metadata"]["creationTimestamp"] = format_time(created_at or T0 - timedelta(hours=1))
     if deleting:
         pod["metadata"]["deletionTimestamp"] = format_time(T0)
     status: dict[str, Any] = {"phase": phase, "conditions": []}

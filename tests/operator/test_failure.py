@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.failure import Outcome, backoff_seconds, budget_exhausted, classify, classify_pod
-from tests.operator.builders import make_ddpjob, make_pod
+from ddpjob_operator.failure import (
+    Outcome,
+    backoff_seconds,
+    budget_exhausted,
+    classify,
+    classify_pod,
+    starts_new_incident,
+)
+from tests.operator.builders import at, make_ddpjob, make_pod
 
 PERMANENT = (126, 127)
 
@@ -51,3 +58,18 @@ def test_classify_pod_reads_phase_exit_code_reason_and_disruption_condition():
     assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=127), PERMANENT) == Outcome.PERMANENT
     assert classify_pod(make_pod(job, 0, phase="Failed", reason="Evicted")) == Outcome.DISRUPTION
     assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=143, disrupted=True)) == Outcome.DISRUPTION
+
+
+@pytest.mark.parametrize("failed,started,incident,new", [
+    (0, None, None, True),       # the first failure opens an incident
+    (5, None, 0, False),         # a node of unknown age failing 5 s later: cascade
+    (5, -100, 0, False),         # an older node failing 5 s later: cascade
+    (59, -100, 0, False),        # still inside the 60 s window
+    (61, -100, 0, True),         # outside the window
+    (5, 2, 0, True),             # a replacement created after the incident failed again
+    (-3, -100, 0, False),        # observed out of order, still within the window
+])
+def test_failures_group_into_incidents(failed, started, incident, new):
+    started_at = at(started) if started is not None else None
+    incident_at = at(incident) if incident is not None else None
+    assert starts_new_incident(at(failed), started_at, incident_at) is new

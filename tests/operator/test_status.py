@@ -228,3 +228,17 @@ def test_pods_that_never_started_do_not_hold_up_success():
     pods = [make_pod(job, 0, phase="Succeeded"), make_pod(job, 1, phase="Succeeded"),
             make_pod(job, 2, phase="Pending"), make_pod(job, 3, phase="Pending")]
     assert step(job, pods, 0).status["phase"] == "Succeeded"
+
+
+def test_a_replacement_that_fails_again_is_a_new_incident_even_within_the_window():
+    job = make_ddpjob(replicas=2)
+    step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", finished_at=at(0))], 0)
+    crash = make_pod(job, 1, phase="Failed", finished_at=at(15), created_at=at(10), uid="replacement")
+    update = step(job, [make_pod(job, 0), crash], 16)
+    assert (update.status["restarts"], update.status["lastFailureTime"]) == (2, "2026-01-01T12:00:15Z")
+
+
+def test_a_finish_time_ahead_of_the_operator_clock_is_taken_as_now():
+    job = make_ddpjob(replicas=1)
+    update = step(job, [make_pod(job, 0, phase="Failed", finished_at=at(500))], 10)
+    assert update.status["lastFailureTime"] == "2026-01-01T12:00:10Z"
