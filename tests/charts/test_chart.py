@@ -43,14 +43,13 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 # What the operator does in a namespace (handlers, kube module, kopf's own writes).
 NAMESPACED_GRANTS = {
     ("ddpjob.io", "ddpjobs"): {"get", "list", "watch", "patch", "delete"},
-    ("ddpjob.io", "ddpjobs/status"): {"get", "patch"},
+    ("ddpjob.io", "ddpjobs/status"): {"patch"},
     ("ddpjob.io", "ddpjobs/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "services"): {"get", "list", "watch", "create", "delete"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "pods"): {"list", "watch", "create", "delete"},
+    ("", "services"): {"get", "create"},
+    ("", "events"): {"create"},
 }
-CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 
 
 def test_chart_lints_without_errors_or_warnings():
@@ -100,7 +99,7 @@ def test_rbac_never_uses_wildcards():
                 assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
 
 
-def test_namespace_list_gives_one_role_per_namespace_and_no_cluster_wide_pod_access():
+def test_namespace_list_gives_one_role_per_namespace_and_no_cluster_wide_access():
     objects = render(NAMESPACED)
     roles = by_kind(objects, "Role")
     assert [role["metadata"]["namespace"] for role in roles] == ["team-a", "team-b"]
@@ -109,8 +108,8 @@ def test_namespace_list_gives_one_role_per_namespace_and_no_cluster_wide_pod_acc
     bindings = by_kind(objects, "RoleBinding")
     assert [(b["metadata"]["namespace"], b["roleRef"]["kind"], b["subjects"][0]["namespace"]) for b in bindings] == [
         ("team-a", "Role", NAMESPACE), ("team-b", "Role", NAMESPACE)]
-    # Only kopf's cluster-scoped reads stay in the ClusterRole.
-    assert rules_of(one(objects, "ClusterRole")) == {**CRD_WATCH, ("", "namespaces"): {"list", "watch"}}
+    # With explicit namespaces the operator turns kopf's cluster-wide scanning off: nothing cluster-scoped.
+    assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
     assert container(objects)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
 
 

@@ -1,0 +1,154 @@
+"""Every API request the real operator makes is allowed by the chart's RBAC, and nothing granted goes unused.
+
+The operator runs with the exact arguments the chart's Deployment renders,
+against the API emulator (tests/support), through a job's whole life: create,
+run, a node failure and its replacement, scale up, success, pod cleanup and
+deletion after ttlSecondsAfterFinished. Each request the operator sent (told
+apart from the test's own by User-Agent) is turned into an RBAC attribute
+(verb, API group, resource, namespace) and checked against the rendered
+ClusterRole (all namespaces) or the Role of the watched namespace.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import time
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from ddpjob_operator import constants as C
+from tests.charts.support import by_kind, one, render
+from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
+from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
+from tests.support.procs import free_port
+
+# Requests from the test itself (urllib client, kubectl) are not the operator's.
+TEST_AGENTS = ("Python-urllib", "kubectl")
+RESOURCE_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$")
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request as RBAC sees it."""
+
+    verb: str
+    group: str
+    resource: str  # with "/subresource" when there is one
+    namespace: str | None  # None: cluster-scoped or across all namespaces
+
+    def __str__(self) -> str:
+        where = f"in {self.namespace}" if self.namespace else "cluster-wide"
+        return f"{self.verb} {self.group or 'core'}/{self.resource} {where}"
+
+
+def access_of(method: str, url: str) -> Access | None:
+    """RBAC attributes of a request; None for discovery and other non-resource URLs."""
+    parsed = urlparse(url)
+    match = RESOURCE_PATH.match(parsed.path)
+    if match is None:
+        return None
+    named = match["name"] is not None
+    resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
+    return Access(_verb(method, named, parsed.query), match["group"] or "", resource, match["namespace"])
+
+
+def _verb(method: str, named: bool, query: str) -> str:
+    if method == "GET":
+        return "get" if named else ("watch" if parse_qs(query).get("watch") == ["true"] else "list")
+    return {"POST": "create", "PUT": "update", "PATCH": "patch",
+            "DELETE": "delete" if named else "deletecollection"}[method]
+
+
+# Grants no request shows: the API server checks them on other requests.
+NOT_OBSERVABLE = {
+    # Setting blockOwnerDeletion on a pod's ownerReference (OwnerReferencesPermissionEnforcement).
+    ("update", "ddpjob.io", "ddpjobs/finalizers"),
+}
+
+
+def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
+    return {(verb, group, resource) for rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def operator_accesses(emulator) -> set[Access]:
+    accesses = set()
+    for request in list(emulator):
+        agent = request.headers.get("User-Agent", "")
+        if agent.startswith(TEST_AGENTS):
+            continue
+        access = access_of(str(request.method.value).upper(), str(request.url))
+        if access is not None:
+            accesses.add(access)
+    return accesses
+
+
+def chart_args(values: dict) -> list[str]:
+    container = one(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return [*container["command"][1:], *container["args"]]
+
+
+def run_job_lifecycle(k8s) -> None:
+    """Jobs that exercise every operator write: create, replace, scale, succeed, clean up, expire.
+
+    The TTL deletion runs on a second job that had no earlier timer (see the
+    report on handlers.Passes.schedule keeping fired timers).
+    """
+    k8s.create("ddpjobs", ddpjob(replicas=2, elasticPolicy={"minReplicas": 1, "maxReplicas": 3},
+                                 runPolicy={"cleanPodPolicy": "All"}))
+    k8s.create("ddpjobs", ddpjob(name="ttl", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1}))
+    k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=20, what="two node pods")
+    for name in pod_names(k8s):
+        set_running(k8s, name)
+    failed_uid = set_terminated(k8s, "mlp-node-1", 1)["metadata"]["uid"]
+    k8s.wait_for(lambda: status(k8s).get("restarts") == 1, timeout=15, what="a counted restart")
+    k8s.patch("ddpjobs", "mlp", {"spec": {"replicas": 3}})
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 3 and k8s.get("pods", "mlp-node-1")["metadata"]["uid"] != failed_uid,
+                 timeout=20, what="node 1 replaced and node 2 added")
+    for name in pod_names(k8s):
+        with contextlib.suppress(ApiError):  # the job may finish and clean up before the last pod reports
+            set_terminated(k8s, name, 0)
+    k8s.wait_for(lambda: pod_names(k8s) == [], timeout=20, what="cleanPodPolicy All to delete the pods")
+    k8s.wait_for(lambda: pod_names(k8s, "ttl") == ["ttl-node-0"], timeout=20, what="the ttl job's pod")
+    set_terminated(k8s, "ttl-node-0", 0)
+    k8s.wait_for(lambda: k8s.find("ddpjobs", "ttl") is None, timeout=20,
+                 what="the finished ttl job deleted after ttlSecondsAfterFinished")
+
+
+@pytest.mark.parametrize("mode", ["all-namespaces", "watched-namespace"])
+def test_every_operator_request_is_allowed_by_the_chart_rbac(mode, cluster, k8s, tmp_path):  # noqa: F811
+    values = {"livenessPort": free_port()}
+    if mode == "watched-namespace":
+        values["watchNamespaces"] = [k8s.namespace]
+    objects = render(values)
+    process = OperatorProcess(cluster, [sys.executable, *chart_args(values)], tmp_path / "operator.log")
+    with process:
+        try:
+            run_job_lifecycle(k8s)
+            time.sleep(0.5)  # let the last status write and event land
+        finally:
+            sys.stdout.write(f"\n--- operator log ---\n{process.log()[-8000:]}\n")
+    accesses = operator_accesses(cluster.emulator)
+    assert accesses, "recorded no operator requests"
+
+    if mode == "all-namespaces":
+        assert by_kind(objects, "Role") == []
+        allowed = granted(one(objects, "ClusterRole")["rules"])
+        denied = [str(a) for a in accesses if (a.verb, a.group, a.resource) not in allowed]
+    else:
+        assert by_kind(objects, "ClusterRole") == []
+        role = one(objects, "Role")
+        assert role["metadata"]["namespace"] == k8s.namespace
+        allowed = granted(role["rules"])
+        denied = [str(a) for a in accesses
+                  if a.namespace != k8s.namespace or (a.verb, a.group, a.resource) not in allowed]
+    assert sorted(denied) == [], f"the operator would be forbidden: {sorted(denied)}"
+
+    used = {(a.verb, a.group, a.resource) for a in accesses} | NOT_OBSERVABLE
+    unused = sorted(allowed - used)
+    assert unused == [], f"granted but never used by the operator, drop from rbac.yaml: {unused}"
