@@ -8,6 +8,12 @@ the restored weights by then) and continues at the first unfinished step:
 a mid-epoch snapshot resumes inside its epoch, skipping exactly the samples
 already trained on, also when the world size changed (see sampler.py).
 
+Only rank 0 writes snapshots and metrics; the other ranks do not wait for
+the write to be durable. If rank 0 dies mid-save the group restarts from the
+previous complete snapshot and redoes the steps since it: lost work, never
+double-counted, because each restart's ``start`` event records the step it
+resumed at and ``metrics.read_metrics`` rolls the lost steps back.
+
 Usage (inside ``with distributed():``)::
 
     trainer = Trainer(
