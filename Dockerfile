@@ -49,10 +49,13 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY requirements-test.txt /src/requirements-test.txt
 COPY trainer /src/trainer
 # The base image's torch (2.13.0+cu126) satisfies the trainer's torch==2.13.0
-# pin, so pip keeps it instead of pulling a CPU build. python-etcd and etcd3
-# serve the `etcd` (torch, v2 API) and `etcd-v3` (ddpjob) rendezvous backends.
+# pin, so pip keeps it instead of pulling a CPU build. etcd3 (a trainer
+# dependency) serves the `etcd-v3` rendezvous backend, python-etcd torch's
+# `etcd` (v2 API) one; protobuf and grpcio are etcd3's runtime, pinned to the
+# versions the rendezvous tests ran with.
 RUN python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" && \
-    pip install --constraint /src/requirements-test.txt /src/trainer python-etcd etcd3 && \
+    pip install --constraint /src/requirements-test.txt /src/trainer python-etcd \
+        protobuf==7.36.2 grpcio==1.85.1 && \
     python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" && \
     rm -rf /src
 RUN groupadd --gid 65532 ddpjob && \

@@ -141,7 +141,7 @@ def pinned_requirements() -> dict[str, str]:
     return pins
 
 
-@pytest.mark.parametrize(("package", "extra"), [("operator", []), ("trainer", ["python-etcd", "etcd3"])])
+@pytest.mark.parametrize(("package", "extra"), [("operator", []), ("trainer", ["python-etcd"])])
 def test_image_dependencies_are_pinned_by_the_constraints_file(package, extra):
     """The images install with --constraint requirements-test.txt: every direct dependency needs a pin there."""
     project = tomllib.loads((ROOT / package / "pyproject.toml").read_text())["project"]
@@ -181,3 +181,11 @@ def test_trainer_example_accepts_the_flags_the_examples_use():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert [flag for flag in sorted(TRAINER_FLAGS) if flag not in result.stdout] == []
+
+
+def test_trainer_image_pins_etcd3_runtime_to_the_tested_versions():
+    from importlib.metadata import version
+
+    text = DOCKERFILE.read_text()
+    for package in ["protobuf", "grpcio"]:
+        assert f"{package}=={version(package)}" in text, f"pin {package} to the tested {version(package)}"
