@@ -119,8 +119,7 @@ async def run_pass(api: kube.Kube, key: JobKey) -> PassOutcome:
         result = reconcile(job, pods, datetime.datetime.now(datetime.timezone.utc), service_exists=service_exists)
         await _write_status(api, job, result)
         requeue = await _apply(api, job, pods, result)
-        for event in result.events:
-            await api.post_event(job, event.type, event.reason, event.message)
+        await _record(api, job, result)
     metrics.observe_job(namespace, name, result.status.get("phase"))
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
 
@@ -129,9 +128,28 @@ async def _write_status(api: kube.Kube, job: dict, result: Reconciliation) -> No
     old = job.get("status") or {}
     if result.status == old:
         return
-    patch = {**{k: None for k in old if k not in result.status}, **result.status}  # merge-patch: null removes
-    await api.patch_job_status(job["metadata"]["namespace"], job["metadata"]["name"], patch)
+    await api.patch_job_status(job["metadata"]["namespace"], job["metadata"]["name"], merge_patch(old, result.status))
     metrics.observe_restarts(int(old.get("restarts") or 0), int(result.status.get("restarts") or 0))
+
+
+def merge_patch(old: dict, new: dict) -> dict:
+    """The JSON merge patch (RFC 7386) from ``old`` to ``new``: removed keys become null, at any depth."""
+    patch = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(old.get(key), dict):
+            patch[key] = merge_patch(old[key], value)
+        else:
+            patch[key] = value
+    return patch
+
+
+async def _record(api: kube.Kube, job: dict, result: Reconciliation) -> None:
+    """Posts the pass's Events; like kubelet and controllers, a lost Event does not fail the pass."""
+    for event in result.events:
+        try:
+            await api.post_event(job, event.type, event.reason, event.message)
+        except (kube.ApiError, kopf.TemporaryError) as e:
+            logger.warning("Could not post the %s Event about %s: %s", event.reason, job["metadata"]["name"], e)
 
 
 async def _apply(api: kube.Kube, job: dict, pods: list[dict], result: Reconciliation) -> float | None:

@@ -109,7 +109,8 @@ def test_put_with_the_current_resource_version_replaces_the_object(k8s):
 
 def test_generation_bumps_on_spec_change_not_on_status_or_metadata(k8s):
     k8s.create("ddpjobs", job())
-    assert k8s.patch("ddpjobs", "mlp", {"status": {"phase": "Running"}}, subresource="status")["metadata"]["generation"] == 1
+    status_write = k8s.patch("ddpjobs", "mlp", {"status": {"phase": "Running"}}, subresource="status")
+    assert status_write["metadata"]["generation"] == 1
     assert k8s.patch("ddpjobs", "mlp", {"metadata": {"labels": {"a": "b"}}})["metadata"]["generation"] == 1
     assert k8s.patch("ddpjobs", "mlp", {"spec": {"replicas": 3}})["metadata"]["generation"] == 2
 
@@ -139,7 +140,8 @@ def test_json_patch_applies_ops_and_a_failed_test_op_is_422(k8s):
     patched = k8s.patch("pods", "p0", ops, patch_type="json")
     assert patched["metadata"]["finalizers"] == [] and patched["metadata"]["labels"] == {"role": "node"}
     with pytest.raises(ApiError) as error:
-        k8s.patch("pods", "p0", ops[:1] + [{"op": "add", "path": "/metadata/labels/x", "value": "1"}], patch_type="json")
+        stale_ops = ops[:1] + [{"op": "add", "path": "/metadata/labels/x", "value": "1"}]
+        k8s.patch("pods", "p0", stale_ops, patch_type="json")
     assert error.value.status == 422
 
 
@@ -226,7 +228,10 @@ def test_deleting_an_owner_deletes_its_dependents_in_the_background(k8s):
     k8s.create("services", {"metadata": {"name": "mlp", "ownerReferences": [reference]}, "spec": {"clusterIP": "None"}})
     k8s.create("pods", pod("unrelated"))
     k8s.delete("ddpjobs", "mlp")
-    k8s.wait_for(lambda: not k8s.list("services") and [p["metadata"]["name"] for p in k8s.list("pods")] == ["unrelated"],
+    def remaining():
+        return [p["metadata"]["name"] for p in k8s.list("pods")]
+
+    k8s.wait_for(lambda: not k8s.list("services") and remaining() == ["unrelated"],
                  timeout=5, what="the job's pod and service to be garbage-collected")
 
 

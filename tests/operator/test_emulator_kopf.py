@@ -51,7 +51,10 @@ def test_a_kopf_operator_handles_create_update_and_delete_against_the_emulator(c
         assert any(e["reason"] == "Seen" for e in k8s.list("events"))
 
         k8s.patch("ddpjobs", "mlp", {"spec": {"replicas": 3}})
-        k8s.wait_for(lambda: (k8s.get("ddpjobs", "mlp").get("status") or {}).get("replicas_fn/spec.replicas") == {"replicas": 3},
+        def field_result():
+            return (k8s.get("ddpjobs", "mlp").get("status") or {}).get("replicas_fn/spec.replicas")
+
+        k8s.wait_for(lambda: field_result() == {"replicas": 3},
                      timeout=30, what="the field handler to see spec.replicas=3")
 
         k8s.delete("ddpjobs", "mlp")

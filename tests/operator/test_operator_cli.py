@@ -12,7 +12,7 @@ from tests.support.procs import free_port
 
 
 def fetch(url: str) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(url, timeout=15) as response:
         return response.status, response.read().decode()
 
 

@@ -83,7 +83,8 @@ def test_a_busy_server_becomes_a_temporary_error_and_a_bad_request_an_api_error(
         app.router.add_route("POST", "/api/v1/namespaces/ns/pods",
                              lambda _: aiohttp.web.Response(status=503, text="<html>overloaded</html>"))
         app.router.add_route("GET", "/api/v1/namespaces/ns/pods",
-                             lambda _: aiohttp.web.json_response({"reason": "BadRequest", "message": "bad"}, status=400))
+                             lambda _: aiohttp.web.json_response({"reason": "BadRequest", "message": "bad"},
+                                                                 status=400))
         runner = aiohttp.web.AppRunner(app)
         await runner.setup()
         await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()

@@ -11,6 +11,10 @@ from tests.support.kubelet import condition, ddpjob, events, pod_names, set_runn
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 
 
+def has_event(k8s, kind: str, reason: str) -> bool:
+    return any((k, r) == (kind, reason) for k, r, _ in events(k8s))
+
+
 def env_of(pod: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
 
@@ -35,7 +39,7 @@ def test_a_new_job_gets_a_headless_service_and_one_torchrun_pod_per_node(k8s, op
     assert pod["metadata"]["labels"][C.LABEL_NODE_INDEX] == "1"
     assert pod["metadata"]["ownerReferences"][0] == {**pod["metadata"]["ownerReferences"][0], "uid": uid,
                                                     "controller": True}
-    k8s.wait_for(lambda: status(k8s).get("selector") == f"{C.LABEL_JOB_NAME}=mlp", timeout=5,
+    k8s.wait_for(lambda: status(k8s).get("selector") == f"{C.LABEL_JOB_NAME}=mlp", timeout=15,
                  what="status.selector for the scale subresource")
 
 
@@ -44,14 +48,15 @@ def test_the_job_runs_when_its_pods_run_and_succeeds_when_all_exit_zero(k8s, ope
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     for name in pod_names(k8s):
         set_running(k8s, name)
-    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_RUNNING, timeout=10, what="phase Running")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_RUNNING, timeout=20, what="phase Running")
     assert status(k8s)["readyReplicas"] == 2
     for name in pod_names(k8s):
         set_terminated(k8s, name, 0)
-    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUCCEEDED, timeout=10, what="phase Succeeded")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUCCEEDED, timeout=20, what="phase Succeeded")
     assert status(k8s)["completionTime"]
-    k8s.wait_for(lambda: pod_names(k8s) == [], timeout=10, what="cleanPodPolicy All to delete the pods")
-    assert any(reason == C.REASON_SUCCEEDED for _, reason, _ in events(k8s))
+    k8s.wait_for(lambda: pod_names(k8s) == [], timeout=20, what="cleanPodPolicy All to delete the pods")
+    k8s.wait_for(lambda: any(reason == C.REASON_SUCCEEDED for _, reason, _ in events(k8s)), timeout=15,
+                 what="the AllNodesSucceeded Event (posted after the pass's writes)")
 
 
 def test_succeeded_pods_are_kept_with_the_default_clean_pod_policy(k8s, operator):
@@ -59,7 +64,7 @@ def test_succeeded_pods_are_kept_with_the_default_clean_pod_policy(k8s, operator
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     for name in pod_names(k8s):
         set_terminated(k8s, name, 0)
-    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUCCEEDED, timeout=10, what="phase Succeeded")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUCCEEDED, timeout=20, what="phase Succeeded")
     time.sleep(0.5)
     assert pod_names(k8s) == ["mlp-node-0", "mlp-node-1"]
 
@@ -72,7 +77,7 @@ def test_a_failed_node_is_replaced_under_the_same_name_after_the_backoff(k8s, op
     old_uid = k8s.get("pods", "mlp-node-1")["metadata"]["uid"]
     failed_at = time.monotonic()
     set_terminated(k8s, "mlp-node-1", 1)
-    k8s.wait_for(lambda: status(k8s).get("restarts") == 1, timeout=10, what="status.restarts == 1")
+    k8s.wait_for(lambda: status(k8s).get("restarts") == 1, timeout=20, what="status.restarts == 1")
     assert status(k8s)["phase"] == C.PHASE_RESTARTING
     replaced = k8s.wait_for(lambda: (p := k8s.find("pods", "mlp-node-1")) and p["metadata"]["uid"] != old_uid and p,
                             timeout=15, what="a new mlp-node-1")
@@ -81,9 +86,9 @@ def test_a_failed_node_is_replaced_under_the_same_name_after_the_backoff(k8s, op
     assert waited >= 1.0, f"replaced after {waited:.2f} s, before backoffSeconds (2) passed"
     assert replaced["metadata"]["labels"][C.LABEL_NODE_INDEX] == "1"
     assert pod_names(k8s) == ["mlp-node-0", "mlp-node-1"]
-    assert any(kind == C.EVENT_WARNING and reason == C.REASON_NODE_FAILED for kind, reason, _ in events(k8s))
+    k8s.wait_for(lambda: has_event(k8s, C.EVENT_WARNING, C.REASON_NODE_FAILED), timeout=15, what="the Warning Event")
     set_running(k8s, "mlp-node-1")
-    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_RUNNING, timeout=10, what="Running again")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_RUNNING, timeout=20, what="Running again")
     assert status(k8s)["restarts"] == 1
 
 
@@ -91,11 +96,12 @@ def test_a_permanent_exit_code_fails_the_job_with_the_reason_and_an_event(k8s, o
     k8s.create("ddpjobs", ddpjob(replicas=2))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_terminated(k8s, "mlp-node-0", 127)
-    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=10, what="phase Failed")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=20, what="phase Failed")
     failed = condition(k8s, C.COND_FAILED)
     assert failed["status"] == "True" and failed["reason"] == C.REASON_PERMANENT_ERROR
     assert "127" in failed["message"]
-    assert any(kind == C.EVENT_WARNING and reason == C.REASON_PERMANENT_ERROR for kind, reason, _ in events(k8s))
+    k8s.wait_for(lambda: has_event(k8s, C.EVENT_WARNING, C.REASON_PERMANENT_ERROR), timeout=15,
+                 what="the Warning Event")
     time.sleep(1.5)  # longer than the backoff: still nothing is replaced
     assert k8s.get("pods", "mlp-node-0")["status"]["phase"] == "Failed"
     assert status(k8s)["restarts"] == 0
@@ -103,11 +109,11 @@ def test_a_permanent_exit_code_fails_the_job_with_the_reason_and_an_event(k8s, o
 
 def test_a_spec_invalid_to_the_operator_reports_invalid_spec_and_creates_nothing(k8s, operator):
     k8s.create("ddpjobs", ddpjob(script="/workspace/train.py"))  # module and script both set
-    k8s.wait_for(lambda: condition(k8s, C.COND_INVALID_SPEC), timeout=10, what="the InvalidSpec condition")
+    k8s.wait_for(lambda: condition(k8s, C.COND_INVALID_SPEC), timeout=20, what="the InvalidSpec condition")
     invalid = condition(k8s, C.COND_INVALID_SPEC)
     assert invalid["status"] == "True"
     assert "spec.script" in invalid["message"] and "spec.module" in invalid["message"]
     assert status(k8s)["phase"] == C.PHASE_FAILED
-    assert any(kind == C.EVENT_WARNING and reason == C.REASON_INVALID_SPEC for kind, reason, _ in events(k8s))
+    k8s.wait_for(lambda: has_event(k8s, C.EVENT_WARNING, C.REASON_INVALID_SPEC), timeout=15, what="the Warning Event")
     time.sleep(0.5)
     assert pod_names(k8s) == [] and k8s.find("services", "mlp") is None

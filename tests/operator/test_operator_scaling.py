@@ -27,7 +27,7 @@ def test_scaling_by_spec_patch_adds_and_removes_the_highest_indexes(k8s, operato
     k8s.patch("ddpjobs", "mlp", {"spec": {"replicas": 1}})
     k8s.wait_for(lambda: pod_names(k8s) == nodes(1), what="scale-down to node 0 only")
     assert k8s.get("pods", "mlp-node-0")["metadata"]["uid"] == kept, "node 0 hosts the rendezvous: never replaced"
-    k8s.wait_for(lambda: status(k8s).get("replicas") == 1, timeout=5, what="status.replicas == 1")
+    k8s.wait_for(lambda: status(k8s).get("replicas") == 1, timeout=15, what="status.replicas == 1")
 
 
 def test_kubectl_scale_goes_through_the_scale_subresource_to_the_operator(k8s, operator):
@@ -35,7 +35,7 @@ def test_kubectl_scale_goes_through_the_scale_subresource_to_the_operator(k8s, o
     k8s.wait_for(lambda: pod_names(k8s) == nodes(2), what="two node pods")
     k8s.kubectl("scale", "ddpjob/mlp", "--replicas=4")
     k8s.wait_for(lambda: pod_names(k8s) == nodes(4), what="four node pods after kubectl scale")
-    k8s.wait_for(lambda: k8s.get("ddpjobs", "mlp", subresource="scale")["status"]["replicas"] == 4, timeout=5,
+    k8s.wait_for(lambda: k8s.get("ddpjobs", "mlp", subresource="scale")["status"]["replicas"] == 4, timeout=15,
                  what="the scale subresource to report 4 observed replicas")
     k8s.kubectl("scale", "ddpj/mlp", "--replicas=1")
     k8s.wait_for(lambda: pod_names(k8s) == nodes(1), what="one node pod after kubectl scale")
@@ -49,12 +49,12 @@ def test_suspend_deletes_pods_but_keeps_service_and_status_and_resume_recreates_
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_RUNNING, what="phase Running")
     k8s.patch("ddpjobs", "mlp", {"spec": {"runPolicy": {"suspend": True}}})
     k8s.wait_for(lambda: pod_names(k8s) == [], what="suspension to delete the pods")
-    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUSPENDED, timeout=5, what="phase Suspended")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUSPENDED, timeout=15, what="phase Suspended")
     assert k8s.find("services", "mlp") is not None
     assert status(k8s)["selector"] == f"{C.LABEL_JOB_NAME}=mlp"
     k8s.patch("ddpjobs", "mlp", {"spec": {"runPolicy": {"suspend": False}}})
     k8s.wait_for(lambda: pod_names(k8s) == nodes(2), what="resume to recreate the pods")
-    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_PENDING, timeout=5, what="phase Pending after resume")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_PENDING, timeout=15, what="phase Pending after resume")
     assert status(k8s).get("restarts", 0) == 0, "a suspension is not a failure"
 
 
@@ -92,13 +92,13 @@ def test_kubectl_apply_of_the_example_manifest_starts_the_job(k8s, operator):
     listed = json.loads(k8s.kubectl("get", "ddpjobs", "-o", "json").stdout)["items"]
     assert [item["metadata"]["name"] for item in listed] == [name]
     k8s.wait_for(lambda: listed and (k8s.get("ddpjobs", name).get("status") or {}).get("phase") == C.PHASE_PENDING,
-                 timeout=5, what="the example job's status")
+                 timeout=15, what="the example job's status")
 
 
 def test_kubectl_describe_shows_the_operator_events(k8s, operator):
     k8s.create("ddpjobs", ddpjob(replicas=1))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
-    k8s.wait_for(lambda: k8s.list("events"), timeout=5, what="an Event about the job")
+    k8s.wait_for(lambda: k8s.list("events"), timeout=15, what="an Event about the job")
     described = k8s.kubectl("describe", "ddpjob", "mlp").stdout
     reasons = {e["reason"] for e in k8s.list("events")}
     assert "Events:" in described and any(reason in described for reason in reasons), described

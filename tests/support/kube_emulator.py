@@ -556,9 +556,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # ----------------------------------------------------------------- discovery
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
-        """Discovery names the core group version "v1" and describes subresources as the API does: no short names or categories of their
-        own (else kubectl finds "ns" ambiguous), and ``Scale`` of ``autoscaling/v1`` as the kind of
-        scale (kubectl's scale client resolves it from here)."""
+        """Discovery names the core group version "v1" and describes subresources as the API
+        does: no short names or categories of their own (else kubectl finds "ns" ambiguous),
+        and ``Scale`` of ``autoscaling/v1`` as the kind of scale (kubectl's scale client
+        resolves it from here)."""
         payload = await super()._serve_version(request)
         if payload["groupVersion"].startswith("/"):  # the core group is "v1", not "/v1"
             payload["groupVersion"] = payload["groupVersion"][1:]

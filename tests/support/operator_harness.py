@@ -142,7 +142,7 @@ class KubeClient:
     def delete(self, resource: str, name: str, namespace: str | None = None, **options: Any) -> dict:
         return self.request("DELETE", self.path(resource, name, namespace), options or None)
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 15, interval: float = 0.05,
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05,
                  what: str = "condition") -> Any:
         """Polls ``predicate`` until it returns something truthy; fails the test with ``what`` after ``timeout``."""
         deadline = time.monotonic() + timeout
