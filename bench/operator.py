@@ -2,6 +2,7 @@
 
 Measures (targets in brackets):
 * apply -> all node pods exist, with a warm operator, for 1 and 8 nodes [8 nodes <= 0.5 s];
+* a node pod fails (backoffSeconds 0) -> its replacement exists (delete, then create);
 * 100 jobs x 8 pods applied at once: time until every pod exists and every status reports
   8 replicas, and reconcile errors [none];
 * the operator's resident memory after that [peak RSS <= 150 MB].
@@ -19,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 
-from tests.support.kubelet import ddpjob
+from tests.support.kubelet import ddpjob, set_terminated
 from tests.support.operator_harness import OperatorProcess, running_cluster
 from tests.support.procs import free_port
 
@@ -38,12 +39,13 @@ def main() -> None:
         with OperatorProcess(cluster, command, pathlib.Path(tmp) / "operator.log") as operator:
             _time_apply(k8s, "warmup", 2)  # imports, first watch events, first connections
             warm = {nodes: [_time_apply(k8s, f"w{nodes}-{i}", nodes) for i in range(REPEATS)] for nodes in (1, 8)}
+            replace = [_time_replacement(k8s, f"r{i}") for i in range(REPEATS)]
             many_seconds = _apply_many(k8s)
             errors = _metric(metrics_port, "ddpjob_operator_reconcile_errors_total")
             passes = _metric(metrics_port, "ddpjob_operator_reconcile_seconds_count")
             rss, peak = _rss_mb(operator.process.pid)
             log_errors = sum(1 for line in operator.log().splitlines() if "[ERROR" in line or "Traceback" in line)
-    _print_table(warm, many_seconds, errors, log_errors, passes, rss, peak)
+    _print_table(warm, replace, many_seconds, errors, log_errors, passes, rss, peak)
 
 
 def _time_apply(k8s, name: str, nodes: int) -> float:
@@ -57,6 +59,23 @@ def _time_apply(k8s, name: str, nodes: int) -> float:
     k8s.delete("ddpjobs", name)
     while k8s.list("pods", label_selector=selector):  # the garbage collector removes the pods
         time.sleep(0.01)
+    return elapsed
+
+
+def _time_replacement(k8s, name: str) -> float:
+    """Seconds from a node pod's failure (as the kubelet reports it) to its replacement's creation."""
+    body = _job(name, 2)
+    body["spec"]["failurePolicy"] = {"maxRestarts": 100, "backoffSeconds": 0}
+    k8s.create("ddpjobs", body)
+    pod = f"{name}-node-1"
+    while (old := k8s.find("pods", pod)) is None:
+        time.sleep(0.002)
+    started = time.perf_counter()
+    set_terminated(k8s, pod, 1)
+    while (new := k8s.find("pods", pod)) is None or new["metadata"]["uid"] == old["metadata"]["uid"]:
+        time.sleep(0.002)
+    elapsed = time.perf_counter() - started
+    k8s.delete("ddpjobs", name)
     return elapsed
 
 
@@ -95,7 +114,7 @@ def _rss_mb(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def _print_table(warm, many_seconds, errors, log_errors, passes, rss, peak) -> None:
+def _print_table(warm, replace, many_seconds, errors, log_errors, passes, rss, peak) -> None:
     rows = [("measure", "value", "target", "ok")]
     for nodes, samples in warm.items():
         median, worst = statistics.median(samples), max(samples)
@@ -103,6 +122,8 @@ def _print_table(warm, many_seconds, errors, log_errors, passes, rss, peak) -> N
         ok = ("yes" if median <= TARGET_WARM_8_SECONDS else "NO") if nodes == 8 else ""
         rows.append((f"apply -> {nodes} pods (warm, median/max of {len(samples)})",
                      f"{median:.3f} s / {worst:.3f} s", target, ok))
+    rows.append((f"failed pod -> replacement (median/max of {len(replace)})",
+                 f"{statistics.median(replace):.3f} s / {max(replace):.3f} s", "", ""))
     rows.append((f"{MANY_JOBS} jobs x {MANY_NODES} pods settled", f"{many_seconds:.1f} s", "", ""))
     rows.append(("reconcile passes (whole run)", f"{passes:.0f}", "", ""))
     rows.append(("reconcile errors / ERROR log lines", f"{errors:.0f} / {log_errors}", "0 / 0",
