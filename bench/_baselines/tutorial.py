@@ -12,6 +12,7 @@ Run with torchrun: ``torchrun ... bench/_baselines/tutorial.py --epochs 5 --snap
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import time
@@ -32,19 +33,15 @@ def ddp_setup() -> None:
     dist.init_process_group(backend=backend)
 
 
-def build_model(features: int, hidden: int) -> torch.nn.Module:
-    return torch.nn.Sequential(
-        torch.nn.Linear(features, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, 1),
-    )
+def build_model(features: int, hidden: int, outputs: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, outputs))
 
 
 def load_train_objs(args):
     generator = torch.Generator().manual_seed(args.seed)
     inputs = torch.randn(args.samples, args.features, generator=generator)
-    targets = inputs.sum(dim=1, keepdim=True).sin()
-    model = build_model(args.features, args.hidden)
+    targets = inputs @ torch.randn(args.features, args.outputs, generator=generator)
+    model = build_model(args.features, args.hidden, args.outputs)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     return TensorDataset(inputs, targets), model, optimizer
 
@@ -61,9 +58,10 @@ class Trainer:
         self.metrics_path = metrics_path
         self.step_sleep = step_sleep
         self.epochs_run = 0
-        self.step = 0
         if os.path.exists(snapshot_path):
             self._load_snapshot()
+        # Steps whose work survives: the saved epoch itself runs again.
+        self.step = self.epochs_run * len(train_data)
         self.model = DDP(self.model)
         self._emit(event="start", world_size=dist.get_world_size(),
                    restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
@@ -72,13 +70,13 @@ class Trainer:
     def _emit(self, **event) -> None:
         if self.global_rank == 0 and self.metrics_path:
             with open(self.metrics_path, "a") as out:
-                out.write(json.dumps({**event, "time": time.time()}) + "\n")
+                now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+                out.write(json.dumps({**event, "time": now}) + "\n")
 
     def _load_snapshot(self) -> None:
         snapshot = torch.load(self.snapshot_path, map_location=self.device)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
-        self.step = snapshot["STEP"]
 
     def _run_batch(self, source, targets, epoch) -> None:
         self.optimizer.zero_grad()
@@ -99,8 +97,9 @@ class Trainer:
     def _save_snapshot(self, epoch) -> None:
         # As in the tutorial: written in place, and EPOCHS_RUN names the epoch
         # just finished, so a resume runs that epoch once more.
-        snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch, "STEP": self.step}
+        snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}
         torch.save(snapshot, self.snapshot_path)
+        self._emit(event="snapshot", epoch=epoch, step=epoch * len(self.train_data), path=self.snapshot_path)
 
     def train(self, max_epochs: int) -> None:
         for epoch in range(self.epochs_run, max_epochs):
@@ -116,8 +115,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--features", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--features", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--outputs", type=int, default=4)
     parser.add_argument("--snapshot-dir", required=True)
     parser.add_argument("--metrics-file", default="")
     parser.add_argument("--step-sleep", type=float, default=0.0)
