@@ -39,8 +39,17 @@ class ApiError(Exception):
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """kopf's service-account login inside a cluster, else its kubeconfig login."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """kopf's service-account login inside a cluster, else its kubeconfig login.
+
+    Raises:
+        kopf.PermanentError: the kubeconfig named by KUBECONFIG cannot be read (retrying will not help).
+    """
+    try:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    except OSError as e:
+        raise kopf.PermanentError(
+            f"cannot read the kubeconfig ({e}): set KUBECONFIG to a readable kubeconfig file, "
+            f"or run the operator in a pod with a service account") from e
 
 
 def object_path(api_version: str, plural: str, namespace: str | None, name: str | None = None,

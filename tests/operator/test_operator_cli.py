@@ -1,4 +1,5 @@
 """The operator's command line: flags, /healthz, Prometheus /metrics and all-namespaces mode."""
+import os
 import subprocess
 import sys
 import urllib.request
@@ -97,3 +98,13 @@ def test_a_namespace_pattern_serves_matching_namespaces_even_new_ones(cluster, t
         team_b.wait_for(lambda: pod_names(team_b, "b") == ["b-node-0"], timeout=30, what="team-b's pod")
         assert pod_names(other, "o") == [], "a namespace outside the pattern is not served"
     assert "Traceback" not in process.log()
+
+
+def test_an_unreadable_kubeconfig_stops_the_operator_with_a_message_naming_it(tmp_path):
+    missing = tmp_path / "missing-kubeconfig"
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator", "-n", "x", "--liveness-port", "0",
+                             "--metrics-port", "0"], env={**os.environ, "KUBECONFIG": str(missing)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert f"cannot read the kubeconfig ([Errno 2] No such file or directory: '{missing}')" in result.stderr
+    assert "set KUBECONFIG to a readable kubeconfig file" in result.stderr
