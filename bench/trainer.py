@@ -37,14 +37,14 @@ from bench._baselines import handwritten
 from tests.support.procs import free_port
 from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events
 
-REPEATS = 5
-RECOVERY_REPEATS = 5
+REPEATS = 8
+RECOVERY_REPEATS = 8
 TARGETS = {"recovery": 1.2, "async_overhead": 0.02, "loop": 0.99}
 
 # Throughput model: ~2.4 M parameters (snapshot with Adam state ~29 MB), so
 # a snapshot is a visible cost next to an epoch of a few seconds on a CPU.
 FEATURES, HIDDEN, DEPTH, OUTPUTS = 256, 1024, 3, 16
-SAMPLES, BATCH, EPOCHS = 8192, 128, 2
+SAMPLES, BATCH, EPOCHS = 6144, 128, 2
 
 # Recovery job: short epochs so the first snapshot comes quickly; the
 # step sleep keeps training running while the fault is injected.
@@ -216,6 +216,26 @@ def throughput_runs() -> dict[str, Throughput]:
     return best
 
 
+def snapshot_blocking_seconds(async_save: bool, saves: int = 5) -> float:
+    """Median seconds one ``SnapshotStore.save`` blocks the training thread (model + Adam state)."""
+    from ddpjob_trainer import SnapshotStore
+
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mse(model, make_dataset()[:BATCH]).backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    blocked = []
+    with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp:
+        store = SnapshotStore(tmp, async_save=async_save)
+        for index in range(saves):
+            began = time.perf_counter()
+            store.save(state, epoch=index, step=index + 1)
+            blocked.append(time.perf_counter() - began)
+            store.wait()  # outside the timing: the next save would wait for this one
+    return statistics.median(blocked)
+
+
 def snapshot_megabytes() -> float:
     model = make_model()
     parameters = sum(p.numel() for p in model.parameters())
@@ -246,6 +266,11 @@ def recovery_rows(recovery: dict[str, list[Recovery]]) -> list[tuple[str, str, s
 
 def throughput_rows(best: dict[str, Throughput]) -> list[tuple[str, str, str]]:
     rows = []
+    epoch_seconds = SAMPLES / best["none"].wall
+    for name, async_save in (("sync", False), ("async", True)):
+        blocked = snapshot_blocking_seconds(async_save)
+        rows.append((f"(b) one {name} save blocks training", f"{blocked * 1000:.0f} ms",
+                     f"= {blocked / epoch_seconds:.1%} of a {epoch_seconds:.1f} s epoch"))
     for name in ("none", "sync", "async"):
         rows.append((f"(b) ddpjob snapshots {name}", f"{best[name].cpu:.0f} samples/s", f"wall {best[name].wall:.0f} samples/s"))
     for name in ("sync", "async"):
