@@ -167,8 +167,9 @@ def print_recovery_table(recovery: dict) -> None:
     print(f"{'backend':>8} | {'lose node 0':>11} {'(detect)':>8} | {'lose node 2':>11} {'(detect)':>8} | node0/node2")
     for backend in ("c10d", "etcd-v3"):
         first, last = recovery[(backend, 0)], recovery[(backend, 2)]
+        speed = ratio(first and first[1], last and last[1])
         print(f"{backend:>8} | {fmt(first and first[1]):>11} {fmt(first and first[0]):>8} | "
-              f"{fmt(last and last[1]):>11} {fmt(last and last[0]):>8} | {ratio(first and first[1], last and last[1]):>11}")
+              f"{fmt(last and last[1]):>11} {fmt(last and last[0]):>8} | {speed:>11}")
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, 
 from ddpjob_trainer.rendezvous import delete_rendezvous, keys
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
 from ddpjob_trainer.rendezvous.client import EtcdConnection
-from ddpjob_trainer.rendezvous.handler import create_rdzv_handler, settings_from_conf
+from ddpjob_trainer.rendezvous.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
 from tests.support.etcd import running_etcd
 from tests.support.procs import free_port
@@ -307,8 +307,23 @@ def test_bad_settings_are_rejected_naming_the_key_value_and_rule(endpoint, conf,
 
 
 def test_endpoints_parse_with_default_port_and_optional_scheme():
-    settings = settings_from_conf("a:1, http://b ,[::1]:3", {})
-    assert settings.endpoints == (("a", 1), ("b", 2379), ("::1", 3))
+    settings = settings_from_conf("a:1, http://b ,[::1]:3,[fe80::2]", {})
+    assert settings.endpoints == (("a", 1), ("b", 2379), ("::1", 3), ("fe80::2", 2379))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ("h:0", "--rdzv_endpoint entry 'h:0' must end in a port between 1 and 65535"),
+        ("h:x", "--rdzv_endpoint entry 'h:x' must end in a port between 1 and 65535"),
+        (":2379", "--rdzv_endpoint entry ':2379' must name a host"),
+        ("[::1", "--rdzv_endpoint entry '[::1' must be [IPv6] or [IPv6]:port"),
+    ],
+)
+def test_bad_endpoints_are_rejected_naming_the_entry(endpoint, message):
+    with pytest.raises(ValueError) as raised:
+        settings_from_conf(endpoint, {})
+    assert message in str(raised.value)
 
 
 def test_password_file_is_read_without_its_trailing_newline(tmp_path):
@@ -348,7 +363,29 @@ def test_torchrun_discovers_the_backend_through_its_entry_point_in_a_fresh_proce
     assert done.stdout.split() == ["ddpjob_trainer.rendezvous", "False"]
 
 
+def test_the_operator_can_delete_a_runs_keys_without_importing_torch(etcd):
+    backend = make_backend(etcd)
+    backend.set_state(b"v1")
+
+    done = run_python(
+        "import sys; from ddpjob_trainer.rendezvous import delete_rendezvous;"
+        f"print(delete_rendezvous({etcd.endpoint!r}, {backend.run_id!r}), 'torch' in sys.modules)"
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False"]
+    assert backend.get_state() is None
+
+
+def test_delete_rendezvous_on_a_dead_endpoint_raises_a_plain_connection_error_naming_it():
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ConnectionError, match=f"--rdzv_endpoint={dead} answered within read_timeout=1 s"):
+        delete_rendezvous(dead, "some-run", read_timeout=1)
+
+
 def test_a_native_protobuf_loaded_first_gives_an_actionable_error():
-    done = run_python("import google.protobuf.descriptor_pool; from ddpjob_trainer.rendezvous import _etcd3; _etcd3.load()")
+    done = run_python(
+        "import google.protobuf.descriptor_pool; from ddpjob_trainer.rendezvous import _etcd3; _etcd3.load()"
+    )
     assert done.returncode != 0
     assert "set PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python in the environment of the torchrun agent" in done.stderr

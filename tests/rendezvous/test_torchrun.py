@@ -1,14 +1,21 @@
 """Real torchrun agents on ``--rdzv_backend=etcd-v3`` against a real etcd: training, faults, reuse of an id."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddpjob_trainer.rendezvous import delete_rendezvous
 from tests.support.etcd import running_etcd
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, FAST_RDZV_CONF, is_event, read_events, unique_run_id
+from tests.support.torchrun import (
+    FAST_RDZV_CONF,
+    AgentGroup,
+    MetricsWatcher,
+    Rendezvous,
+    is_event,
+    read_events,
+    unique_run_id,
+)
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -69,7 +76,9 @@ def test_three_agents_train_and_a_killed_worker_restarts_the_group_which_resumes
 
 
 # Losing node 0 is the case c10d cannot survive (it hosts the store), so it stays in the fast suite.
-@pytest.mark.parametrize("lost", [pytest.param(0, id="first-node"), pytest.param(2, id="last-node", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "lost", [pytest.param(0, id="first-node"), pytest.param(2, id="last-node", marks=pytest.mark.slow)]
+)
 def test_the_survivors_of_a_lost_node_re_rendezvous_without_restarting(tmp_path, etcd, lost):
     group, watcher = make_job(tmp_path, etcd, nnodes="1:3", steps=60)
     with group:

@@ -4,7 +4,8 @@ torch's own etcd backends speak only etcd's v2 API, which etcd 3.6 removed.
 This backend keeps torch's dynamic rendezvous (the same join/keep-alive logic
 as c10d) and stores its state in etcd v3; see :mod:`.keys` for the key
 layout, :mod:`.backend` for the compare-and-swap, :mod:`.client` for endpoint
-fail-over, TLS and auth, and :mod:`.handler` for the ``--rdzv_conf`` keys.
+fail-over, TLS and auth, :mod:`.settings` for the ``--rdzv_conf`` keys and
+:mod:`.cleanup` for deleting a job's keys without torch.
 
 torch loads this package through the ``torchrun.handlers`` entry point while
 ``torch.distributed.elastic.rendezvous`` is still being imported, so nothing
@@ -23,8 +24,8 @@ def create_rdzv_handler(params):
 
 
 def delete_rendezvous(endpoints, run_id: str, **options) -> int:
-    """See :func:`ddpjob_trainer.rendezvous.handler.delete_rendezvous`."""
-    from ddpjob_trainer.rendezvous.handler import delete_rendezvous as delete
+    """See :func:`ddpjob_trainer.rendezvous.cleanup.delete_rendezvous` (imports no torch)."""
+    from ddpjob_trainer.rendezvous.cleanup import delete_rendezvous as delete
 
     return delete(endpoints, run_id, **options)
 

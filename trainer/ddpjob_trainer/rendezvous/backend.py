@@ -10,12 +10,27 @@ the last agent of a run stopped writing (torch heartbeats write every
 """
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 
 from ddpjob_trainer.rendezvous import keys
-from ddpjob_trainer.rendezvous.client import EtcdConnection
+from ddpjob_trainer.rendezvous.client import EtcdAccessError, EtcdConnection, EtcdUnreachableError
 
 BACKEND_NAME = "etcd-v3"
+
+T = TypeVar("T")
+
+
+def call_for_torch(connection: EtcdConnection, what: str, operation: Callable[[object], T]) -> T:
+    """``connection.call`` raising torch's rendezvous errors, which torch's agent knows how to report."""
+    try:
+        return connection.call(what, operation)
+    except EtcdUnreachableError as exc:
+        raise RendezvousConnectionError(str(exc)) from exc
+    except EtcdAccessError as exc:
+        raise RendezvousError(str(exc)) from exc
 
 
 class EtcdV3RendezvousBackend(RendezvousBackend):
@@ -39,7 +54,9 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
 
     def get_state(self) -> tuple[bytes, Token] | None:
         """See base class."""
-        value, meta = self._connection.call("read of the rendezvous state", lambda client: client.get(self.key))
+        value, meta = call_for_torch(
+            self._connection, "read of the rendezvous state", lambda client: client.get(self.key)
+        )
         if meta is None:
             return None
         return self._remember(value, meta)
@@ -50,8 +67,10 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
             # Not one of our tokens (torch's c10d backend uses bytes): it can never match, as in torch's backends.
             current = self.get_state()
             return None if current is None else (*current, False)
-        succeeded, value, meta = self._connection.call(
-            "write of the rendezvous state", lambda client: self._compare_and_swap(client, state, token)
+        succeeded, value, meta = call_for_torch(
+            self._connection,
+            "write of the rendezvous state",
+            lambda client: self._compare_and_swap(client, state, token),
         )
         if meta is None:
             return None

@@ -6,6 +6,10 @@ is unreachable the call moves on to the next endpoint (a fresh gRPC channel,
 so no reconnect backoff is inherited) until ``read_timeout`` runs out. Errors
 that retrying cannot fix (bad credentials, missing permissions) are raised at
 once with the user and the key prefix named.
+
+Nothing here imports torch: the operator deletes a finished job's keys with
+this module (see :mod:`.cleanup`); :mod:`.backend` turns these errors into
+torch's rendezvous errors.
 """
 from __future__ import annotations
 
@@ -15,13 +19,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
-
 from ddpjob_trainer.rendezvous import _etcd3
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class EtcdUnreachableError(ConnectionError):
+    """No endpoint answered within ``read_timeout``; the message names every endpoint tried."""
+
+
+class EtcdAccessError(PermissionError):
+    """etcd rejected the credentials or the permissions; retrying cannot help."""
 
 # One RPC may wait this long for an endpoint before the next endpoint is tried.
 _ATTEMPT_TIMEOUT_S = 5.0
@@ -80,8 +90,8 @@ class EtcdConnection:
             operation: receives an ``etcd3.Etcd3Client``; must be safe to repeat.
 
         Raises:
-            RendezvousConnectionError: no endpoint answered within ``read_timeout``.
-            RendezvousError: etcd rejected the credentials or the permissions.
+            EtcdUnreachableError: no endpoint answered within ``read_timeout``.
+            EtcdAccessError: etcd rejected the credentials or the permissions.
         """
         with self._lock:
             deadline = time.monotonic() + self.settings.read_timeout
@@ -99,7 +109,7 @@ class EtcdConnection:
                         self._drop_client()
                         self._index = (self._index + 1) % len(self.settings.endpoints)
                 if time.monotonic() + pause >= deadline:
-                    raise RendezvousConnectionError(self._unreachable_message(what, failures))
+                    raise EtcdUnreachableError(self._unreachable_message(what, failures))
                 time.sleep(pause)
                 pause = min(pause * 2, _MAX_RETRY_PAUSE_S)
 
@@ -168,22 +178,22 @@ class EtcdConnection:
             # etcd forgets simple auth tokens when it restarts; a new client authenticates again.
             return f"auth token expired, re-authenticating: {details}"
         if name == "INVALID_ARGUMENT" and "user name is empty" in details:
-            raise RendezvousError(
+            raise EtcdAccessError(
                 f"etcd at {endpoint} requires authentication: set rdzv_conf username and password "
                 f"(or password_file)"
             ) from exc
         if name == "INVALID_ARGUMENT" and "authentication failed" in details:
-            raise RendezvousError(
+            raise EtcdAccessError(
                 f"etcd at {endpoint} rejected rdzv_conf username '{self.settings.username}': {details}; "
                 f"check the username and password"
             ) from exc
         if name == "FAILED_PRECONDITION" and "authentication is not enabled" in details:
-            raise RendezvousError(
+            raise EtcdAccessError(
                 f"etcd at {endpoint} has authentication disabled but rdzv_conf username "
                 f"'{self.settings.username}' was given: drop username/password or enable auth in etcd"
             ) from exc
         if name == "PERMISSION_DENIED":
-            raise RendezvousError(
+            raise EtcdAccessError(
                 f"etcd at {endpoint} denied rdzv_conf username '{self.settings.username}': {details}; "
                 f"grant it a role with readwrite on the rendezvous key prefix"
             ) from exc

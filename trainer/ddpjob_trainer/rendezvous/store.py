@@ -14,7 +14,7 @@ from torch.distributed import Store
 from torch.distributed.elastic.rendezvous.api import RendezvousStateError
 
 from ddpjob_trainer.rendezvous import keys
-from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
+from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend, call_for_torch
 from ddpjob_trainer.rendezvous.client import EtcdConnection
 
 # A blocking get/wait looks for its keys after 10 ms, then backs off to 100 ms: most keys of a
@@ -37,8 +37,10 @@ class EtcdV3Store(Store):
     def set(self, key, value) -> None:
         etcd_key = self._key(key)
         data = _as_bytes(value)
-        self._connection.call(
-            "store write", lambda client: client.put(etcd_key, data, lease=self._connection.lease_id(client))
+        call_for_torch(
+            self._connection,
+            "store write",
+            lambda client: client.put(etcd_key, data, lease=self._connection.lease_id(client)),
         )
 
     def get(self, key) -> bytes:
@@ -61,7 +63,7 @@ class EtcdV3Store(Store):
         """Atomically adds ``amount`` to the decimal integer at ``key`` (0 when missing); returns the sum."""
         etcd_key = self._key(key)
         while True:
-            value, meta = self._connection.call("store read", lambda client: client.get(etcd_key))
+            value, meta = call_for_torch(self._connection, "store read", lambda client: client.get(etcd_key))
             total = int(value or b"0") + amount
             if self._swap(etcd_key, meta, str(total).encode()):
                 return total
@@ -72,7 +74,7 @@ class EtcdV3Store(Store):
         etcd_key = self._key(key)
         expected_b, desired_b = _as_bytes(expected), _as_bytes(desired)
         while True:
-            value, meta = self._connection.call("store read", lambda client: client.get(etcd_key))
+            value, meta = call_for_torch(self._connection, "store read", lambda client: client.get(etcd_key))
             if (value if meta is not None else b"") != expected_b:
                 return value if meta is not None else expected_b
             if self._swap(etcd_key, meta, desired_b):
@@ -80,12 +82,12 @@ class EtcdV3Store(Store):
 
     def delete_key(self, key) -> bool:
         etcd_key = self._key(key)
-        return bool(self._connection.call("store delete", lambda client: client.delete(etcd_key)))
+        return bool(call_for_torch(self._connection, "store delete", lambda client: client.delete(etcd_key)))
 
     def num_keys(self) -> int:
         prefix = self._prefix()
-        return self._connection.call(
-            "store count", lambda client: sum(1 for _ in client.get_prefix(prefix, keys_only=True))
+        return call_for_torch(
+            self._connection, "store count", lambda client: sum(1 for _ in client.get_prefix(prefix, keys_only=True))
         )
 
     def _swap(self, etcd_key: str, meta, data: bytes) -> bool:
@@ -97,7 +99,7 @@ class EtcdV3Store(Store):
             succeeded, _ = client.transaction(compare=[compare], success=[txn.put(etcd_key, data, lease=lease)],
                                               failure=[])
             return succeeded
-        return self._connection.call("store compare-and-swap", operation)
+        return call_for_torch(self._connection, "store compare-and-swap", operation)
 
     def _wait_for(self, keys_: list, timeout: timedelta) -> list[bytes]:
         deadline = time.monotonic() + timeout.total_seconds()
@@ -124,7 +126,7 @@ class EtcdV3Store(Store):
             )
             return [found[0][0] if found else None for found in responses]
 
-        return self._connection.call("store read", operation)
+        return call_for_torch(self._connection, "store read", operation)
 
     def _prefix(self) -> str:
         if self._backend.generation is None and self._backend.get_state() is None:

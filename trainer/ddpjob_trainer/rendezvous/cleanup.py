@@ -1,0 +1,38 @@
+"""Deletes a job's rendezvous keys; for the operator, so it imports neither torch nor kopf."""
+from __future__ import annotations
+
+from ddpjob_trainer.rendezvous import keys
+from ddpjob_trainer.rendezvous.client import EtcdAccessError, EtcdConnection, EtcdUnreachableError
+from ddpjob_trainer.rendezvous.settings import settings_from_conf
+
+__all__ = ["delete_rendezvous", "EtcdAccessError", "EtcdUnreachableError"]
+
+
+def delete_rendezvous(endpoints: str | list[str], run_id: str, **options) -> int:
+    """Deletes every etcd key of rendezvous ``run_id`` (state and store); returns how many were deleted.
+
+    The operator calls this when a job is finished or deleted, so the id
+    could be used again and nothing waits for the lease to expire.
+
+    Args:
+        endpoints: ``"host:port,host:port"`` or a list of ``host:port``.
+        run_id: the job's ``--rdzv_id``.
+        **options: the ``--rdzv_conf`` connection keys (``username``, ``password``, ``ca_cert``, ...).
+
+    Raises:
+        EtcdUnreachableError: no endpoint answered within ``read_timeout``.
+        EtcdAccessError: etcd rejected the credentials or the permissions.
+    """
+    if not isinstance(endpoints, str):
+        endpoints = ",".join(endpoints)
+    settings = settings_from_conf(endpoints, {key: str(value) for key, value in options.items()})
+    prefix = keys.run_prefix(run_id)
+    connection = EtcdConnection(settings)
+    try:
+        return connection.call(f"delete of {prefix}", lambda client: _delete_prefix(client, prefix))
+    finally:
+        connection.close()
+
+
+def _delete_prefix(client, prefix: str) -> int:
+    return client.delete_prefix(prefix).deleted
