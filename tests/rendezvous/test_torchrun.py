@@ -1,6 +1,7 @@
 """Real torchrun agents on ``--rdzv_backend=etcd-v3`` against a real etcd: training, faults, reuse of an id."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -99,16 +100,22 @@ def test_the_survivors_of_a_lost_node_re_rendezvous_without_restarting(tmp_path,
 
 @pytest.mark.slow
 def test_an_etcd_restart_mid_training_does_not_stop_the_job_and_the_next_rendezvous_works(tmp_path, etcd):
-    group, watcher = make_job(tmp_path, etcd, nnodes="2", steps=60)
+    group, watcher = make_job(tmp_path, etcd, nnodes="2", steps=150)
     with group:
         group.start()
         group.start()
         watcher.wait(is_event("start", world_size=2), 120, "two nodes training")
         etcd.stop()
+        down_since = time.monotonic()
         watcher.wait(is_event("step"), 30, "training while etcd is down")
+        # Longer than the dead-node window (keep_alive_interval x keep_alive_max_attempt = 6 s): missed
+        # heartbeats must not make the agents drop each other once etcd is back.
+        time.sleep(max(0.0, 10 - (time.monotonic() - down_since)))
         etcd.start()
-        # A worker failure forces a new rendezvous round through the restarted etcd.
         watcher.wait(is_event("step"), 30, "training after etcd is back")
+        time.sleep(4)  # a spurious restart after the outage would show up as a second start
+        assert len([event for event in watcher.events() if event["event"] == "start"]) == 1, group.logs()
+        # A worker failure forces a new rendezvous round through the restarted etcd.
         group.agents[0].kill_worker()
         restarted = watcher.wait(is_event("start"), 90, "the worker group of the next round")
         watcher.wait(is_event("done"), 90, "the end of training")
