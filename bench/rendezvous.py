@@ -31,7 +31,7 @@ from tests.support.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, uniqu
 WORKER = Path(__file__).with_name("_rdzv_worker.py")
 BACKENDS = ("c10d", "etcd-v2", "etcd-v3")
 SIZES = (2, 4, 8)
-REPEATS = 2
+REPEATS = 3
 # torch's elastic loggers print INFO lines (with timestamps) only when asked.
 AGENT_ENV = {"LOGLEVEL": "INFO"}
 _LOG_STAMP = re.compile(r"^I(\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+) ")
