@@ -5,7 +5,7 @@ ordered list of endpoints and runs every call against the current one; when it
 is unreachable the call moves on to the next endpoint (a fresh gRPC channel,
 so no reconnect backoff is inherited) until ``read_timeout`` runs out. Errors
 that retrying cannot fix (bad credentials, missing permissions) are raised at
-once with the user and the key prefix named.
+once, naming the endpoint and the user.
 
 Nothing here imports torch: the operator deletes a finished job's keys with
 this module (see :mod:`.cleanup`); :mod:`.backend` turns these errors into
