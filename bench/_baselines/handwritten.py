@@ -6,6 +6,7 @@ and nothing else per step (no logging, no loss synchronisation).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -23,17 +24,20 @@ def train(
     epochs: int,
     batch_size: int,
     seed: int = 0,
-) -> int:
-    """Trains in the current process group; returns the number of optimizer steps."""
+) -> list[float]:
+    """Trains in the current process group; returns each optimizer step's seconds (end to end)."""
     ddp = DistributedDataParallel(model)
     sampler = DistributedSampler(dataset, seed=seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-    steps = 0
+    durations = []
+    last = time.perf_counter()
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
             optimizer.zero_grad(set_to_none=True)
             loss_fn(ddp, batch).backward()
             optimizer.step()
-            steps += 1
-    return steps
+            now = time.perf_counter()
+            durations.append(now - last)
+            last = now
+    return durations
