@@ -137,6 +137,15 @@ def marked_processes(marker: str) -> dict[int, dict[str, str]]:
     return found
 
 
+def _kill_all(pids: Iterable[int]) -> None:
+    """SIGKILLs each process and the group it leads (workers lead their own sessions)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @dataclass
 class Agent:
     """One torchrun agent (a "node") and the workers it started."""
@@ -185,11 +194,7 @@ class Agent:
         """Simulates the death of this node: SIGKILL the agent's group, then its workers' groups."""
         workers = marked_processes(self.marker)
         kill_process_group(self.process, signal.SIGKILL)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(workers)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 
@@ -205,11 +210,7 @@ class Agent:
     def stop(self) -> None:
         """Stops the agent gracefully if it still runs, then kills anything left with its marker."""
         stop_process_group(self.process)
-        for pid in marked_processes(self.marker):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(marked_processes(self.marker))
 
     def log_tail(self, chars: int = 3000) -> str:
         with contextlib.suppress(OSError):

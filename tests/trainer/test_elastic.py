@@ -11,7 +11,7 @@ import contextlib
 import pytest
 
 from tests.support.etcd import running_etcd
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
+from tests.support.torchrun import FAST_RDZV_CONF, AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
 from tests.support.elastic_checks import (
     assert_ran_exactly_once,
     assert_resumed_from_snapshots,
@@ -32,7 +32,9 @@ def rendezvous(backend: str):
         yield Rendezvous.c10d()
         return
     with running_etcd() as server:
-        yield Rendezvous(backend, server.endpoint, unique_run_id())
+        # torch's etcd backend (etcd_rendezvous.py, etcd's v2 API) calls its join timeout "timeout";
+        # the operator renders both names the same way.
+        yield Rendezvous(backend, server.endpoint, unique_run_id(), conf={**FAST_RDZV_CONF, "timeout": 60})
 
 
 def host_conf(backend: str, hosts_store: bool) -> dict | None:
