@@ -84,7 +84,9 @@ class JobPasses:
             return
         loop = asyncio.get_running_loop()
         current = self._timers.get(key)
-        if current is not None and not current.cancelled() and current.when() <= loop.time() + after:
+        # A timer that already fired keeps its (past) deadline: only a pending one may win.
+        pending = current is not None and not current.cancelled() and current.when() > loop.time()
+        if pending and current.when() <= loop.time() + after:
             return
         if current is not None:
             current.cancel()

@@ -78,6 +78,19 @@ def test_a_requeue_runs_a_pass_later_and_an_earlier_one_wins():
     assert 0.1 <= recorder.calls[1] - started < 2.5, "the pass ran at the 3 s or 5 s requeue, not the 0.1 s one"
 
 
+def test_a_timer_that_already_fired_does_not_block_the_next_requeue():
+    """A backoff timer that fired must not swallow a later TTL or deadline requeue."""
+    async def scenario():
+        recorder = Recorder()
+        passes = JobPasses(recorder)
+        passes.schedule(KEY, 0.05)
+        await until(lambda: len(recorder.calls) == 1)
+        passes.schedule(KEY, 0.05)
+        await until(lambda: len(recorder.calls) == 2)
+        return recorder
+    assert len(run(scenario).calls) == 2
+
+
 def test_a_failed_background_pass_is_retried(monkeypatch):
     monkeypatch.setattr(handlers, "ERROR_RETRY_SECONDS", 0.1)
 
