@@ -42,3 +42,4 @@ manifests: crd
 # tests/operator/test_crd.py fails when the checked-in files drift from it.
 crd: $(STAMP)
 	$(PY) -m ddpjob_operator.crd
+	$(PY) -m ddpjob_operator.crd --reference > docs/reference.md
