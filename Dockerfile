@@ -17,8 +17,13 @@ FROM ${PYTHON_IMAGE} AS operator-build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 COPY requirements-test.txt /src/requirements-test.txt
+COPY rdzv /src/rdzv
 COPY operator /src/operator
-RUN /opt/venv/bin/pip install --constraint /src/requirements-test.txt /src/operator
+# ddpjob-rdzv (etcd3, no torch) deletes a finished job's etcd rendezvous keys;
+# it is a local distribution, so it is installed from /src next to the operator.
+# protobuf and grpcio are etcd3's runtime, pinned as in the trainer image.
+RUN /opt/venv/bin/pip install --constraint /src/requirements-test.txt /src/rdzv /src/operator \
+        protobuf==7.36.2 grpcio==1.85.1
 
 FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="ddpjob-operator" \
@@ -47,14 +52,16 @@ LABEL org.opencontainers.image.title="ddpjob-trainer" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY requirements-test.txt /src/requirements-test.txt
+COPY rdzv /src/rdzv
 COPY trainer /src/trainer
 # The base image's torch (2.13.0+cu126) satisfies the trainer's torch==2.13.0
-# pin, so pip keeps it instead of pulling a CPU build. etcd3 (a trainer
-# dependency) serves the `etcd-v3` rendezvous backend, python-etcd torch's
+# pin, so pip keeps it instead of pulling a CPU build. etcd3 (through
+# ddpjob-rdzv, the torch-free half of the `etcd-v3` rendezvous backend, a local
+# distribution installed from /src) serves that backend, python-etcd torch's
 # `etcd` (v2 API) one; protobuf and grpcio are etcd3's runtime, pinned to the
 # versions the rendezvous tests ran with.
 RUN python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" && \
-    pip install --constraint /src/requirements-test.txt /src/trainer python-etcd \
+    pip install --constraint /src/requirements-test.txt /src/rdzv /src/trainer python-etcd \
         protobuf==7.36.2 grpcio==1.85.1 && \
     python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" && \
     rm -rf /src

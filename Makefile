@@ -8,10 +8,10 @@ PYTEST_ARGS ?=
 
 .PHONY: setup test soak bench demo crd manifests clean
 
-$(STAMP): requirements-test.txt trainer/pyproject.toml operator/pyproject.toml
+$(STAMP): requirements-test.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-test.txt
-	$(PY) -m pip install -q -e trainer -e operator
+	$(PY) -m pip install -q -e rdzv -e trainer -e operator
 	touch $@
 
 setup: $(STAMP)

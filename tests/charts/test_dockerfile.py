@@ -141,12 +141,19 @@ def pinned_requirements() -> dict[str, str]:
     return pins
 
 
-@pytest.mark.parametrize(("package", "extra"), [("operator", []), ("trainer", ["python-etcd"])])
+# Distributions built from this repository (installed from /src in the images, never from an index).
+LOCAL_DISTRIBUTIONS = {"ddpjob-rdzv": "rdzv", "ddpjob-trainer": "trainer", "ddpjob-operator": "operator"}
+
+
+@pytest.mark.parametrize(("package", "extra"), [("operator", []), ("trainer", ["python-etcd"]), ("rdzv", [])])
 def test_image_dependencies_are_pinned_by_the_constraints_file(package, extra):
     """The images install with --constraint requirements-test.txt: every direct dependency needs a pin there."""
     project = tomllib.loads((ROOT / package / "pyproject.toml").read_text())["project"]
     names = [re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0].lower().replace("_", "-") for dep in project["dependencies"]]
-    missing = [name for name in names + extra if name not in pinned_requirements()]
+    local = [name for name in names if name in LOCAL_DISTRIBUTIONS]
+    for name in local:  # a local dependency must be installed from the repository in every stage that needs it
+        assert f"/src/{LOCAL_DISTRIBUTIONS[name]} " in DOCKERFILE.read_text(), f"install /src/{LOCAL_DISTRIBUTIONS[name]}"
+    missing = [name for name in names + extra if name not in pinned_requirements() and name not in local]
     assert missing == [], f"pin {missing} in requirements-test.txt so the {package} image is reproducible"
     assert "--constraint /src/requirements-test.txt" in DOCKERFILE.read_text()
 

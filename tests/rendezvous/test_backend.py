@@ -13,10 +13,10 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
 
-from ddpjob_trainer.rendezvous import delete_rendezvous, keys
+from ddpjob_rdzv import delete_rendezvous, keys
+from ddpjob_rdzv.client import EtcdConnection
+from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
-from ddpjob_trainer.rendezvous.client import EtcdConnection
-from ddpjob_trainer.rendezvous.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
 from tests.support.etcd import running_etcd
 from tests.support.procs import free_port
@@ -345,7 +345,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 
 def test_etcd3_loads_in_a_fresh_process_without_changing_the_environment_workers_inherit():
     done = run_python(
-        "import os; from ddpjob_trainer.rendezvous import _etcd3; _etcd3.load();"
+        "import os; from ddpjob_rdzv import _etcd3; _etcd3.load();"
         "from google.protobuf.internal import api_implementation as a;"
         "print(a.Type(), os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION'))"
     )
@@ -368,7 +368,7 @@ def test_the_operator_can_delete_a_runs_keys_without_importing_torch(etcd):
     backend.set_state(b"v1")
 
     done = run_python(
-        "import sys; from ddpjob_trainer.rendezvous import delete_rendezvous;"
+        "import sys; from ddpjob_rdzv import delete_rendezvous;"
         f"print(delete_rendezvous({etcd.endpoint!r}, {backend.run_id!r}), 'torch' in sys.modules)"
     )
 
@@ -385,7 +385,7 @@ def test_delete_rendezvous_on_a_dead_endpoint_raises_a_plain_connection_error_na
 
 def test_a_native_protobuf_loaded_first_gives_an_actionable_error():
     done = run_python(
-        "import google.protobuf.descriptor_pool; from ddpjob_trainer.rendezvous import _etcd3; _etcd3.load()"
+        "import google.protobuf.descriptor_pool; from ddpjob_rdzv import _etcd3; _etcd3.load()"
     )
     assert done.returncode != 0
     assert "set PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python in the environment of the torchrun agent" in done.stderr

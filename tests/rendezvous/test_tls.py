@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
+from ddpjob_rdzv.client import EtcdConnection
+from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
-from ddpjob_trainer.rendezvous.client import EtcdConnection
-from ddpjob_trainer.rendezvous.settings import settings_from_conf
 from tests.support.procs import free_port, start_in_own_group, stop_process_group
 from tests.support.torchrun import unique_run_id
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_trainer.rendezvous import delete_rendezvous
+from ddpjob_rdzv import delete_rendezvous
 from tests.support.etcd import running_etcd
 from tests.support.torchrun import (
     FAST_RDZV_CONF,

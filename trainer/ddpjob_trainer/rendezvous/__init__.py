@@ -2,10 +2,13 @@
 
 torch's own etcd backends speak only etcd's v2 API, which etcd 3.6 removed.
 This backend keeps torch's dynamic rendezvous (the same join/keep-alive logic
-as c10d) and stores its state in etcd v3; see :mod:`.keys` for the key
-layout, :mod:`.backend` for the compare-and-swap, :mod:`.client` for endpoint
-fail-over, TLS and auth, :mod:`.settings` for the ``--rdzv_conf`` keys and
-:mod:`.cleanup` for deleting a job's keys without torch.
+as c10d) and stores its state in etcd v3: :mod:`.backend` holds the
+compare-and-swap, :mod:`.store` the c10d store the agents share.
+
+What does not need torch lives in the ``ddpjob-rdzv`` distribution
+(:mod:`ddpjob_rdzv`): the key layout, the fail-over client with TLS and auth,
+the ``--rdzv_conf`` connection keys and ``delete_rendezvous``, which the
+operator calls without pulling torch into its image.
 
 torch loads this package through the ``torchrun.handlers`` entry point while
 ``torch.distributed.elastic.rendezvous`` is still being imported, so nothing
@@ -21,13 +24,6 @@ def create_rdzv_handler(params):
     from ddpjob_trainer.rendezvous.handler import create_rdzv_handler as create
 
     return create(params)
-
-
-def delete_rendezvous(endpoints, run_id: str, **options) -> int:
-    """See :func:`ddpjob_trainer.rendezvous.cleanup.delete_rendezvous` (imports no torch)."""
-    from ddpjob_trainer.rendezvous.cleanup import delete_rendezvous as delete
-
-    return delete(endpoints, run_id, **options)
 
 
 def torchrun_handler_factory():

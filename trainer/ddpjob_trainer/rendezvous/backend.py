@@ -15,8 +15,8 @@ from typing import Callable, TypeVar
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 
-from ddpjob_trainer.rendezvous import keys
-from ddpjob_trainer.rendezvous.client import EtcdAccessError, EtcdConnection, EtcdUnreachableError
+from ddpjob_rdzv import keys
+from ddpjob_rdzv.client import EtcdAccessError, EtcdConnection, EtcdUnreachableError
 
 BACKEND_NAME = "etcd-v3"
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
 
+from ddpjob_rdzv.client import EtcdConnection, EtcdSettings
+from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
-from ddpjob_trainer.rendezvous.client import EtcdConnection, EtcdSettings
-from ddpjob_trainer.rendezvous.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
 
 

@@ -13,9 +13,9 @@ from datetime import timedelta
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous.api import RendezvousStateError
 
-from ddpjob_trainer.rendezvous import keys
+from ddpjob_rdzv import keys
+from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend, call_for_torch
-from ddpjob_trainer.rendezvous.client import EtcdConnection
 
 # A blocking get/wait looks for its keys after 10 ms, then backs off to 100 ms: most keys of a
 # round appear within milliseconds of each other, and polling agents share two cores with training.

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from ddpjob_trainer.rendezvous import _etcd3
+from ddpjob_rdzv import _etcd3
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """Deletes a job's rendezvous keys; for the operator, so it imports neither torch nor kopf."""
 from __future__ import annotations
 
-from ddpjob_trainer.rendezvous import keys
-from ddpjob_trainer.rendezvous.client import EtcdAccessError, EtcdConnection, EtcdUnreachableError
-from ddpjob_trainer.rendezvous.settings import settings_from_conf
+from ddpjob_rdzv import keys
+from ddpjob_rdzv.client import EtcdAccessError, EtcdConnection, EtcdUnreachableError
+from ddpjob_rdzv.settings import settings_from_conf
 
 __all__ = ["delete_rendezvous", "EtcdAccessError", "EtcdUnreachableError"]
 

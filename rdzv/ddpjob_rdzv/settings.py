@@ -11,21 +11,39 @@ timeouts and keep_alive_* settings, which ``create_handler`` reads):
     username       etcd user (needs password or password_file)
     password       etcd password (visible in the process list; prefer password_file)
     password_file  file whose content (trailing newline stripped) is the password, e.g. a mounted Secret
+    credentials_dir  a mounted Secret: each of its files ca.crt, tls.crt, tls.key, username and password
+                   that exists stands for ca_cert, ssl_cert, ssl_cert_key, username and password_file;
+                   keys given explicitly win over its files
+
+Why a directory: the operator mounts the Secret named by
+``spec.elasticPolicy.rdzvSecretName`` without reading which keys it holds, and a
+file named explicitly but missing must stay an error (a missing ``ca_cert`` must
+never quietly mean plaintext). The Secret's own keys decide instead, as they do
+for ``kubernetes.io/tls`` and ``kubernetes.io/basic-auth`` Secrets.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ddpjob_trainer.rendezvous.client import EtcdSettings
+from ddpjob_rdzv.client import EtcdSettings
 
 DEFAULT_PORT = 2379
 DEFAULT_READ_TIMEOUT_S = 60
 DEFAULT_LEASE_TTL_S = 7200  # torch's etcd-v2 backend keeps its state two hours too
 MIN_LEASE_TTL_S = 10
+# File in a credentials_dir (a Secret's key) -> the rdzv_conf key it stands for.
+CREDENTIAL_FILES = {
+    "ca.crt": "ca_cert",
+    "tls.crt": "ssl_cert",
+    "tls.key": "ssl_cert_key",
+    "username": "username",
+    "password": "password_file",
+}
 
 
 def settings_from_conf(endpoint: str, conf: dict) -> EtcdSettings:
     """Validates the endpoint list and the connection keys of ``--rdzv_conf``; errors name key, value, rule."""
+    conf = with_credentials_dir(conf)
     ca_cert = _one_of(conf, "ca_cert", "ssl_ca_cert")
     ssl_cert, ssl_cert_key = conf.get("ssl_cert"), conf.get("ssl_cert_key")
     if bool(ssl_cert) != bool(ssl_cert_key):
@@ -52,6 +70,26 @@ def settings_from_conf(endpoint: str, conf: dict) -> EtcdSettings:
         read_timeout=_positive_int(conf, "read_timeout", DEFAULT_READ_TIMEOUT_S, minimum=1),
         lease_ttl=_positive_int(conf, "lease_ttl", DEFAULT_LEASE_TTL_S, minimum=MIN_LEASE_TTL_S),
     )
+
+
+def with_credentials_dir(conf: dict) -> dict:
+    """``conf`` with the files of its ``credentials_dir`` added as the keys they stand for (explicit keys win)."""
+    directory = conf.get("credentials_dir")
+    if not directory:
+        return conf
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"rdzv_conf credentials_dir ({directory!r}) must name a directory (a mounted Secret)")
+    found = {}
+    for name, key in CREDENTIAL_FILES.items():
+        path = root / name
+        if path.is_file():
+            found[key] = path.read_text().strip() if key == "username" else str(path)
+    # An explicit key wins over the directory's file, also under its other name.
+    for explicit, implied in (("password", "password_file"), ("ssl_ca_cert", "ca_cert")):
+        if conf.get(explicit):
+            found.pop(implied, None)
+    return {**found, **{key: value for key, value in conf.items() if value not in (None, "")}}
 
 
 def parse_endpoints(endpoint: str | None, has_ca: bool = False) -> tuple[tuple[str, int], ...]:
