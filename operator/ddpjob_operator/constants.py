@@ -38,6 +38,8 @@ DEFAULT_ETCD_PORT = 2379  # etcd client port, used when an endpoint has no port
 SNAPSHOT_VOLUME = "snapshots"  # pod volume name of spec.snapshot.volume
 SHM_VOLUME = "dshm"  # pod volume name of the memory-backed /dev/shm
 SHM_MOUNT_PATH = "/dev/shm"  # where DataLoader workers and NCCL put shared memory
+RDZV_SECRET_VOLUME = "rdzv-credentials"  # pod volume name of spec.elasticPolicy.rdzvSecretName
+RDZV_SECRET_MOUNT_PATH = "/etc/ddpjob/rdzv"  # read-only mount of that Secret; rdzv_conf points here
 CLUSTER_DOMAIN = "cluster.local"  # default cluster DNS suffix of Service FQDNs
 DNS_LABEL_MAX = 63  # RFC 1123 label limit for pod names, hostnames and Service names
 

@@ -63,7 +63,8 @@ RESERVED_ENV = {
 MAX_ENV = 128  # most spec.env entries (bounds the CEL cost of the reserved-name rule)
 RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
                    C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
-RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME)  # pod volume names the operator uses
+RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME)  # pod volume names the operator uses
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a Secret's name: an RFC 1123 DNS subdomain
 
 # Kubernetes resource.Quantity, as apimachinery's OpenAPI pattern spells it.
 QUANTITY_PATTERN = (
@@ -200,6 +201,9 @@ class ElasticPolicy(_Model):
             "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) == 0",
             "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d "
             "(the operator points every node at node 0)"),
+        cel("!has(self.rdzvSecretName) || (has(self.rdzvBackend) && self.rdzvBackend != 'c10d')",
+            "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 "
+            "(c10d has no etcd to authenticate to): remove it or change rdzvBackend"),
         cel("!has(self.rdzvBackend) || self.rdzvBackend != 'etcd' || "
             "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) <= 1",
             "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend "
@@ -234,6 +238,12 @@ class ElasticPolicy(_Model):
         "etcd client endpoints host:port (etcd backends only; etcd takes exactly one)."),
         json_schema_extra=immutable(
             "spec.elasticPolicy.rdzvEndpoints", "nodes of one job must share one rendezvous"))
+    rdzv_secret_name: str | None = Field(None, max_length=253, pattern=SECRET_NAME_PATTERN, description=(
+        "Secret (in the job's namespace) with the etcd client credentials, mounted read-only into "
+        "every node pod and read by the operator to delete the job's rendezvous keys (etcd backends "
+        "only). Keys: ca.crt (turns on TLS), tls.crt + tls.key (client certificate), username + "
+        "password (etcd auth). etcd-v3 uses the keys present; torch's etcd (v2) backend needs ca.crt, "
+        "tls.crt and tls.key and has no password auth."))
     rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
 
 
@@ -484,6 +494,10 @@ def _cross_field_errors(spec: DDPJobSpec) -> list[FieldError]:
 
 
 def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
+    if ep.rdzv_secret_name is not None and ep.rdzv_backend not in ETCD_BACKENDS:
+        return [FieldError("spec.elasticPolicy.rdzvSecretName", ep.rdzv_secret_name,
+                           "may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to "
+                           "authenticate to): remove it or change rdzvBackend")]
     path = "spec.elasticPolicy.rdzvEndpoints"
     if ep.rdzv_backend in ETCD_BACKENDS and not ep.rdzv_endpoints:
         return [FieldError(path, ep.rdzv_endpoints,

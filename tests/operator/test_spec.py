@@ -41,6 +41,12 @@ INVALID_SPECS = [
     ("etcd v2 with two endpoints", {"elasticPolicy": {"rdzvBackend": "etcd", "rdzvEndpoints": ["a:1", "b:2"]}},
      ['spec.elasticPolicy.rdzvEndpoints (["a:1", "b:2"]) must have exactly one entry when '
       "rdzvBackend is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)"]),
+    ("rdzv secret with c10d", {"elasticPolicy": {"rdzvSecretName": "etcd-client"}},
+     ['spec.elasticPolicy.rdzvSecretName ("etcd-client") may only be set when rdzvBackend is etcd or '
+      "etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend"]),
+    ("rdzv secret name not a DNS name", {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"],
+                                                           "rdzvSecretName": "Etcd_Client"}},
+     ['spec.elasticPolicy.rdzvSecretName ("Etcd_Client") must match ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$']),
     ("c10d with endpoints", {"elasticPolicy": {"rdzvEndpoints": ["etcd:2379"]}},
      ['spec.elasticPolicy.rdzvEndpoints (["etcd:2379"]) must be empty when rdzvBackend is c10d '
       "(the operator points every node at node 0)"]),
@@ -77,7 +83,7 @@ INVALID_SPECS = [
       "selects its pods by this label"]),
     ("reserved volume name", {"podOverrides": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
      ['spec.podOverrides.volumes[0].name ("dshm") is used by the operator; pick a name other '
-      "than snapshots, dshm"]),
+      "than snapshots, dshm, rdzv-credentials"]),
     ("mount over /dev/shm", {"podOverrides": {"volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}]}},
      ['spec.podOverrides.volumeMounts[0].mountPath ("/dev/shm") is already mounted by the operator '
       "(/dev/shm or spec.snapshot.mountPath)"]),
