@@ -39,8 +39,9 @@ def torchrun_args(spec: DDPJobSpec) -> list[str]:
     return [*head, *spec.args]
 
 
-def rdzv_conf(backend: str, timeouts: RdzvTimeouts) -> str:
-    """PET_RDZV_CONF, with torch's key names (dynamic_rendezvous.py)."""
+def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None) -> str:
+    """PET_RDZV_CONF, with torch's key names (dynamic_rendezvous.py), plus where the
+    etcd credentials are mounted (paths only: a password never appears in env or args)."""
     conf = {
         "join_timeout": timeouts.join_seconds,
         "last_call_timeout": timeouts.last_call_seconds,
@@ -51,7 +52,21 @@ def rdzv_conf(backend: str, timeouts: RdzvTimeouts) -> str:
     if backend == "etcd":
         # torch's v2 etcd backend (etcd_rendezvous.py) calls its join timeout "timeout".
         conf["timeout"] = timeouts.join_seconds
+    conf.update(credential_conf(backend, credentials_dir))
     return ",".join(f"{key}={value}" for key, value in conf.items())
+
+
+def credential_conf(backend: str, credentials_dir: str | None) -> dict[str, str]:
+    """rdzv_conf keys that point the backend at the mounted spec.elasticPolicy.rdzvSecretName."""
+    if not credentials_dir:
+        return {}
+    if backend == "etcd-v3":
+        # ddpjob's backend uses whichever of ca.crt, tls.crt, tls.key, username, password the
+        # Secret holds (ddpjob_rdzv.settings), so the operator need not read the Secret to render.
+        return {"credentials_dir": credentials_dir}
+    # torch's etcd (v2) backend (etcd_rendezvous.py) knows TLS only, each file by its own key.
+    return {"protocol": "https", "cacert": f"{credentials_dir}/ca.crt",
+            "cert": f"{credentials_dir}/tls.crt", "key": f"{credentials_dir}/tls.key"}
 
 
 def rdzv_endpoint_for(spec: DDPJobSpec, rdzv_host: str) -> str:
@@ -64,7 +79,7 @@ def rdzv_endpoint_for(spec: DDPJobSpec, rdzv_host: str) -> str:
 
 
 def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_index: int,
-                rdzv_host: str, snapshot_dir: str | None) -> NodeLaunch:
+                rdzv_host: str, snapshot_dir: str | None, rdzv_credentials_dir: str | None = None) -> NodeLaunch:
     """The launch of node `node_index`.
 
     Args:
@@ -75,6 +90,7 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         node_index: 0..replicas-1.
         rdzv_host: host of node 0 (names.c10d_host in a cluster, 127.0.0.1 locally); unused by etcd backends.
         snapshot_dir: where the snapshot volume is seen (spec.snapshot.mountPath in pods), None for none.
+        rdzv_credentials_dir: where spec.elasticPolicy.rdzvSecretName is mounted, None for none.
     """
     ep = spec.elastic_policy
     env = {
@@ -83,7 +99,7 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         "PET_RDZV_BACKEND": ep.rdzv_backend,
         "PET_RDZV_ENDPOINT": rdzv_endpoint_for(spec, rdzv_host),
         "PET_RDZV_ID": uid,
-        "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts),
+        "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir),
         "PET_MAX_RESTARTS": str(ep.max_restarts),
         # Measured: sharing the rendezvous TCP store with the workers made gloo worker
         # restarts fail or hang in 4 of 6 runs, 0 of 9 without sharing.

@@ -79,6 +79,7 @@ def node_launch(ref: JobRef, spec: DDPJobSpec, index: int) -> NodeLaunch:
         job=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec, node_index=index,
         rdzv_host=c10d_host(ref.name, ref.namespace),
         snapshot_dir=spec.snapshot.mount_path if spec.snapshot else None,
+        rdzv_credentials_dir=C.RDZV_SECRET_MOUNT_PATH if spec.elastic_policy.rdzv_secret_name else None,
     )
 
 
@@ -153,6 +154,11 @@ def _volumes(spec: DDPJobSpec) -> list[dict[str, Any]]:
     # The container runtime's default /dev/shm is 64 MiB; DataLoader workers and NCCL
     # exchange tensors through it and die with "bus error" when it is full.
     volumes.append({"name": C.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    secret = spec.elastic_policy.rdzv_secret_name
+    if secret:
+        # The kubelet's default file mode (0644): the files belong to root and the trainer image
+        # runs as a non-root user, so an owner-only mode would lock the agent out.
+        volumes.append({"name": C.RDZV_SECRET_VOLUME, "secret": {"secretName": secret}})
     return volumes + [dict(v) for v in spec.pod_overrides.volumes]
 
 
@@ -161,6 +167,8 @@ def _volume_mounts(spec: DDPJobSpec) -> list[dict[str, Any]]:
     if spec.snapshot:
         mounts.append({"name": C.SNAPSHOT_VOLUME, "mountPath": spec.snapshot.mount_path})
     mounts.append({"name": C.SHM_VOLUME, "mountPath": C.SHM_MOUNT_PATH})
+    if spec.elastic_policy.rdzv_secret_name:
+        mounts.append({"name": C.RDZV_SECRET_VOLUME, "mountPath": C.RDZV_SECRET_MOUNT_PATH, "readOnly": True})
     return mounts + [dict(m) for m in spec.pod_overrides.volume_mounts]
 
 

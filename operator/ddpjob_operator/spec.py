@@ -530,11 +530,13 @@ def _override_errors(spec: DDPJobSpec) -> list[FieldError]:
         if vol.get("name") in RESERVED_VOLUMES:
             errors.append(FieldError(f"spec.podOverrides.volumes[{i}].name", vol.get("name"),
                                      f"is used by the operator; pick a name other than {', '.join(RESERVED_VOLUMES)}"))
-    taken = {C.SHM_MOUNT_PATH} | ({spec.snapshot.mount_path} if spec.snapshot else set())
+    taken = ({C.SHM_MOUNT_PATH} | ({spec.snapshot.mount_path} if spec.snapshot else set())
+             | ({C.RDZV_SECRET_MOUNT_PATH} if spec.elastic_policy.rdzv_secret_name else set()))
     for i, mount in enumerate(po.volume_mounts):
         if mount.get("mountPath") in taken:
             errors.append(FieldError(f"spec.podOverrides.volumeMounts[{i}].mountPath", mount.get("mountPath"),
-                                     "is already mounted by the operator (/dev/shm or spec.snapshot.mountPath)"))
+                                     "is already mounted by the operator (/dev/shm, spec.snapshot.mountPath or the "
+                                     f"rdzvSecretName mount {C.RDZV_SECRET_MOUNT_PATH})"))
     return errors
 
 

@@ -203,7 +203,7 @@ CEL_CAUGHT = {
     "reserved env": "spec.env may not set variables the operator derives from the spec (PET_*, DDPJOB_*): use the spec field instead",
     "reserved label": "spec.podOverrides.labels may not set the labels the operator selects pods by",
 }
-OPERATOR_ONLY = {"misspelt field", "reserved volume name", "mount over /dev/shm"}
+OPERATOR_ONLY = {"misspelt field", "reserved volume name", "mount over /dev/shm", "mount over the rdzv secret"}
 
 
 def test_every_corpus_entry_has_a_layer_that_rejects_it():

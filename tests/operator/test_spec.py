@@ -86,7 +86,12 @@ INVALID_SPECS = [
       "than snapshots, dshm, rdzv-credentials"]),
     ("mount over /dev/shm", {"podOverrides": {"volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}]}},
      ['spec.podOverrides.volumeMounts[0].mountPath ("/dev/shm") is already mounted by the operator '
-      "(/dev/shm or spec.snapshot.mountPath)"]),
+      "(/dev/shm, spec.snapshot.mountPath or the rdzvSecretName mount /etc/ddpjob/rdzv)"]),
+    ("mount over the rdzv secret", {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"],
+                                                      "rdzvSecretName": "etcd-client"},
+                                    "podOverrides": {"volumeMounts": [{"name": "x", "mountPath": "/etc/ddpjob/rdzv"}]}},
+     ['spec.podOverrides.volumeMounts[0].mountPath ("/etc/ddpjob/rdzv") is already mounted by the operator '
+      "(/dev/shm, spec.snapshot.mountPath or the rdzvSecretName mount /etc/ddpjob/rdzv)"]),
     ("negative deadline", {"runPolicy": {"activeDeadlineSeconds": 0}},
      ["spec.runPolicy.activeDeadlineSeconds (0) must be >= 1"]),
 ]
