@@ -2,9 +2,11 @@
 
     ddpjob validate JOB.yaml   every invalid field, with its path, value and rule
     ddpjob render JOB.yaml     the Service and Pods the operator would create (a dry run)
+    ddpjob run JOB.yaml        run the job here, one local torchrun agent per node (see local/)
 
-Bad input (a missing file, invalid YAML, an invalid spec) gets one clear message
-on stderr and a non-zero exit, never a traceback.
+Bad input (a missing file, invalid YAML, an invalid spec, a busy rendezvous port,
+an env entry with valueFrom) gets one clear message on stderr and a non-zero exit,
+never a traceback.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import yaml
 
 from ddpjob_operator import constants
+from ddpjob_operator.local import command as local_run
 from ddpjob_operator.render import render_pod, render_service
 from ddpjob_operator.spec import InvalidSpecError, parse_job, validate_job
 
@@ -78,6 +81,20 @@ def render(path: str, namespace: str | None) -> int:
     return 0
 
 
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.job)
+    try:
+        ref, spec = parse_job(job)
+    except InvalidSpecError as e:
+        for error in e.errors:
+            print(f"{args.job}: {error.message}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        return local_run.execute(ref.name, spec, args, sys.stdout)
+    except local_run.LocalRunError as e:
+        raise BadInput(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -86,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     preview = commands.add_parser("render", help="print the Service and Pods the operator would create")
     preview.add_argument("job", help="DDPJob YAML file, or - for stdin")
     preview.add_argument("--namespace", help="namespace to render into (default: the file's, else default)")
+    local = commands.add_parser("run", help="run the job on this machine: one local torchrun agent per node")
+    local_run.add_arguments(local)
     args = parser.parse_args(argv)
     try:
         if args.command == "validate":
             return validate(args.job)
+        if args.command == "run":
+            return run(args)
         return render(args.job, args.namespace)
     except BadInput as e:
         print(f"ddpjob: {e}", file=sys.stderr)

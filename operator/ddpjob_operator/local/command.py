@@ -1,0 +1,163 @@
+"""`ddpjob run JOB.yaml`: check everything that can be checked before a process starts, then run.
+
+Each problem found here (no torchrun, a busy rendezvous port, an env entry with
+valueFrom, a --kill-node outside the job) is a LocalRunError with one message
+saying what to change; cli.py prints it and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import secrets
+import signal
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+from ..launch import UnsupportedLocalEnvError
+from ..spec import DDPJobSpec
+from .plan import LOOPBACK, LocalPlan, local_plan, rdzv_endpoint
+from .procs import free_port, port_in_use
+from .runner import PHASE_INTERRUPTED, RunOptions, RunResult, Runner
+
+EXIT_JOB_FAILED = 3  # the job ran and failed (permanent exit code, restart budget spent)
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM, as a shell reports SIGINT
+
+
+class LocalRunError(Exception):
+    """The job cannot run on this machine as given; the message says what to change."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `ddpjob run`."""
+    parser.add_argument("job", help="DDPJob YAML file, or - for stdin")
+    parser.add_argument("--workdir", type=Path, help="run directory (default: runs/<job>-<time>); "
+                        "an existing one resumes from its snapshots")
+    parser.add_argument("--port", type=int, help="c10d rendezvous port instead of spec.elasticPolicy.rdzvPort "
+                        "(0 = any free port)")
+    parser.add_argument("--kill-node-after", type=float, metavar="SECONDS",
+                        help="inject a failure: SIGKILL one node's whole process tree this many seconds "
+                        "after the first training step")
+    parser.add_argument("--kill-node", type=int, metavar="INDEX",
+                        help="the node --kill-node-after kills (default: the last one, not node 0)")
+    parser.add_argument("--spec-rdzv-timeouts", action="store_true",
+                        help="keep the spec's rendezvous timeouts (by default a local run shortens "
+                        "lastCallSeconds and the keep-alive, see the printed note)")
+    parser.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
+
+
+def torchrun_path() -> Path:
+    """The torchrun next to this Python, so nodes use the same environment as `ddpjob`."""
+    path = Path(sys.executable).parent / "torchrun"
+    if not path.exists():
+        raise LocalRunError(f"torchrun not found next to {sys.executable} ({path}): install torch into "
+                            "this environment (pip install ddpjob-trainer) and run ddpjob from it")
+    return path
+
+
+def check_code(spec: DDPJobSpec) -> None:
+    """The module's top-level package or the script exists here (cheap: imports nothing)."""
+    if spec.script and not Path(spec.script).exists():
+        raise LocalRunError(f"spec.script ({spec.script}) does not exist on this machine: "
+                            "give a path relative to this directory or an absolute local path")
+    if spec.module and importlib.util.find_spec(spec.module.split(".")[0]) is None:
+        raise LocalRunError(f"spec.module ({spec.module}) cannot be imported here: package "
+                            f"{spec.module.split('.')[0]!r} is not installed in {sys.prefix}")
+
+
+def choose_port(spec: DDPJobSpec, port: int | None) -> int | None:
+    """The c10d port to use; refuses a busy one (node 0's store could not listen on it)."""
+    if spec.elastic_policy.rdzv_backend != "c10d":
+        return None
+    if port == 0:
+        return free_port(LOOPBACK)
+    chosen = port if port is not None else spec.elastic_policy.rdzv_port
+    if port_in_use(LOOPBACK, chosen):
+        source = "--port" if port is not None else "spec.elasticPolicy.rdzvPort"
+        raise LocalRunError(f"{source} ({chosen}) is already in use on {LOOPBACK}: stop what listens there, "
+                            "or pass --port N (--port 0 picks a free one)")
+    return chosen
+
+
+def prepare(job: str, spec: DDPJobSpec, args: argparse.Namespace) -> tuple[LocalPlan, Path]:
+    """The plan and the run directory, after every check that needs no process."""
+    if args.kill_node is not None and not 0 <= args.kill_node < spec.desired_replicas:
+        raise LocalRunError(f"--kill-node ({args.kill_node}) must be a node index 0..{spec.desired_replicas - 1} "
+                            f"(spec.replicas is {spec.desired_replicas})")
+    if args.kill_node_after is not None and args.kill_node_after < 0:
+        raise LocalRunError(f"--kill-node-after ({args.kill_node_after:g}) must be >= 0 seconds")
+    torchrun = torchrun_path()
+    check_code(spec)
+    port = choose_port(spec, args.port)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = args.workdir or Path("runs") / f"{job}-{stamp}"
+    rdzv_id = f"{job}-{stamp}-{secrets.token_hex(3)}"  # a finished rendezvous id cannot be reused
+    try:
+        plan = local_plan(job, spec, rdzv_id=rdzv_id, run_dir=run_dir.resolve(), torchrun=str(torchrun),
+                          port=port, fast_rendezvous=not args.spec_rdzv_timeouts)
+    except UnsupportedLocalEnvError as e:
+        raise LocalRunError(str(e)) from None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return plan, run_dir.resolve()
+
+
+def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str]:
+    """What the run is about to do, including everything it changed from the spec."""
+    ep, fp = plan.spec.elastic_policy, plan.spec.failure_policy
+    lines = [f"ddpjob run: job {plan.job}, {len(plan.nodes)} local node(s) (elastic {plan.spec.min_replicas}.."
+             f"{plan.spec.max_replicas}), {ep.rdzv_backend} rendezvous at {rdzv_endpoint(plan)}, "
+             f"rdzv id {plan.rdzv_id}",
+             f"run directory {run_dir}: snapshots/, logs/node-<i>.log, events.jsonl, launch.json",
+             f"failure policy: maxRestarts {fp.max_restarts}, backoff {fp.backoff_seconds} s doubling to "
+             f"{fp.max_backoff_seconds} s, permanent exit codes {fp.permanent_exit_codes}"]
+    lines += [f"note: {note}" for note in plan.notes]
+    if args.kill_node_after is not None:
+        victim = args.kill_node if args.kill_node is not None else len(plan.nodes) - 1
+        lines.append(f"will SIGKILL node {victim} {args.kill_node_after:g} s after the first training step")
+    return lines
+
+
+def execute(job: str, spec: DDPJobSpec, args: argparse.Namespace, out: TextIO) -> int:
+    """Runs the job; returns the exit code (0 succeeded, EXIT_JOB_FAILED, EXIT_INTERRUPTED).
+
+    Raises:
+        LocalRunError: before any process started.
+    """
+    plan, run_dir = prepare(job, spec, args)
+    for line in header(plan, run_dir, args):
+        print(line, file=out, flush=True)
+    live = out.isatty() and not args.plain
+    options = RunOptions(kill_after=args.kill_node_after, kill_node=args.kill_node, live=live)
+    with _sigterm_as_interrupt():
+        result = Runner(plan, run_dir, options, out).run()
+    return report(result, out)
+
+
+def report(result: RunResult, out: TextIO) -> int:
+    for line in result.summary.lines:
+        print(line, file=out)
+    print(f"{result.phase}: {result.message}", file=out, flush=True)
+    if result.phase == "Succeeded":
+        return 0
+    return EXIT_INTERRUPTED if result.phase == PHASE_INTERRUPTED else EXIT_JOB_FAILED
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM stops the run like Ctrl-C (every node stopped), then the old handler returns."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)

@@ -1,0 +1,152 @@
+"""The local launch of each node: the Pods' launch plan, moved onto this machine.
+
+Pure. `ddpjob_operator.launch.launch_plan` gives the command and environment a
+Pod gets; here the rendezvous host becomes 127.0.0.1, the rendezvous id is made
+unique per run, and every path under `spec.snapshot.mountPath` (in env values
+and args) is rewritten to the run's local snapshot directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..launch import launch_plan, merged_env
+from ..spec import DDPJobSpec
+
+LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
+ENV_METRICS_FILE = "DDPJOB_METRICS_FILE"  # the trainer's metrics path (default: <snapshot dir>/metrics.jsonl)
+METRICS_NAME = "metrics.jsonl"  # the trainer's default metrics file name in the snapshot dir
+
+# Rendezvous timeouts for local runs. Agents on one machine start together and
+# talk over loopback, so waiting 30 s in last call for stragglers (torch's
+# default) only slows every restart; measured here: ~7-15 s per elastic event
+# with these, ~45 s with the defaults. joinSeconds and closeSeconds are kept.
+FAST_RDZV_TIMEOUTS = {"last_call_seconds": 3, "keep_alive_interval_seconds": 2, "keep_alive_max_attempts": 3}
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    """One node's torchrun agent: its argv and the environment the launch plan gives it."""
+
+    index: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """Everything a local run starts, and what it changed from the spec (to print)."""
+
+    job: str
+    rdzv_id: str
+    spec: DDPJobSpec
+    nodes: list[LocalNode]
+    snapshot_dir: Path | None
+    metrics_file: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def localize(value: str, mount_path: str | None, local_dir: Path | None) -> str:
+    """`value` with a leading `mount_path` (the path itself or below it) replaced by `local_dir`."""
+    if not mount_path or local_dir is None:
+        return value
+    root = mount_path.rstrip("/") or "/"
+    if value == root:
+        return str(local_dir)
+    prefix = root if root.endswith("/") else root + "/"
+    if value.startswith(prefix):
+        return str(local_dir / value[len(prefix):])
+    return value
+
+
+def local_spec(spec: DDPJobSpec, *, port: int | None, fast_rendezvous: bool) -> tuple[DDPJobSpec, list[str]]:
+    """The spec as a local run uses it, and one note per change.
+
+    Args:
+        spec: the parsed spec.
+        port: rendezvous port replacing spec.elasticPolicy.rdzvPort (c10d), None to keep it.
+        fast_rendezvous: shorten the rendezvous timeouts to FAST_RDZV_TIMEOUTS (never lengthen them).
+    """
+    ep, notes, update = spec.elastic_policy, [], {}
+    if ep.n_proc_per_node == "auto":
+        # In a Pod "auto" means one worker per GPU, else per CPU; local nodes share one machine.
+        update["n_proc_per_node"] = 1
+        notes.append('nProcPerNode "auto" -> 1 worker per local node')
+    if port is not None and ep.rdzv_backend == "c10d":
+        update["rdzv_port"] = port
+    if fast_rendezvous:
+        timeouts, shortened = _shortened(ep.rdzv_timeouts)
+        if shortened:
+            update["rdzv_timeouts"] = timeouts
+            notes.append("rendezvous timeouts shortened for a local run: " + ", ".join(shortened)
+                         + " (--spec-rdzv-timeouts keeps the spec's)")
+    if ep.rdzv_backend != "c10d":
+        notes.append(f"rdzvBackend {ep.rdzv_backend}: the nodes use the etcd at "
+                     f"{','.join(ep.rdzv_endpoints)}, which you run")
+    if not update:
+        return spec, notes
+    return spec.model_copy(update={"elastic_policy": ep.model_copy(update=update)}), notes
+
+
+def _shortened(timeouts):
+    changes, shortened = {}, []
+    for name, fast in FAST_RDZV_TIMEOUTS.items():
+        current = getattr(timeouts, name)
+        if current > fast:
+            changes[name] = fast
+            shortened.append(f"{_camel(name)} {current} -> {fast}")
+    return timeouts.model_copy(update=changes), shortened
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torchrun: str,
+               port: int | None = None, fast_rendezvous: bool = True) -> LocalPlan:
+    """One LocalNode per desired replica, from the Pods' launch plan.
+
+    Args:
+        job: metadata.name.
+        spec: the parsed spec.
+        rdzv_id: the rendezvous id, unique per run (a finished id cannot be reused).
+        run_dir: the run directory; snapshots go to `run_dir/snapshots`.
+        torchrun: path of the torchrun executable that replaces the Pods' `torchrun`.
+        port: see local_spec.
+        fast_rendezvous: see local_spec.
+
+    Raises:
+        launch.UnsupportedLocalEnvError: a spec.env entry uses valueFrom.
+    """
+    spec, notes = local_spec(spec, port=port, fast_rendezvous=fast_rendezvous)
+    mount = spec.snapshot.mount_path if spec.snapshot else None
+    snapshot_dir = run_dir / "snapshots" if spec.snapshot else None
+    nodes = []
+    for index in range(spec.desired_replicas):
+        launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
+                             rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None)
+        env = {name: localize(value, mount, snapshot_dir) for name, value in merged_env(launch, spec.env).items()}
+        if snapshot_dir is None:
+            # Without a snapshot volume the trainer has no default metrics path; the view needs one.
+            env.setdefault(ENV_METRICS_FILE, str(run_dir / METRICS_NAME))
+        argv = [torchrun, *(localize(arg, mount, snapshot_dir) for arg in launch.args)]
+        nodes.append(LocalNode(index, argv, env))
+    metrics = nodes[0].env.get(ENV_METRICS_FILE) or str(snapshot_dir / METRICS_NAME)
+    return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes)
+
+
+def inherited_env(environ: dict[str, str]) -> dict[str, str]:
+    """This shell's environment minus what would fight the launch plan.
+
+    A Pod starts from an empty environment; a local node inherits PATH, HOME and
+    the virtualenv, but not stray PET_* (torchrun flags) or DDPJOB_* variables.
+    """
+    return {k: v for k, v in environ.items() if not k.startswith(("PET_", "DDPJOB_", "TORCHELASTIC_"))}
+
+
+def rdzv_endpoint(plan: LocalPlan) -> str:
+    """The PET_RDZV_ENDPOINT every node of the plan uses."""
+    return plan.nodes[0].env["PET_RDZV_ENDPOINT"]
+

@@ -1,0 +1,94 @@
+"""What a local node's exit means for the run: the operator's failure policy, applied to processes.
+
+Pure: the decisions come from `ddpjob_operator.failure` (classify, starts_new_incident,
+budget_exhausted, backoff_seconds) exactly as status.py applies them to Pods, and the
+messages are the operator's (constants.MSG_*), so a local run fails for the same
+reasons, with the same words, as the job would on a cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+from datetime import datetime
+
+from .. import constants as C
+from ..failure import Outcome, backoff_seconds, budget_exhausted, classify, starts_new_incident
+from ..spec import FailurePolicy
+
+
+class Action(str, enum.Enum):
+    """What the runner does about one node's exit."""
+
+    FINISHED = "finished"  # the node exited 0: training is done
+    REPLACE = "replace"  # start the node again after `delay` seconds
+    FAIL = "fail"  # stop every node; the run failed
+    NONE = "none"  # nothing (a failure after training finished: nobody needs the node)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The action, its delay (REPLACE) and a message in the operator's words."""
+
+    action: Action
+    message: str
+    delay: float = 0.0
+
+
+def container_exit_code(returncode: int) -> int:
+    """Popen's returncode as a container runtime reports it: 128 + N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(index: int, code: int) -> str:
+    """'node 1 failed (exit code 137, SIGKILL)', the local twin of status._describe."""
+    detail = f"exit code {code}"
+    if code > 128:
+        try:
+            detail += f", {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"node {index} failed ({detail})"
+
+
+class FailureBudget:
+    """The run's failure incidents, counted as the operator counts them in the job status."""
+
+    def __init__(self, policy: FailurePolicy):
+        self.policy = policy
+        self.restarts = 0  # failure incidents so far (status.restarts)
+        self.incident_start: datetime | None = None  # status.lastFailureTime
+
+    def node_exited(self, index: int, code: int, *, started_at: datetime, failed_at: datetime,
+                    finished: bool = False) -> Decision:
+        """The decision for node `index` that exited with `code` (container convention).
+
+        Args:
+            started_at: when this incarnation of the node was started.
+            failed_at: when it exited.
+            finished: another node already exited 0 (training is over; nothing is replaced).
+        """
+        outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
+        if outcome == Outcome.SUCCEEDED:
+            return Decision(Action.FINISHED, f"node {index} finished (exit code 0)")
+        what = describe_exit(index, code)
+        if outcome == Outcome.PERMANENT:
+            return Decision(Action.FAIL, C.MSG_PERMANENT_ERROR.format(what=what))
+        if finished:
+            return Decision(Action.NONE, f"{what} after training finished; not replaced")
+        if starts_new_incident(failed_at, started_at, self.incident_start):
+            self.restarts += 1
+            self.incident_start = failed_at
+        if budget_exhausted(self.restarts, self.policy.max_restarts):
+            return Decision(Action.FAIL, C.MSG_RESTARTS_EXHAUSTED.format(
+                restarts=self.restarts, max=self.policy.max_restarts))
+        message = C.MSG_NODE_FAILED.format(what=what, restarts=self.restarts, max=self.policy.max_restarts)
+        return Decision(Action.REPLACE, message, self.replacement_delay(failed_at))
+
+    def replacement_delay(self, now: datetime) -> float:
+        """Seconds until a replacement may start: the backoff counted from the incident's start."""
+        if self.restarts == 0 or self.incident_start is None:
+            return 0.0
+        wait = backoff_seconds(self.restarts, self.policy.backoff_seconds, self.policy.max_backoff_seconds)
+        return max(0.0, wait - (now - self.incident_start).total_seconds())

@@ -1,0 +1,137 @@
+"""A local node's processes: start its torchrun agent, kill or stop everything it started.
+
+torchrun starts each worker in a new session (its own process group), so
+signalling the agent's group does not reach the workers, and killing only the
+agent orphans them. Every process of a node therefore carries a marker in its
+environment (inherited by workers and their children); the node's process
+tree is the agent's group plus every process with that marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .plan import LocalNode
+from .policy import container_exit_code
+
+MARKER_ENV = "DDPJOB_LOCAL_NODE"  # marks every process of one incarnation of a local node
+STOP_GRACE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long (torchrun forwards SIGTERM to workers)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on host:port (binding it fails with EADDRINUSE)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are not "busy"
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment has MARKER_ENV=marker."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        if state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)  # workers lead their own groups
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+@dataclass
+class NodeProcess:
+    """One incarnation of a local node: the torchrun agent and everything it started."""
+
+    index: int
+    process: subprocess.Popen
+    marker: str
+    log_path: Path
+    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    started_mono: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def start(cls, node: LocalNode, base_env: dict[str, str], log_path: Path, marker: str,
+              cwd: Path | None = None) -> NodeProcess:
+        """Starts node's agent as the leader of a new session, output appended to log_path."""
+        env = {**base_env, **node.env, MARKER_ENV: marker}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(node.argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        return cls(node.index, process, marker, log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        """The agent's exit code in the container convention (137 = SIGKILL), None while it runs."""
+        code = self.process.poll()
+        return None if code is None else container_exit_code(code)
+
+    def kill(self) -> None:
+        """SIGKILL the whole node at once, as when its machine dies: agent group, then workers."""
+        workers = marked_pids(self.marker)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        _signal_all(workers, signal.SIGKILL)
+        _signal_all(marked_pids(self.marker), signal.SIGKILL)  # anything spawned meanwhile
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def terminate(self) -> None:
+        """SIGTERM the agent's group: torchrun then stops its workers itself."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+
+    def leftovers(self) -> list[int]:
+        """Processes of this node still alive (orphaned workers after the agent died)."""
+        return marked_pids(self.marker)
+
+
+def stop_all(nodes: list[NodeProcess], grace: float = STOP_GRACE_SECONDS) -> None:
+    """Stops every node: SIGTERM all at once, SIGKILL whatever is left after `grace` seconds."""
+    for node in nodes:
+        node.terminate()
+    deadline = time.monotonic() + grace
+    for node in nodes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(timeout=max(0.05, deadline - time.monotonic()))
+    while time.monotonic() < deadline and any(node.leftovers() for node in nodes):
+        time.sleep(0.1)
+    for node in nodes:
+        node.kill()

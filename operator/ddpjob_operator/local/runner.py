@@ -1,0 +1,268 @@
+"""The local run loop: start the nodes, watch them and the metrics, apply the failure policy.
+
+One pass every POLL_SECONDS: read new metrics lines, inject the requested kill,
+reap exited nodes and act on the failure policy's decision (replace after the
+backoff, or fail the run), start replacements that are due, and stop nodes left
+running after training finished. Everything the runner does is appended to
+`events.jsonl` in the run directory (one JSON object per line with `time`, the
+run clock `t` in seconds, `event`, and `node` where one is concerned):
+
+    started  {node, pid, start}                 an agent was started (start > 1: a replacement)
+    killed   {node, pid, why}                   the injected failure (SIGKILL of the node's tree)
+    exited   {node, code, action, message, incidents, replace_at}
+    stopped  {node, why}                        stopped by the runner
+    phase    {phase, message}                   Running, Restarting, Succeeded, Failed, Interrupted
+
+Run directory: `snapshots/` (spec.snapshot.mountPath of the Pods), `logs/node-<i>.log`
+(every incarnation of node i, appended), `launch.json` (each node's argv and the
+launch plan's environment) and `events.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from .plan import LocalPlan, inherited_env
+from .policy import Action, FailureBudget
+from .procs import NodeProcess, stop_all
+from .state import RunState, apply_metric, apply_node_event, parse_lines
+from .summary import Summary, summarize
+from .view import LiveView, PlainView
+
+POLL_SECONDS = 0.2  # how often nodes and metrics are checked
+REFRESH_SECONDS = 0.5  # how often the live table is redrawn
+FINISH_GRACE_SECONDS = 30.0  # after a node finished, others still running this long are stopped
+# (a replacement still waiting in a rendezvous that already closed would otherwise wait joinSeconds)
+
+PHASE_INTERRUPTED = "Interrupted"  # local only: Ctrl-C or SIGTERM stopped the run
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: the injected failure and the view."""
+
+    kill_after: float | None = None  # SIGKILL a node this many seconds after the first training step
+    kill_node: int | None = None  # which node (default: the highest index, so not node 0)
+    live: bool = False  # live table (a TTY) instead of plain lines
+    finish_grace: float = FINISH_GRACE_SECONDS
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How the run ended."""
+
+    phase: str  # Succeeded, Failed or Interrupted
+    message: str
+    summary: Summary
+
+
+class Journal:
+    """events.jsonl: the runner's events with wall time and run clock."""
+
+    def __init__(self, path: Path, clock):
+        self.path, self.clock = path, clock
+        self._handle = open(path, "a", encoding="utf-8")
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                  "t": round(self.clock(), 3), "event": event, **fields}
+        self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+        return record
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class MetricsFollower:
+    """Reads the lines appended to the metrics file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.rest = path, 0, ""
+
+    def new_events(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+                self.offset = handle.tell()
+        except FileNotFoundError:
+            return []
+        events, self.rest = parse_lines(self.rest + chunk)
+        return events
+
+
+class Runner:
+    """Runs a LocalPlan to its end; `run()` returns the RunResult."""
+
+    def __init__(self, plan: LocalPlan, run_dir: Path, options: RunOptions, out: TextIO):
+        self.plan, self.run_dir, self.options = plan, run_dir, options
+        self.t0 = time.monotonic()
+        self.view = LiveView(out) if options.live else PlainView(out)
+        self.state = RunState.new(plan.job, len(plan.nodes), plan.spec.failure_policy.max_restarts)
+        self.budget = FailureBudget(plan.spec.failure_policy)
+        self.metrics = MetricsFollower(plan.metrics_file)
+        self.journal = Journal(run_dir / "events.jsonl", self.clock)
+        self.base_env = inherited_env(dict(os.environ))
+        self.procs: dict[int, NodeProcess] = {}  # running incarnations by node index
+        self.due: dict[int, float] = {}  # node index -> run-clock second its replacement starts
+        self.first_step: float | None = None
+        self.killed = False
+        self.finished_at: float | None = None
+        self.failure: str | None = None
+
+    def clock(self) -> float:
+        """Seconds since the run started."""
+        return time.monotonic() - self.t0
+
+    def run(self) -> RunResult:
+        self._write_launch()
+        phase, message = PHASE_INTERRUPTED, "interrupted (Ctrl-C or SIGTERM): every node was stopped"
+        try:
+            for node in self.plan.nodes:
+                self._start(node.index)
+            phase, message = self._loop()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self._stop_everything()
+        self._event("phase", phase=phase, message=message)
+        self._read_metrics()
+        self.view.close(self.state, self.clock())
+        self.journal.close()
+        return RunResult(phase, message, summarize(self.plan.metrics_file))
+
+    # -- the loop ---------------------------------------------------------------
+
+    def _loop(self) -> tuple[str, str]:
+        last_refresh = -REFRESH_SECONDS
+        while True:
+            self._read_metrics()
+            self._maybe_kill()
+            self._reap()
+            if self.failure:
+                return "Failed", self.failure
+            self._start_due()
+            self._stop_stragglers()
+            if not self.procs and not self.due:
+                return "Succeeded", f"training finished; {self.budget.restarts} failure incident(s) recovered from"
+            if self.clock() - last_refresh >= REFRESH_SECONDS:
+                last_refresh = self.clock()
+                self.view.refresh(self.state, last_refresh)
+            time.sleep(POLL_SECONDS)
+
+    def _read_metrics(self) -> None:
+        for event in self.metrics.new_events():
+            if event.get("event") == "step" and self.first_step is None:
+                self.first_step = self.clock()
+                self._set_phase("Running")
+            line = apply_metric(self.state, event)
+            if line:
+                self.view.log(self.clock(), line)
+        if self.state.phase == "Restarting" and not self.due and self.first_step is not None:
+            if all(n.state == "running" for n in self.state.nodes.values() if n.index in self.procs):
+                self._set_phase("Running")
+
+    def _maybe_kill(self) -> None:
+        opts = self.options
+        if opts.kill_after is None or self.killed or self.first_step is None:
+            return
+        if self.clock() < self.first_step + opts.kill_after:
+            return
+        index = opts.kill_node if opts.kill_node is not None else len(self.plan.nodes) - 1
+        proc = self.procs.get(index)
+        if proc is None:
+            return  # not running right now (backoff): try again on the next pass
+        self.killed = True
+        self._event("killed", node=index, pid=proc.pid, why=f"--kill-node-after {opts.kill_after:g}")
+        proc.kill()
+
+    def _reap(self) -> None:
+        for index, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self.procs[index]
+            proc.kill()  # workers an agent left behind, if any
+            decision = self.budget.node_exited(index, code, started_at=proc.started_at,
+                                               failed_at=datetime.now(timezone.utc),
+                                               finished=self.finished_at is not None)
+            message, replace_at = decision.message, None
+            if decision.action == Action.REPLACE:
+                replace_at = self.clock() + decision.delay
+                self.due[index] = replace_at
+                message += f"; replacing it in {decision.delay:.0f} s"
+                self._set_phase("Restarting")
+            elif decision.action == Action.FINISHED and self.finished_at is None:
+                self.finished_at = self.clock()
+                self.due.clear()  # the rendezvous is closed: replacements could never join
+            elif decision.action == Action.FAIL:
+                self.failure = decision.message
+            self._event("exited", node=index, code=code, action=decision.action.value, message=message,
+                        incidents=self.budget.restarts, replace_at=replace_at)
+
+    def _start_due(self) -> None:
+        for index, at in list(self.due.items()):
+            if self.clock() >= at:
+                del self.due[index]
+                self._start(index)
+
+    def _stop_stragglers(self) -> None:
+        if self.finished_at is None or self.clock() < self.finished_at + self.options.finish_grace:
+            return
+        for index, proc in list(self.procs.items()):
+            stop_all([proc])
+            del self.procs[index]
+            self._event("stopped", node=index, why="training finished without it")
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _start(self, index: int) -> None:
+        node = self.plan.nodes[index]
+        start = self.state.nodes[index].starts + 1
+        log_path = self.run_dir / "logs" / f"node-{index}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"=== ddpjob run: node {index}, start {start}: {' '.join(node.argv)}\n")
+        marker = f"{self.plan.rdzv_id}.node-{index}.{start}"
+        proc = NodeProcess.start(node, self.base_env, log_path, marker)
+        self.procs[index] = proc
+        self._event("started", node=index, pid=proc.pid, start=start)
+
+    def _stop_everything(self) -> None:
+        """Stops every node; a second Ctrl-C cannot cut this short and leave orphans."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            running = list(self.procs.values())
+            stop_all(running)
+            for proc in running:
+                self._event("stopped", node=proc.index, why="the run ended")
+            self.procs.clear()
+            self.due.clear()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
+
+    def _set_phase(self, phase: str) -> None:
+        if self.state.phase != phase:
+            self._event("phase", phase=phase)
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        record = self.journal.write(kind, **fields)
+        line = apply_node_event(self.state, record)
+        if line and kind != "phase" or kind == "phase" and fields.get("message"):
+            self.view.log(record["t"], line)
+
+    def _write_launch(self) -> None:
+        nodes = [{"node": n.index, "argv": n.argv, "env": n.env} for n in self.plan.nodes]
+        (self.run_dir / "launch.json").write_text(json.dumps(
+            {"job": self.plan.job, "rdzv_id": self.plan.rdzv_id, "nodes": nodes}, indent=2) + "\n")
