@@ -42,11 +42,18 @@ def load_job(path: str) -> dict[str, Any]:
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:
-        raise BadInput(f"{path} is not valid YAML: {e}") from None
+        raise BadInput(f"{path} is not valid YAML: {_yaml_problem(e)}") from None
     jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == constants.KIND]
     if len(jobs) != 1:
         raise BadInput(f"{path} must hold exactly one document with kind: {constants.KIND} (found {len(jobs)})")
     return jobs[0]
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's problem and position on one line (its own text quotes the source over several)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else problem
 
 
 def validate(path: str) -> int:

@@ -1,0 +1,134 @@
+"""The local launch plan: the Pods' command and environment, moved onto this machine."""
+from pathlib import Path
+
+import pytest
+
+from ddpjob_operator.launch import UnsupportedLocalEnvError
+from ddpjob_operator.local.plan import FAST_RDZV_TIMEOUTS, inherited_env, local_plan, local_spec, localize
+from ddpjob_operator.render import render_pod
+from ddpjob_operator.spec import JobRef, parse_spec
+from tests.operator.builders import make_spec
+
+RUN = Path("/tmp/run")
+SNAP = RUN / "snapshots"
+
+
+def spec_of(**fields):
+    fields.setdefault("snapshot", {"mountPath": "/snapshots"})
+    return parse_spec(make_spec(**fields))
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("/snapshots", str(SNAP)),
+    ("/snapshots/", str(SNAP)),
+    ("/snapshots/metrics.jsonl", str(SNAP / "metrics.jsonl")),
+    ("/snapshots/a/b", str(SNAP / "a" / "b")),
+    ("/snapshots-old/x", "/snapshots-old/x"),  # a sibling with the same prefix is not under the mount
+    ("/data/snapshots", "/data/snapshots"),
+    ("snapshots", "snapshots"),
+    ("--epochs", "--epochs"),
+])
+def test_localize_rewrites_paths_under_the_mount_path_only(value, expected):
+    assert localize(value, "/snapshots", SNAP) == expected
+
+
+def test_localize_keeps_values_when_the_job_has_no_snapshot_volume():
+    assert localize("/snapshots/x", None, None) == "/snapshots/x"
+
+
+def plan_of(spec, **kwargs):
+    return local_plan("mlp", spec, rdzv_id="mlp-run-1", run_dir=RUN, torchrun="/venv/bin/torchrun", **kwargs)
+
+
+def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
+    spec = spec_of(replicas=2, env=[{"name": "FOO", "value": "bar"}])
+    plan = plan_of(spec, port=29555)
+    ref = JobRef(name="mlp", namespace="team-a", uid="uid-1")
+    for index, node in enumerate(plan.nodes):
+        pod_env = {e["name"]: e.get("value") for e in render_pod(ref, spec, index)["spec"]["containers"][0]["env"]}
+        differ = {k for k in pod_env.keys() | node.env.keys() if pod_env.get(k) != node.env.get(k)}
+        assert differ == {"PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_NPROC_PER_NODE",
+                          "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE"}
+        assert node.env["PET_RDZV_ENDPOINT"] == "127.0.0.1:29555"
+        assert node.env["PET_RDZV_ID"] == "mlp-run-1"
+        assert node.env["DDPJOB_SNAPSHOT_DIR"] == str(SNAP)
+        assert node.env["DDPJOB_NODE_INDEX"] == str(index) and node.env["FOO"] == "bar"
+
+
+def test_the_command_is_the_pods_args_behind_the_local_torchrun_with_mount_paths_rewritten():
+    spec = spec_of(args=["--epochs", "2", "--metrics-file", "/snapshots/m.jsonl"])
+    node = plan_of(spec).nodes[0]
+    assert node.argv == ["/venv/bin/torchrun", "-m", "ddpjob_trainer.examples.mlp",
+                         "--epochs", "2", "--metrics-file", str(SNAP / "m.jsonl")]
+
+
+def test_env_values_under_the_mount_path_point_into_the_run_directory():
+    spec = spec_of(env=[{"name": "DDPJOB_METRICS_FILE", "value": "/snapshots/m.jsonl"},
+                        {"name": "CACHE", "value": "/cache"}])
+    plan = plan_of(spec)
+    assert plan.nodes[0].env["DDPJOB_METRICS_FILE"] == str(SNAP / "m.jsonl")
+    assert plan.nodes[0].env["CACHE"] == "/cache"
+    assert plan.metrics_file == SNAP / "m.jsonl"
+
+
+def test_metrics_default_to_the_trainers_path_in_the_snapshot_dir():
+    assert plan_of(spec_of()).metrics_file == SNAP / "metrics.jsonl"
+
+
+def test_a_job_without_a_snapshot_volume_gets_a_metrics_file_in_the_run_directory():
+    plan = plan_of(parse_spec(make_spec()))
+    assert plan.snapshot_dir is None and "DDPJOB_SNAPSHOT_DIR" not in plan.nodes[0].env
+    assert plan.nodes[0].env["DDPJOB_METRICS_FILE"] == str(RUN / "metrics.jsonl")
+
+
+def test_an_env_entry_with_value_from_is_refused_with_its_name():
+    spec = spec_of(env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
+    with pytest.raises(UnsupportedLocalEnvError, match=r"spec.env\[0\] \(TOKEN\) uses valueFrom"):
+        plan_of(spec)
+
+
+def test_fast_rendezvous_shortens_the_timeouts_and_says_so():
+    spec, notes = local_spec(spec_of(), port=None, fast_rendezvous=True)
+    timeouts = spec.elastic_policy.rdzv_timeouts
+    assert {k: getattr(timeouts, k) for k in FAST_RDZV_TIMEOUTS} == FAST_RDZV_TIMEOUTS
+    assert timeouts.join_seconds == 600  # not a restart cost: kept
+    assert any("lastCallSeconds 30 -> 3" in note for note in notes)
+
+
+def test_fast_rendezvous_never_lengthens_a_shorter_timeout():
+    spec = spec_of(elasticPolicy={"rdzvTimeouts": {"lastCallSeconds": 1, "keepAliveIntervalSeconds": 1}})
+    local, notes = local_spec(spec, port=None, fast_rendezvous=True)
+    assert local.elastic_policy.rdzv_timeouts.last_call_seconds == 1
+    assert local.elastic_policy.rdzv_timeouts.keep_alive_interval_seconds == 1
+    assert not any("lastCallSeconds" in note for note in notes)
+
+
+def test_spec_timeouts_are_kept_on_request():
+    spec = spec_of()
+    local, notes = local_spec(spec, port=None, fast_rendezvous=False)
+    assert local.elastic_policy.rdzv_timeouts == spec.elastic_policy.rdzv_timeouts
+    assert "last_call_timeout=30" in plan_of(spec, fast_rendezvous=False).nodes[0].env["PET_RDZV_CONF"]
+
+
+@pytest.mark.parametrize("nproc, expected", [("auto", "1"), (3, "3"), ("gpu", "gpu")])
+def test_nproc_auto_means_one_worker_per_local_node(nproc, expected):
+    spec = spec_of(elasticPolicy={"nProcPerNode": nproc},
+                   resources={"limits": {"nvidia.com/gpu": 1}})
+    assert plan_of(spec).nodes[0].env["PET_NPROC_PER_NODE"] == expected
+
+
+def test_etcd_jobs_keep_the_specs_endpoints_and_say_the_user_runs_etcd():
+    spec = spec_of(elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["127.0.0.1:2379"]})
+    plan = plan_of(spec, port=1234)
+    assert plan.nodes[0].env["PET_RDZV_ENDPOINT"] == "127.0.0.1:2379"
+    assert any("which you run" in note for note in plan.notes)
+
+
+def test_one_node_per_desired_replica():
+    assert [n.index for n in plan_of(spec_of(replicas=3, max_replicas=4)).nodes] == [0, 1, 2]
+
+
+def test_inherited_env_drops_variables_that_would_fight_the_launch_plan():
+    env = inherited_env({"PATH": "/bin", "PET_STANDALONE": "1", "DDPJOB_METRICS_FILE": "/x",
+                         "TORCHELASTIC_RUN_ID": "old", "HOME": "/root"})
+    assert env == {"PATH": "/bin", "HOME": "/root"}

@@ -1,0 +1,80 @@
+"""A local node's exit goes through the operator's failure policy, with the operator's messages."""
+import pytest
+
+from ddpjob_operator.local.policy import Action, FailureBudget, container_exit_code, describe_exit
+from ddpjob_operator.spec import FailurePolicy
+from tests.operator.builders import at
+
+
+def budget(**policy):
+    return FailureBudget(FailurePolicy(**policy))
+
+
+@pytest.mark.parametrize("returncode, code", [(0, 0), (1, 1), (-9, 137), (-15, 143)])
+def test_death_by_signal_reads_as_a_container_exit_code(returncode, code):
+    assert container_exit_code(returncode) == code
+
+
+def test_exit_descriptions_name_the_node_the_code_and_the_signal():
+    assert describe_exit(1, 137) == "node 1 failed (exit code 137, SIGKILL)"
+    assert describe_exit(0, 1) == "node 0 failed (exit code 1)"
+
+
+def test_exit_0_finishes():
+    decision = budget().node_exited(0, 0, started_at=at(0), failed_at=at(50))
+    assert decision.action == Action.FINISHED
+
+
+def test_a_permanent_exit_code_fails_the_run_at_once_without_using_the_budget():
+    b = budget(permanent_exit_codes=[126, 127])
+    decision = b.node_exited(1, 127, started_at=at(0), failed_at=at(5))
+    assert decision.action == Action.FAIL
+    assert decision.message == ("node 1 failed (exit code 127); "
+                                "the code is in spec.failurePolicy.permanentExitCodes")
+    assert b.restarts == 0
+
+
+def test_a_retryable_failure_is_replaced_after_the_backoff_and_counted():
+    b = budget(backoff_seconds=10, max_backoff_seconds=300)
+    decision = b.node_exited(1, 137, started_at=at(0), failed_at=at(30))
+    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 10.0, 1)
+    assert decision.message == ("node 1 failed (exit code 137, SIGKILL); "
+                                "failure incident 1 of spec.failurePolicy.maxRestarts (5)")
+
+
+def test_the_backoff_doubles_with_each_new_incident_and_is_capped():
+    b = budget(backoff_seconds=10, max_backoff_seconds=25)
+    delays = []
+    for n in range(3):
+        start = at(100 * n)
+        delays.append(b.node_exited(1, 1, started_at=start, failed_at=at(100 * n + 50)).delay)
+    assert delays == [10.0, 20.0, 25.0]
+
+
+def test_nodes_failing_together_are_one_incident_and_share_its_backoff():
+    b = budget(backoff_seconds=10)
+    first = b.node_exited(0, 1, started_at=at(0), failed_at=at(100))
+    second = b.node_exited(1, 1, started_at=at(0), failed_at=at(102))  # the store host's cascade
+    assert b.restarts == 1
+    assert (first.delay, second.delay) == (10.0, 8.0)
+
+
+def test_a_replacement_that_fails_again_is_a_new_incident():
+    b = budget()
+    b.node_exited(1, 1, started_at=at(0), failed_at=at(100))
+    b.node_exited(1, 1, started_at=at(110), failed_at=at(112))
+    assert b.restarts == 2
+
+
+def test_one_incident_more_than_max_restarts_fails_the_run():
+    b = budget(max_restarts=1)
+    assert b.node_exited(1, 1, started_at=at(0), failed_at=at(100)).action == Action.REPLACE
+    decision = b.node_exited(1, 1, started_at=at(110), failed_at=at(200))
+    assert decision.action == Action.FAIL
+    assert decision.message == "2 failure incidents exceed spec.failurePolicy.maxRestarts (1)"
+
+
+def test_a_failure_after_training_finished_is_not_replaced_nor_counted():
+    b = budget()
+    decision = b.node_exited(1, 143, started_at=at(0), failed_at=at(100), finished=True)
+    assert decision.action == Action.NONE and b.restarts == 0
