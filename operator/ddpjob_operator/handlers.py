@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import constants as C
-from ddpjob_operator import kube, metrics
+from ddpjob_operator import etcd_cleanup, kube, metrics
 from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
 from ddpjob_operator.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render import selector
@@ -108,8 +108,9 @@ class JobPasses:
             self.schedule(key, ERROR_RETRY_SECONDS)
 
 
-async def run_pass(api: kube.Kube, key: JobKey) -> PassOutcome:
-    """One pass over one job."""
+async def run_pass(api: kube.Kube, key: JobKey,
+                   cleaner: etcd_cleanup.RendezvousCleaner | None = None) -> PassOutcome:
+    """One pass over one job; a finished etcd-v3 job's rendezvous keys are deleted after it."""
     namespace, name = key
     with metrics.timed_pass():
         job = await api.get_job(namespace, name)
@@ -123,6 +124,8 @@ async def run_pass(api: kube.Kube, key: JobKey) -> PassOutcome:
         requeue = await _apply(api, job, pods, result)
         await _record(api, job, result)
     metrics.observe_job(namespace, name, result.status.get("phase"))
+    if cleaner is not None:  # outside the pass timer: an unreachable etcd may take a while
+        await cleaner.after_pass(job, pods, result.status)
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
 
 
@@ -187,7 +190,8 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig was found")
     memo.api = kube.Kube(info)
-    memo.passes = JobPasses(lambda key: run_pass(memo.api, key))
+    memo.cleaner = etcd_cleanup.RendezvousCleaner(memo.api)
+    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner))
 
 
 @kopf.on.cleanup()
@@ -203,6 +207,12 @@ async def job_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> N
     outcome = await memo.passes.run_now((namespace, name))
     if outcome.invalid:  # reported in status and an Event by the pass; retrying cannot fix it
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
+
+
+@kopf.on.delete(C.GROUP, C.VERSION, C.PLURAL, when=etcd_cleanup.needs_finalizer)
+async def job_deleted(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
+    """An etcd-v3 job is being deleted: delete its rendezvous keys (bounded; see etcd_cleanup)."""
+    await memo.cleaner.on_delete(body, retry)
 
 
 @kopf.on.event("", "v1", "pods", labels={C.LABEL_MANAGED_BY: C.MANAGED_BY, C.LABEL_JOB_NAME: kopf.PRESENT})

@@ -152,6 +152,15 @@ class Kube:
             raise
         return True
 
+    async def get_secret(self, namespace: str, name: str) -> dict | None:
+        """A Secret (its ``data`` base64-encoded, as the API returns it); None when it does not exist."""
+        try:
+            return await self.request("GET", object_path("v1", "secrets", namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
     async def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
         result = await self.request("GET", object_path("v1", "pods", namespace),
                                     params={"labelSelector": label_selector})

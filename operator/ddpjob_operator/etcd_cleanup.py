@@ -1,0 +1,209 @@
+"""Deletes a job's etcd rendezvous keys when it finishes and when it is deleted; best effort, bounded.
+
+Only ``etcd-v3`` jobs are cleaned: their keys live under ``/ddpjob/rdzv/<uid>/``
+(``ddpjob_rdzv.keys``, the one definition the trainer's backend uses too).
+torch's ``etcd`` backend writes etcd's v2 store, which the v3 client cannot
+reach, and puts TTLs on its keys itself; c10d keeps nothing outside the pods.
+
+When, and why it is safe to give up:
+
+* **On finish**: after a pass that left the job Succeeded or Failed with no node
+  pod still active (deleting the keys under a live agent would restart its
+  rendezvous). One attempt per job per operator process; a failure is a
+  Warning Event, and the deletion tries again.
+* **On delete**: a kopf finalizer, added only to etcd-v3 jobs, runs
+  :meth:`RendezvousCleaner.on_delete`. It makes at most ``DELETE_ATTEMPTS``
+  attempts of at most ``timeout`` seconds each, then releases the finalizer even
+  when every attempt failed, so an unreachable etcd delays a deletion by about
+  ``DELETE_ATTEMPTS * (timeout + RETRY_DELAY_SECONDS)`` seconds, never forever.
+
+Giving up leaks nothing for long: every key carries the writing agent's lease
+(``lease_ttl``, 2 h by default) and disappears when it expires.
+
+The etcd client is blocking (gRPC), so each attempt runs in a worker thread,
+with the client's own ``read_timeout`` as the bound.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from ddpjob_operator import constants as C
+from ddpjob_operator import kube
+from ddpjob_operator.pods import is_active
+from ddpjob_operator.spec import DDPJobSpec, validate_job
+from ddpjob_rdzv import keys
+from ddpjob_rdzv.settings import CREDENTIAL_FILES
+
+logger = logging.getLogger("ddpjob_operator")
+
+BACKEND = "etcd-v3"  # the backend whose keys the operator can delete (etcd v3 API)
+TIMEOUT_ENV = "DDPJOB_RDZV_CLEANUP_TIMEOUT_SECONDS"  # overrides DEFAULT_TIMEOUT_SECONDS (tests, slow etcd)
+DEFAULT_TIMEOUT_SECONDS = 10  # one attempt: how long the client keeps failing over between endpoints
+DELETE_ATTEMPTS = 3  # attempts before a deletion gives up and releases the finalizer
+RETRY_DELAY_SECONDS = 2.0  # pause between attempts on deletion
+
+REASON_CLEANED = "RendezvousKeysDeleted"  # Normal: the job's etcd keys were deleted
+REASON_CLEANUP_FAILED = "RendezvousCleanupFailed"  # Warning: they could not be (etcd down, bad credentials)
+
+
+@dataclass(frozen=True)
+class CleanupTarget:
+    """Where a job's rendezvous keys are and how to authenticate."""
+
+    endpoints: tuple[str, ...]
+    run_id: str  # metadata.uid, the job's --rdzv_id
+    secret_name: str | None  # spec.elasticPolicy.rdzvSecretName
+
+    @property
+    def prefix(self) -> str:
+        return keys.run_prefix(self.run_id)
+
+
+def cleanup_target(body: Mapping[str, Any]) -> CleanupTarget | None:
+    """The keys of an etcd-v3 job; None for other backends, an invalid spec or a job without a uid."""
+    uid = (body.get("metadata") or {}).get("uid")
+    if not uid or validate_job(body):
+        return None
+    ep = DDPJobSpec.model_validate(body.get("spec") or {}).elastic_policy
+    if ep.rdzv_backend != BACKEND:
+        return None
+    return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name)
+
+
+def needs_finalizer(body: Mapping[str, Any], **_: Any) -> bool:
+    """kopf ``when=`` filter: only etcd-v3 jobs get the deletion finalizer (a plain c10d job is never held up)."""
+    return cleanup_target(body) is not None
+
+
+def due_on_finish(status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Finished, and no node pod still runs an agent that would miss its rendezvous state."""
+    return status.get("phase") in C.FINISHED_PHASES and not any(is_active(p) for p in pods)
+
+
+def timeout_seconds() -> float:
+    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_SECONDS)
+
+
+class CleanupError(Exception):
+    """The keys could not be deleted; the message says where, why, and what happens to them."""
+
+
+def write_credentials(secret: Mapping[str, Any], directory: Path) -> None:
+    """The Secret's documented keys as files, the layout the pods see at the Secret's mount."""
+    data = secret.get("data") or {}
+    for name in CREDENTIAL_FILES:
+        if data.get(name):
+            path = directory / name
+            path.write_bytes(base64.b64decode(data[name]))
+            path.chmod(0o600)
+
+
+def delete_keys(target: CleanupTarget, credentials_dir: str | None, timeout: float) -> int:
+    """Blocking: deletes the run's keys (see ddpjob_rdzv.cleanup); returns how many were deleted."""
+    from ddpjob_rdzv.cleanup import delete_rendezvous  # imports etcd3 and protobuf on first use only
+
+    options: dict[str, Any] = {"read_timeout": max(1, int(timeout))}
+    if credentials_dir:
+        options["credentials_dir"] = credentials_dir
+    return delete_rendezvous(list(target.endpoints), target.run_id, **options)
+
+
+class RendezvousCleaner:
+    """Runs the cleanups of one operator process and remembers the jobs already cleaned."""
+
+    def __init__(self, api: kube.Kube):
+        self._api = api
+        self._tried_on_finish: set[str] = set()  # uids whose finish cleanup ran (once per process)
+        self._cleaned: set[str] = set()  # uids whose keys this process deleted
+
+    async def after_pass(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]],
+                         status: Mapping[str, Any]) -> None:
+        """Once per finished job: delete its keys; a failure is a Warning Event, deletion retries."""
+        target = cleanup_target(job)
+        if target is None or target.run_id in self._tried_on_finish or not due_on_finish(status, pods):
+            return
+        self._tried_on_finish.add(target.run_id)  # one attempt per process, even if it fails
+        try:
+            await self._clean(job, target)
+        except CleanupError as e:
+            await self._event(job, C.EVENT_WARNING, REASON_CLEANUP_FAILED,
+                              f"{e}; the operator tries again when the job is deleted")
+
+    async def on_delete(self, job: Mapping[str, Any], retry: int) -> None:
+        """The finalizer's work; raises TemporaryError to retry, returns (releasing it) after the last attempt."""
+        target = cleanup_target(job)
+        if target is None:
+            return
+        if target.run_id not in self._cleaned:  # already done when the job finished
+            try:
+                await self._clean(job, target)
+            except CleanupError as e:
+                attempt = retry + 1
+                if attempt < DELETE_ATTEMPTS:
+                    logger.info("Rendezvous cleanup of %s failed (attempt %d of %d): %s",
+                                job["metadata"]["name"], attempt, DELETE_ATTEMPTS, e)
+                    raise kopf.TemporaryError(str(e), delay=RETRY_DELAY_SECONDS) from e
+                await self._event(job, C.EVENT_WARNING, REASON_CLEANUP_FAILED,
+                                  f"{e}; gave up after {DELETE_ATTEMPTS} attempts so that the deletion "
+                                  f"completes; the keys expire with their lease (rdzv_conf lease_ttl)")
+        self._forget(target.run_id)
+
+    async def _clean(self, job: Mapping[str, Any], target: CleanupTarget) -> None:
+        timeout = timeout_seconds()
+        with tempfile.TemporaryDirectory(prefix="ddpjob-rdzv-") as directory:  # mode 0700
+            credentials = await self._credentials(job, target, Path(directory))
+            try:
+                deleted = await asyncio.wait_for(
+                    asyncio.to_thread(delete_keys, target, credentials, timeout), timeout + 5)
+            except Exception as e:  # noqa: BLE001 - any failure (unreachable, refused, bad settings) is reported
+                raise CleanupError(self._failure(target, e)) from e
+        self._cleaned.add(target.run_id)
+        await self._event(job, C.EVENT_NORMAL, REASON_CLEANED,
+                          f"deleted {deleted} etcd key(s) of the rendezvous under {target.prefix} "
+                          f"at {','.join(target.endpoints)}")
+
+    async def _credentials(self, job: Mapping[str, Any], target: CleanupTarget, directory: Path) -> str | None:
+        if not target.secret_name:
+            return None
+        namespace = job["metadata"]["namespace"]
+        try:
+            secret = await self._api.get_secret(namespace, target.secret_name)
+        except (kube.ApiError, kopf.TemporaryError) as e:
+            raise CleanupError(f"could not read Secret {namespace}/{target.secret_name} "
+                               f"(spec.elasticPolicy.rdzvSecretName) to delete the rendezvous keys "
+                               f"under {target.prefix}: {e}") from e
+        if secret is None:
+            raise CleanupError(f"Secret {namespace}/{target.secret_name} (spec.elasticPolicy.rdzvSecretName) "
+                               f"does not exist, so the rendezvous keys under {target.prefix} could not be "
+                               f"deleted: create it with keys {', '.join(CREDENTIAL_FILES)} as needed")
+        write_credentials(secret, directory)
+        return str(directory)
+
+    def _forget(self, uid: str) -> None:
+        """The job is gone (or about to be): its bookkeeping may go too."""
+        self._tried_on_finish.discard(uid)
+        self._cleaned.discard(uid)
+
+    @staticmethod
+    def _failure(target: CleanupTarget, error: BaseException) -> str:
+        reason = str(error) or type(error).__name__
+        return (f"could not delete the etcd rendezvous keys under {target.prefix} at "
+                f"{','.join(target.endpoints)} (spec.elasticPolicy.rdzvEndpoints): {reason}")
+
+    async def _event(self, job: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        log = logger.warning if event_type == C.EVENT_WARNING else logger.info
+        log("%s/%s: %s", job["metadata"].get("namespace"), job["metadata"]["name"], message)
+        try:
+            await self._api.post_event(job, event_type, reason, message)
+        except (kube.ApiError, kopf.TemporaryError) as e:  # a lost Event must not fail a pass or a deletion
+            logger.warning("Could not post the %s Event about %s: %s", reason, job["metadata"]["name"], e)
