@@ -1,0 +1,561 @@
+"""A one-machine "node" for end-to-end tests: runs the emulator's pods as local processes.
+
+The API emulator stores pods but runs none. :class:`NodeAgent` plays the kubelet of a single
+node: it polls the pods of one namespace and, for each new pod, starts its container's
+command as a local process with the pod's environment, then reports back through the API
+what a kubelet reports (phase, podIP, the container's running/terminated state with the exit
+code). With it the real operator, real torchrun and the real trainer run a DDPJob end to end
+on loopback. It serves tests and benchmarks, not users.
+
+What it maps, and why:
+
+* volumes: a ``persistentVolumeClaim`` becomes one directory per claim shared by every pod
+  (the snapshot volume must be shared across nodes and survive pod replacement); an
+  ``emptyDir`` one directory per pod. Env values and args under a container's mountPaths
+  are rewritten to those directories (there is no mount namespace).
+* DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names become
+  127.0.0.1, so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
+  Every pod is on loopback, so every c10d agent believes it may host the store and whichever
+  binds the port first hosts it: :meth:`NodeAgent.pod_listening_on` finds the real host.
+* the image: ``torchrun``/``python`` resolve to this interpreter's virtualenv; the process
+  inherits this machine's environment (PATH, HOME) minus torchrun and ddpjob variables, then
+  gets the pod's env on top, like an image's env under a container's.
+* the container: a new session (setsid) whose every process, torchrun's workers included
+  (they start sessions of their own), carries a marker in its environment. The container
+  "dies" as a whole: when its main process exits, or is killed, whatever is left is killed,
+  and SIGKILL reads as exit code 137 (128 + 9) with reason ``Error``, as from a runtime.
+* deletion: a finalizer held while the process runs makes deletion graceful, as a kubelet
+  does: DELETE marks the pod, the agent sends SIGTERM to the main process, SIGKILLs the rest
+  after the grace period (capped by ``max_grace_seconds`` to keep tests fast), reports the
+  exit and only then lets the pod go. The pod name stays taken until its processes are gone.
+
+Only ``restartPolicy: Never`` (what the operator renders), one container, literal env
+values and claim/emptyDir volumes are supported; anything else leaves the pod Pending with a
+``CreateContainerConfigError`` waiting reason naming what is unsupported.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.operator_harness import ApiError, KubeClient
+
+LOOPBACK = "127.0.0.1"
+FINALIZER = "sandbox.ddpjob.io/node-agent"  # held while the pod's processes run
+NODE_ENV = "SANDBOX_NODE"  # marks every process this agent started (teardown safety net)
+POD_ENV = "SANDBOX_POD_UID"  # marks every process of one pod (the container's boundary)
+DEFAULT_GRACE_SECONDS = 30  # the API's default terminationGracePeriodSeconds
+# Variables of this machine that would fight the pod's own: torchrun flags, ddpjob settings.
+DROPPED_ENV_PREFIXES = ("PET_", "DDPJOB_", "TORCHELASTIC_", "KUBECONFIG", POD_ENV, NODE_ENV)
+VENV_COMMANDS = ("torchrun", "python", "python3")  # found next to sys.executable, not on PATH
+
+# A DNS name that only cluster DNS resolves: anything under .svc / .svc.cluster.local.
+_SVC_NAME = re.compile(r"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                       r"\.svc(\.cluster\.local)?(?![\w.-])")
+
+
+class UnsupportedPodError(ValueError):
+    """The pod uses something this one-machine node cannot provide."""
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------- pure mapping of a pod
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerLaunch:
+    """What the node runs for a pod: argv, environment, working directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+
+
+def volume_dirs(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
+    """Volume name -> local directory: shared per claim, private per pod for emptyDir.
+
+    Raises:
+        UnsupportedPodError: a volume of another kind (secret, configMap, hostPath...).
+    """
+    meta = pod["metadata"]
+    dirs = {}
+    for volume in pod["spec"].get("volumes") or []:
+        name = volume["name"]
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            dirs[name] = claim_dir(root, meta["namespace"], claim)
+        elif "emptyDir" in volume:
+            dirs[name] = pod_dir(root, meta) / "volumes" / name
+        else:
+            kind = next((k for k in volume if k != "name"), "?")
+            raise UnsupportedPodError(f"volume {name!r} is a {kind}; the sandbox node supports "
+                                      "persistentVolumeClaim and emptyDir only")
+    return dirs
+
+
+def claim_dir(root: Path, namespace: str, claim: str) -> Path:
+    """The directory that stands for PersistentVolumeClaim ``claim`` (ReadWriteMany)."""
+    return root / "claims" / namespace / claim
+
+
+def pod_dir(root: Path, meta: Mapping[str, Any]) -> Path:
+    """A pod's private directory (like /var/lib/kubelet/pods/<uid>)."""
+    return root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+def mounts(container: Mapping[str, Any], dirs: Mapping[str, Path]) -> list[tuple[str, Path]]:
+    """(mountPath, local dir) of each volumeMount, longest path first (the innermost mount wins)."""
+    pairs = []
+    for mount in container.get("volumeMounts") or []:
+        local = dirs[mount["name"]]
+        sub = mount.get("subPath")
+        pairs.append((mount["mountPath"].rstrip("/") or "/", local / sub if sub else local))
+    return sorted(pairs, key=lambda pair: -len(pair[0]))
+
+
+def localize(value: str, mount_pairs: list[tuple[str, Path]]) -> str:
+    """``value`` with a leading mountPath (the path itself or below it) replaced by its directory."""
+    for path, local in mount_pairs:
+        if value == path:
+            return str(local)
+        if value.startswith(path + "/"):
+            return str(local / value[len(path) + 1:])
+    return value
+
+
+def map_hosts(value: str, namespace: str, services: list[str]) -> str:
+    """Cluster DNS names inside ``value`` replaced by 127.0.0.1 (every pod runs on loopback)."""
+    value = _SVC_NAME.sub(LOOPBACK, value)
+    if services:
+        names = "|".join(re.escape(s) for s in services)
+        pod_in_service = rf"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?\.({names})(\.{re.escape(namespace)})?(?![\w.-])"
+        value = re.sub(pod_in_service, LOOPBACK, value)
+    return value
+
+
+def resolve_command(name: str) -> str:
+    """The executable for a container's command[0]: the virtualenv's torchrun/python, else PATH."""
+    if "/" not in name and name in VENV_COMMANDS:
+        candidate = Path(sys.executable).parent / name
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which(name) if "/" not in name else name
+    if not found:
+        raise UnsupportedPodError(f'command "{name}" is not found next to {sys.executable} or on PATH')
+    return found
+
+
+def base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """This machine's environment as the "image" env: without torchrun, ddpjob and sandbox variables."""
+    return {k: v for k, v in environ.items() if not k.startswith(DROPPED_ENV_PREFIXES)}
+
+
+def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
+                     environ: Mapping[str, str]) -> ContainerLaunch:
+    """The local launch of a pod's (only) container.
+
+    Args:
+        pod: the Pod object.
+        root: the node's directory (volumes, logs, working directories).
+        services: Service names in the pod's namespace (for ``<pod>.<service>`` names).
+        environ: the environment the "image" provides (see base_env).
+
+    Raises:
+        UnsupportedPodError: more than one container, a valueFrom env entry, an unsupported
+            volume or a command that is not found.
+    """
+    spec, meta = pod["spec"], pod["metadata"]
+    containers = spec.get("containers") or []
+    if len(containers) != 1:
+        raise UnsupportedPodError(f"pod has {len(containers)} containers; the sandbox node runs exactly one")
+    container = containers[0]
+    pairs = mounts(container, volume_dirs(pod, root))
+
+    def local(value: str) -> str:
+        return map_hosts(localize(value, pairs), meta["namespace"], services)
+
+    env = base_env(environ)
+    env["HOSTNAME"] = spec.get("hostname") or meta["name"]
+    for entry in container.get("env") or []:
+        if "valueFrom" in entry:
+            raise UnsupportedPodError(f"env {entry['name']} uses valueFrom; the sandbox node takes literal values only")
+        env[entry["name"]] = local(entry.get("value") or "")
+    command = list(container.get("command") or [])
+    if not command:
+        raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")
+    argv = [resolve_command(command[0]), *map(local, command[1:]), *map(local, container.get("args") or [])]
+    cwd = Path(localize(container["workingDir"], pairs)) if container.get("workingDir") else pod_dir(root, meta) / "cwd"
+    return ContainerLaunch(argv, env, cwd)
+
+
+def exit_code_of(returncode: int) -> int:
+    """A container runtime's exit code: killed by signal N reads as 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --------------------------------------------------------------------- processes
+
+
+def marked_pids(key: str, value: str) -> list[int]:
+    """Live (non-zombie) processes whose environment holds ``key=value``."""
+    needle = f"{key}={value}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in environ and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def kill_marked(key: str, value: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Signals every marked process and the group each leads (torchrun workers lead their own)."""
+    pids = marked_pids(key, value)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    return pids
+
+
+def listening_socket_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP ``port`` (IPv4 or IPv6), from /proc/net."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
+                    inodes.add(inode)
+    return inodes
+
+
+def holds_socket(pid: int, inodes: set[str]) -> bool:
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return True
+    return False
+
+
+@dataclasses.dataclass
+class PodProcess:
+    """A running (or finished) container: one pod's process tree."""
+
+    namespace: str
+    name: str
+    uid: str
+    process: subprocess.Popen
+    log_path: Path
+    started_at: str
+    grace_seconds: float
+    exit_code: int | None = None
+    finished_at: str | None = None
+    term_sent_at: float | None = None  # monotonic time of the SIGTERM of a graceful deletion
+    reported: bool = False  # the terminated status was written
+
+    def pids(self) -> list[int]:
+        return marked_pids(POD_ENV, self.uid)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signals the whole container: the main process group, then every marked process."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        kill_marked(POD_ENV, self.uid, sig)
+
+    def poll(self) -> int | None:
+        """The exit code once the main process exited; then nothing of the container is left alive."""
+        if self.exit_code is None and self.process.poll() is not None:
+            kill_marked(POD_ENV, self.uid)  # the container goes with its main process
+            self.exit_code = exit_code_of(self.process.returncode)
+            self.finished_at = now_rfc3339()
+        return self.exit_code
+
+    def terminate(self) -> None:
+        """Graceful stop step: SIGTERM the main process once, SIGKILL all after the grace period."""
+        if self.poll() is not None:
+            return
+        if self.term_sent_at is None:
+            self.term_sent_at = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGTERM)
+        elif time.monotonic() - self.term_sent_at >= self.grace_seconds:
+            self.kill()
+
+    def log(self, chars: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-chars:]
+        return ""
+
+
+# --------------------------------------------------------------------- status bodies
+
+
+def running_status(container: str, started_at: str) -> dict:
+    """What a kubelet reports once the container started (ready: no probes are rendered)."""
+    conditions = [{"type": t, "status": "True", "lastTransitionTime": started_at}
+                  for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+    return {"status": {
+        "phase": "Running", "hostIP": LOOPBACK, "podIP": LOOPBACK, "podIPs": [{"ip": LOOPBACK}],
+        "startTime": started_at, "conditions": conditions,
+        "containerStatuses": [{"name": container, "ready": True, "started": True, "restartCount": 0,
+                               "image": "sandbox", "imageID": "", "state": {"running": {"startedAt": started_at}}}]}}
+
+
+def terminated_status(container: str, started_at: str, finished_at: str, exit_code: int) -> dict:
+    """What a kubelet reports when the container exited (restartPolicy Never: the phase follows)."""
+    reason = "Completed" if exit_code == 0 else "Error"
+    conditions = [{"type": t, "status": "False", "lastTransitionTime": finished_at, "reason": "PodCompleted"}
+                  for t in ("ContainersReady", "Ready")]
+    return {"status": {
+        "phase": "Succeeded" if exit_code == 0 else "Failed", "conditions": conditions,
+        "containerStatuses": [{"name": container, "ready": False, "started": False, "restartCount": 0,
+                               "image": "sandbox", "imageID": "", "state": {"terminated": {
+                                   "exitCode": exit_code, "reason": reason,
+                                   "startedAt": started_at, "finishedAt": finished_at}}}]}}
+
+
+def waiting_status(container: str, message: str) -> dict:
+    """A container that cannot be created (stays Pending), as a kubelet reports a config error."""
+    return {"status": {"phase": "Pending", "containerStatuses": [{
+        "name": container, "ready": False, "started": False, "restartCount": 0, "image": "sandbox",
+        "imageID": "", "state": {"waiting": {"reason": "CreateContainerConfigError", "message": message}}}]}}
+
+
+# --------------------------------------------------------------------- the node agent
+
+
+class NodeAgent:
+    """Runs the pods of one namespace as local process trees and reports their status.
+
+    Args:
+        client: an API client bound to the namespace to serve.
+        root: the node's directory (claims, per-pod dirs and container logs).
+        poll_seconds: how often pods and processes are looked at.
+        max_grace_seconds: cap on a pod's terminationGracePeriodSeconds (tests stay fast).
+    """
+
+    def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
+                 max_grace_seconds: float = 5.0):
+        self.client = client
+        self.root = Path(root)
+        self.poll_seconds = poll_seconds
+        self.max_grace_seconds = max_grace_seconds
+        self.node_id = uuid.uuid4().hex[:12]
+        self.pods: dict[str, PodProcess] = {}  # uid -> container, finished ones kept for tests
+        self.rejected: dict[str, str] = {}  # uid -> why the pod could not start
+        self.errors: list[str] = []  # API errors of the loop (tests may assert none)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sandbox-node-agent", daemon=True)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> "NodeAgent":
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops the loop and kills every process it started (always, whatever state they are in)."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        with self._lock:
+            containers = list(self.pods.values())
+        for container in containers:
+            container.kill()
+        kill_marked(NODE_ENV, self.node_id)
+        for container in containers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                container.process.wait(timeout=10)
+
+    def __enter__(self) -> "NodeAgent":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- for tests
+
+    def current(self, name: str) -> PodProcess | None:
+        """The newest container started for pod ``name``."""
+        with self._lock:
+            matches = [c for c in self.pods.values() if c.name == name]
+        return matches[-1] if matches else None
+
+    def wait_for_container(self, name: str, timeout: float = 30, *, other_than: str | None = None) -> PodProcess:
+        """Waits until a container of pod ``name`` (with a uid other than ``other_than``) was started."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            container = self.current(name)
+            if container is not None and container.uid != other_than:
+                return container
+            time.sleep(0.05)
+        raise AssertionError(f"no container of pod {name} (other than uid {other_than}) started within {timeout} s; "
+                             f"rejected pods: {self.rejected}; loop errors: {self.errors[-3:]}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> PodProcess:
+        """Kills every process of pod ``name``'s running container (a node or OOM kill); returns it."""
+        container = self.current(name)
+        if container is None or container.process.poll() is not None:
+            raise AssertionError(f"pod {name} has no running container to kill: {container}")
+        container.kill(sig)
+        return container
+
+    def pod_listening_on(self, port: int) -> str | None:
+        """The pod whose process listens on TCP ``port`` (the c10d store host), if any."""
+        inodes = listening_socket_inodes(port)
+        if not inodes:
+            return None
+        with self._lock:
+            running = [c for c in self.pods.values() if c.exit_code is None]
+        for container in running:
+            if any(holds_socket(pid, inodes) for pid in container.pids()):
+                return container.name
+        return None
+
+    def claim_dir(self, claim: str) -> Path:
+        return claim_dir(self.root, self.client.namespace, claim)
+
+    def logs(self, chars: int = 2500) -> str:
+        with self._lock:
+            containers = list(self.pods.values())
+        return "\n".join(f"--- pod {c.name} uid {c.uid[:8]} (exit {c.exit_code}) ---\n{c.log(chars)}"
+                         for c in containers)
+
+    # ----------------------------------------------------------------- the loop
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except (ApiError, OSError) as e:  # the API went away or a write raced a deletion
+                self.errors.append(repr(e))
+            self._stop.wait(self.poll_seconds)
+
+    def _tick(self) -> None:
+        observed = {p["metadata"]["uid"]: p for p in self.client.list("pods")}
+        for uid, pod in observed.items():
+            if uid not in self.pods and uid not in self.rejected and not pod["metadata"].get("deletionTimestamp"):
+                if (pod.get("status") or {}).get("phase") in (None, "Pending"):
+                    self._start(pod)
+        with self._lock:
+            containers = list(self.pods.values())
+        for container in containers:
+            self._follow(container, observed.get(container.uid))
+
+    def _start(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        container_name = pod["spec"]["containers"][0]["name"]
+        try:
+            launch = container_launch(pod, self.root, self._service_names(), os.environ)
+        except UnsupportedPodError as e:
+            self.rejected[meta["uid"]] = str(e)
+            self._patch_status(meta["name"], waiting_status(container_name, str(e)))
+            return
+        if not self._hold(meta):
+            return  # deleted before it could start
+        for directory in (launch.cwd, *volume_dirs(pod, self.root).values()):
+            directory.mkdir(parents=True, exist_ok=True)
+        log_path = pod_dir(self.root, meta) / "container.log"
+        env = {**launch.env, POD_ENV: meta["uid"], NODE_ENV: self.node_id}
+        grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)),
+                    self.max_grace_seconds)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(launch.argv, env=env, cwd=launch.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        container = PodProcess(meta["namespace"], meta["name"], meta["uid"], process, log_path, now_rfc3339(), grace)
+        with self._lock:
+            self.pods[meta["uid"]] = container
+        self._patch_status(meta["name"], running_status(container_name, container.started_at), uid=meta["uid"])
+
+    def _follow(self, container: PodProcess, pod: dict | None) -> None:
+        """Moves one container on: report its exit, stop it when its pod is deleted or gone."""
+        deleting = pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+        if deleting:
+            container.terminate()
+        if container.poll() is None:
+            return
+        if not container.reported and pod is not None:
+            name = pod["spec"]["containers"][0]["name"]
+            self._patch_status(container.name, terminated_status(
+                name, container.started_at, container.finished_at, container.exit_code), uid=container.uid)
+            container.reported = True
+        if deleting and pod is not None:
+            self._release(pod)
+
+    def _hold(self, meta: dict) -> bool:
+        """Adds the finalizer so that a deletion waits for the processes; False when the pod is gone."""
+        finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        try:
+            self.client.patch("pods", meta["name"], {"metadata": {
+                "finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}})
+        except ApiError as e:
+            if e.status in (404, 409):  # deleted or changed meanwhile: look again next tick
+                return False
+            raise
+        return True
+
+    def _release(self, pod: dict) -> None:
+        """Removes the finalizer: the API server then removes the deleted pod."""
+        meta = pod["metadata"]
+        rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        with contextlib.suppress(ApiError):
+            self.client.patch("pods", meta["name"], {"metadata": {"finalizers": rest or None}})
+
+    def _patch_status(self, name: str, body: dict, uid: str | None = None) -> None:
+        """Writes a pod's status unless the pod is gone or was replaced by another of that name."""
+        if uid is not None:
+            current = self.client.find("pods", name)
+            if current is None or current["metadata"]["uid"] != uid:
+                return
+        with contextlib.suppress(ApiError):
+            self.client.patch("pods", name, body, subresource="status")
+
+    def _service_names(self) -> list[str]:
+        with contextlib.suppress(ApiError):
+            return [s["metadata"]["name"] for s in self.client.list("services")]
+        return []
+
+
+@contextlib.contextmanager
+def running_node_agent(client: KubeClient, root: Path, **options: Any) -> Iterator[NodeAgent]:
+    """A started node agent, always stopped with all its processes."""
+    agent = NodeAgent(client, root, **options)
+    with agent:
+        yield agent
+
+
+@pytest.fixture
+def node_agent(k8s: KubeClient, tmp_path: Path) -> Iterator[NodeAgent]:
+    """A node agent running the pods of ``k8s.namespace``; its container logs are printed after the test."""
+    with running_node_agent(k8s, tmp_path / "node") as agent:
+        yield agent
+        sys.stdout.write(f"\n--- sandbox node containers ---\n{agent.logs()}\n")
