@@ -48,6 +48,7 @@ NAMESPACED_GRANTS = {
     ("", "pods"): {"list", "watch", "create", "delete"},
     ("", "services"): {"get", "create"},
     ("", "events"): {"create"},
+    ("", "secrets"): {"get"},  # spec.elasticPolicy.rdzvSecretName, to delete etcd rendezvous keys
 }
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 

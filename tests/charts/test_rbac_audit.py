@@ -3,7 +3,8 @@
 The operator runs with the exact arguments the chart's Deployment renders,
 against the API emulator (tests/support), through a job's whole life: create,
 run, a node failure and its replacement, scale up, success, pod cleanup and
-deletion after ttlSecondsAfterFinished. Each request the operator sent (told
+deletion after ttlSecondsAfterFinished, and an etcd-v3 job (a real etcd)
+whose rendezvous keys are deleted with the credentials of its Secret. Each request the operator sent (told
 apart from the test's own by User-Agent) is turned into an RBAC attribute
 (verb, API group, resource, namespace) and checked against the rendered
 ClusterRole (all namespaces) or the Role of the watched namespace.
@@ -21,6 +22,7 @@ import pytest
 
 from ddpjob_operator import constants as C
 from tests.charts.support import by_kind, one, render
+from tests.support.etcd import running_etcd
 from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
 from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
 from tests.support.procs import free_port
@@ -93,6 +95,20 @@ def chart_args(values: dict) -> list[str]:
     return [*container["command"][1:], *container["args"]]
 
 
+def run_etcd_job(k8s, endpoint: str) -> None:
+    """An etcd-v3 job with a credentials Secret: finishes (the keys are deleted), then is deleted (finalizer)."""
+    k8s.request("POST", f"/api/v1/namespaces/{k8s.namespace}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "etcd-client"}, "data": {}})
+    k8s.create("ddpjobs", ddpjob(name="etcd", replicas=1, elasticPolicy={
+        "rdzvBackend": "etcd-v3", "rdzvEndpoints": [endpoint], "rdzvSecretName": "etcd-client"}))
+    k8s.wait_for(lambda: pod_names(k8s, "etcd") == ["etcd-node-0"], timeout=20, what="the etcd job's pod")
+    set_terminated(k8s, "etcd-node-0", 0)
+    k8s.wait_for(lambda: any(e["reason"] == "RendezvousKeysDeleted" for e in k8s.list("events")),
+                 timeout=20, what="the etcd job's keys deleted")
+    k8s.delete("ddpjobs", "etcd")
+    k8s.wait_for(lambda: k8s.find("ddpjobs", "etcd") is None, timeout=20, what="the etcd job deleted")
+
+
 def run_job_lifecycle(k8s) -> None:
     """Jobs that exercise every operator write: create, replace, scale, succeed, clean up, expire.
 
@@ -130,6 +146,8 @@ def test_every_operator_request_is_allowed_by_the_chart_rbac(mode, cluster, k8s,
     with process:
         try:
             run_job_lifecycle(k8s)
+            with running_etcd() as etcd:
+                run_etcd_job(k8s, etcd.endpoint)
             time.sleep(0.5)  # let the last status write and event land
         finally:
             sys.stdout.write(f"\n--- operator log ---\n{process.log()[-8000:]}\n")
