@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -46,7 +47,8 @@ from .dist import device_for
 from .env import DistEnv, dist_env
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
-from .snapshot import SnapshotInfo, SnapshotStore
+from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotStore
+from .termination import ProgressReport, default_path
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,7 @@ class Trainer:
         self.sampler_seed = config.seed
         self.store = self._make_store()
         self.resumed_from = self._resume()
+        self.report = self._make_report()
         self.metrics = MetricsWriter(config.metrics_file if self.env.is_rank0 else None, self._make_sinks())
         self.ddp = DistributedDataParallel(
             self.model,
@@ -213,6 +216,15 @@ class Trainer:
             async_save=self.config.async_snapshot,
             on_saved=self._on_snapshot_saved,
         )
+
+    def _make_report(self) -> ProgressReport:
+        # One writer per node (local rank 0): the kubelet reports one message per container.
+        progress = os.path.join(self.config.snapshot_dir, PROGRESS_FILE) if self.config.snapshot_dir else None
+        report = ProgressReport(default_path() if self.env.local_rank == 0 else None, progress,
+                                node=os.environ.get("DDPJOB_NODE_INDEX", ""))
+        info = self.resumed_from
+        report.resumed(info.step if info else None, info.time if info else None)
+        return report
 
     def _make_sinks(self) -> list[Sink]:
         if not self.env.is_rank0:
@@ -277,7 +289,8 @@ class Trainer:
             if self.store is not None:
                 self.store.wait()  # the final snapshot is complete before "done"
             self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
-        except BaseException:
+        except BaseException as error:
+            self.report.failed(error)
             self._close(quiet=True)
             raise
         self._close()
@@ -343,6 +356,7 @@ class Trainer:
         )
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", step=step)
+        self.report.stepped()
         if self.config.fail_at_step == step and self.env.restart_count == 0:
             raise RuntimeError(f"fail_at_step={step}: failing on purpose on the first attempt (debugging flag)")
         if self.config.step_sleep:
@@ -411,6 +425,7 @@ class Trainer:
         self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
 
     def _on_snapshot_saved(self, info: SnapshotInfo) -> None:
+        self.report.refresh(force=True)  # progress.json is complete now
         self.metrics.write(
             "snapshot", epoch=info.epoch, step=info.step, path=info.path, samples_consumed=info.samples_consumed
         )

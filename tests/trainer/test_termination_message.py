@@ -1,0 +1,183 @@
+"""The progress record in the termination message: written after each snapshot, never torn.
+
+The kubelet reads the file when the container exits, so what matters is that at every
+moment the file holds one complete record: the previous or the new one.
+"""
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+from ddpjob_trainer import Trainer, TrainerConfig, distributed
+from ddpjob_trainer.env import DistEnv
+from ddpjob_trainer.examples.mlp import make_dataset, mse
+from ddpjob_trainer.termination import (
+    DEFAULT_PATH,
+    ENV_PATH,
+    RECORD_BYTES,
+    ProgressReport,
+    default_path,
+    read_record,
+)
+from tests.support.procs import free_port
+
+DATA = make_dataset(96, seed=5)
+
+
+def record_in(path):
+    return read_record(path.read_text())
+
+
+def write_progress(directory, step, epoch=0):
+    progress = {"epoch": epoch, "step": step, "time": f"2026-11-23T01:00:{step:02d}Z",
+                "path": str(directory / f"s{step}.pt"), "samples_consumed": 8 * step}
+    (directory / "progress.json").write_text(json.dumps(progress))
+    os.utime(directory / "progress.json", ns=(step * 10**9, step * 10**9))  # mtime moves even within a tick
+    return progress
+
+
+def test_a_refresh_copies_progress_json_verbatim_into_the_record(tmp_path):
+    message = tmp_path / "termination-log"
+    progress = write_progress(tmp_path, 12, epoch=1)
+    report = ProgressReport(message, tmp_path / "progress.json", node="3")
+    report.resumed(8, "2026-11-23T00:59:00Z")
+    record = record_in(message)
+    assert record["snapshot"] == progress
+    assert record["node"] == "3" and record["version"] == 1
+    assert record["resume"]["fromStep"] == 8 and record["resume"]["fromSnapshotTime"] == "2026-11-23T00:59:00Z"
+    assert record["resume"]["firstStepTime"] is None and record["resume"]["time"]
+
+
+def test_the_first_step_time_is_recorded_once(tmp_path):
+    message = tmp_path / "termination-log"
+    report = ProgressReport(message, None)
+    report.resumed(None, None)
+    report.stepped()
+    first = record_in(message)["resume"]["firstStepTime"]
+    report.stepped()
+    report.refresh(force=True)
+    assert first is not None and record_in(message)["resume"]["firstStepTime"] == first
+
+
+def test_a_newer_snapshot_is_picked_up_by_a_forced_refresh_but_polls_are_rate_limited(tmp_path):
+    message = tmp_path / "termination-log"
+    write_progress(tmp_path, 4)
+    report = ProgressReport(message, tmp_path / "progress.json")
+    report.resumed(None, None)
+    write_progress(tmp_path, 8)
+    report.refresh()  # within POLL_SECONDS of the last read: no file system access
+    assert record_in(message)["snapshot"]["step"] == 4
+    report.refresh(force=True)
+    assert record_in(message)["snapshot"]["step"] == 8
+
+
+def test_the_file_is_never_truncated_so_a_shorter_record_leaves_valid_json(tmp_path):
+    message = tmp_path / "termination-log"
+    message.write_text(json.dumps({"kind": "ddpjob.progress", "error": "x" * 3000}))  # a predecessor's record
+    report = ProgressReport(message, None)
+    report.resumed(None, None)
+    assert message.stat().st_size >= 3000
+    record = record_in(message)
+    assert "error" not in record and record["resume"]["fromStep"] is None
+    assert len(message.read_bytes()) >= RECORD_BYTES
+
+
+def test_a_record_is_one_write_at_offset_zero(tmp_path, monkeypatch):
+    """A kill can only land before or after the single pwrite: the file holds one whole record."""
+    message = tmp_path / "termination-log"
+    report = ProgressReport(message, None)
+    report.resumed(None, None)
+    before = message.read_bytes()
+    writes = []
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: writes.append((len(data), offset)) or real_pwrite(fd, data, offset))
+    monkeypatch.setattr(os, "truncate", lambda *a: pytest.fail("the record must never be truncated"))
+    monkeypatch.setattr(os, "ftruncate", lambda *a: pytest.fail("the record must never be truncated"))
+    report.failed(ValueError("boom"))
+    assert writes == [(len(before), 0)]
+    assert record_in(message)["error"] == "ValueError: boom"
+
+
+def test_an_unwritable_path_turns_reporting_off_silently(tmp_path):
+    report = ProgressReport(tmp_path / "missing-dir" / "termination-log", None)
+    report.resumed(None, None)
+    report.stepped()
+    assert not report.enabled and not (tmp_path / "missing-dir").exists()
+
+
+def test_the_env_variable_names_the_path_and_the_default_is_used_only_when_the_kubelet_made_it(tmp_path):
+    assert default_path({ENV_PATH: str(tmp_path / "t")}) == str(tmp_path / "t")
+    expected = DEFAULT_PATH if os.path.isfile(DEFAULT_PATH) else None
+    assert default_path({}) == expected
+
+
+def test_other_termination_messages_are_not_taken_for_records():
+    assert read_record("Traceback (most recent call last): ...") is None
+    assert read_record('{"step": 3}') is None
+    assert read_record("") is None and read_record(None) is None
+
+
+# --- the Trainer writes it ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env():
+    port = free_port()
+    saved = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    single = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0,
+                     restart_count=0, run_id="test", master_addr="127.0.0.1", master_port=port)
+    try:
+        with distributed(single):
+            yield single
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
+
+def train(env, directory, message, monkeypatch, restart_count=0, **overrides):
+    monkeypatch.setenv(ENV_PATH, str(message))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    overrides.setdefault("epochs", 2)
+    config = TrainerConfig(batch_size=8, snapshot_dir=str(directory), snapshot_every_steps=5,
+                           metrics_file=str(directory / "metrics.jsonl"), progress_bar=False, **overrides)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), DATA, config, loss_fn=mse,
+                      env=dataclasses.replace(env, restart_count=restart_count))
+    return trainer.train()
+
+
+def test_the_trainer_reports_each_complete_snapshot_and_its_resume(env, tmp_path, monkeypatch):
+    message = tmp_path / "termination-log"
+    with pytest.raises(RuntimeError, match="fail_at_step=7"):
+        train(env, tmp_path, message, monkeypatch, fail_at_step=7)
+    failed = record_in(message)
+    assert failed["snapshot"] == json.loads((tmp_path / "progress.json").read_text())
+    assert failed["snapshot"]["step"] == 5  # the last complete snapshot before the failure at step 7
+    assert failed["resume"]["fromStep"] is None and failed["resume"]["firstStepTime"] is not None
+    assert failed["error"].startswith("RuntimeError: fail_at_step=7")
+
+    result = train(env, tmp_path, message, monkeypatch, restart_count=1, fail_at_step=7, async_snapshot=True)
+    done = record_in(message)
+    assert done["snapshot"] == json.loads((tmp_path / "progress.json").read_text())
+    assert done["snapshot"]["step"] == result.step == 24  # 96 samples / 8 per step * 2 epochs
+    assert done["resume"]["fromStep"] == 5
+    assert done["resume"]["fromSnapshotTime"] == failed["snapshot"]["time"]
+    assert done["resume"]["firstStepTime"] > done["resume"]["time"] > failed["resume"]["firstStepTime"]
+    assert "error" not in done
+
+
+def test_only_local_rank_0_reports(env, tmp_path, monkeypatch):
+    message = tmp_path / "termination-log"
+    train(dataclasses.replace(env, local_rank=0), tmp_path / "a", message, monkeypatch, epochs=1)
+    assert message.exists()
+    other = tmp_path / "other-log"
+    monkeypatch.setenv(ENV_PATH, str(other))
+    # A second local rank needs a second process; the choice itself is made in _make_report.
+    fake = dataclasses.replace(env, local_rank=1, local_world_size=2)
+    trainer = object.__new__(Trainer)
+    trainer.env, trainer.config, trainer.resumed_from = fake, TrainerConfig(epochs=1, snapshot_dir=str(tmp_path)), None
+    trainer._make_report().stepped()
+    assert not other.exists()
