@@ -55,6 +55,11 @@ def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
         assert node.env["DDPJOB_NODE_INDEX"] == str(index) and node.env["FOO"] == "bar"
 
 
+def test_node_0_hosts_the_c10d_store_as_in_a_cluster():
+    confs = [node.env["PET_RDZV_CONF"] for node in plan_of(spec_of(replicas=3, max_replicas=4)).nodes]
+    assert [conf.rsplit(",", 1)[1] for conf in confs] == ["is_host=true", "is_host=false", "is_host=false"]
+
+
 def test_the_command_is_the_pods_args_behind_the_local_torchrun_with_mount_paths_rewritten():
     spec = spec_of(args=["--epochs", "2", "--metrics-file", "/snapshots/m.jsonl"])
     node = plan_of(spec).nodes[0]
@@ -121,6 +126,7 @@ def test_etcd_jobs_keep_the_specs_endpoints_and_say_the_user_runs_etcd():
     spec = spec_of(elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["127.0.0.1:2379"]})
     plan = plan_of(spec, port=1234)
     assert plan.nodes[0].env["PET_RDZV_ENDPOINT"] == "127.0.0.1:2379"
+    assert "is_host" not in plan.nodes[1].env["PET_RDZV_CONF"]
     assert any("which you run" in note for note in plan.notes)
 
 

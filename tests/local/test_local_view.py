@@ -55,6 +55,12 @@ def test_a_resume_counts_as_a_torchrun_restart_and_says_where_it_resumed():
     assert state.torchrun_restarts == 1 and state.world_size == 1
 
 
+def test_a_restart_before_the_first_snapshot_says_it_starts_over():
+    state = fresh()
+    apply_metric(state, START)
+    assert apply_metric(state, START) == "training restarted from step 0, no snapshot yet (world size 2)"
+
+
 def test_runner_events_move_nodes_through_backoff_and_replacement():
     state = fresh()
     apply_metric(state, step(1))

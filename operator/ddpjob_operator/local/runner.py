@@ -134,8 +134,8 @@ class Runner:
             pass
         finally:
             self._stop_everything()
-        self._event("phase", phase=phase, message=message)
         self._read_metrics()
+        self._event("phase", phase=phase, message=message)
         self.view.close(self.state, self.clock())
         self.journal.close()
         return RunResult(phase, message, summarize(self.plan.metrics_file))

@@ -102,6 +102,8 @@ def _on_start(state: RunState, event: dict[str, Any]) -> str:
     state.world_size = event.get("world_size")
     where = f"epoch {event.get('resume_epoch', 0)}, step {event.get('resume_step', 0)}"
     if not event.get("resume_step") and not event.get("resume_epoch"):
+        if state.starts_seen > 1:
+            return f"training restarted from step 0, no snapshot yet (world size {state.world_size})"
         return f"training started: world size {state.world_size}"
     return f"training resumed from the snapshot at {where} (world size {state.world_size})"
 

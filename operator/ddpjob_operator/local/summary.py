@@ -36,14 +36,17 @@ def summarize(metrics_file: Path) -> Summary:
     losses = [e["loss"] for e in effective if e.get("event") == "epoch_end"]
     done = [e for e in effective if e.get("event") == "done"]
     redone = sum(1 for e in raw if e.get("event") == "step") - len(steps)
-    exact = bool(steps) and steps == list(range(1, len(steps) + 1)) and len(done) == 1
+    once = bool(steps) and steps == list(range(1, len(steps) + 1))
+    exact = once and len(done) == 1
     lines = [f"summary of {metrics_file}:"]
     for start in starts[1:]:
         lines.append(f"  resumed at epoch {start.get('resume_epoch')}, step {start.get('resume_step')} "
                      f"(world size {start.get('world_size')})")
     lines.append(f"  epochs finished: {len(losses)}; loss per epoch: " + ", ".join(f"{x:.4f}" for x in losses))
     lines.append(f"  steps 1..{len(steps)}, each trained exactly once in the effective history: "
-                 + ("yes" if exact else "NO"))
+                 + ("yes" if once else "NO"))
+    if len(done) != 1:
+        lines.append("  training did not finish (no done event)")
     if redone:
         lines.append(f"  {redone} step(s) ran after the last snapshot, were lost with the failed node's "
                      "group and were trained again (counted once above)")

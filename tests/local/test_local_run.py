@@ -1,0 +1,136 @@
+"""`ddpjob run` end to end: real torchrun agents training the example job on loopback.
+
+Each test starts few processes (one or two nodes); waits are bounded by the run
+itself, which ends on its own (success or the failure policy's verdict).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddpjob_operator import cli
+from ddpjob_operator.local.command import EXIT_INTERRUPTED, EXIT_JOB_FAILED
+from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "ddpjob-c10d.yaml"
+DDPJOB = Path(sys.executable).parent / "ddpjob"
+
+
+def job_file(tmp_path, *, args=None, replicas=None, failure_policy=None, elastic=None):
+    """The example job with test-speed changes (fewer epochs, a short backoff)."""
+    job = yaml.safe_load(EXAMPLE.read_text())
+    spec = job["spec"]
+    spec["args"] = args or ["--epochs", "4", "--samples", "2048", "--batch-size", "32", "--snapshot-every-epochs", "1",
+                            "--snapshot-every-steps", "10", "--step-sleep", "0.03"]
+    spec["failurePolicy"].update({"backoffSeconds": 2, **(failure_policy or {})})
+    spec["elasticPolicy"].update(elastic or {})
+    if replicas is not None:
+        spec["replicas"] = replicas
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return str(path)
+
+
+def events(run_dir):
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def leftovers(run_dir):
+    """Live processes of this run (their environment carries the run's node marker)."""
+    rdzv_id = json.loads((run_dir / "launch.json").read_text())["rdzv_id"]
+    needle = f"DDPJOB_LOCAL_NODE={rdzv_id}.".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in environ and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def logs(run_dir):
+    return "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*.log")))
+
+
+def test_a_killed_node_is_replaced_and_training_resumes_from_its_snapshot(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = cli.main(["run", job_file(tmp_path), "--workdir", str(run_dir), "--port", "0", "--plain",
+                     "--kill-node-after", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out + logs(run_dir)
+
+    node1 = [(e["event"], e.get("code"), e.get("action")) for e in events(run_dir) if e.get("node") == 1]
+    assert node1[:5] == [("started", None, None), ("killed", None, None), ("exited", 137, "replace"),
+                         ("started", None, None), ("exited", 0, "finished")], node1
+    by_kind = {(e["event"], e.get("node"), e.get("start")): e for e in events(run_dir)}
+    exited = next(e for e in events(run_dir) if e["event"] == "exited" and e.get("code") == 137)
+    assert by_kind[("started", 1, 2)]["t"] - exited["t"] >= 2.0, "the replacement waited for the backoff"
+    assert exited["message"].startswith("node 1 failed (exit code 137, SIGKILL); failure incident 1 of")
+
+    metrics = run_dir / "snapshots" / "metrics.jsonl"
+    raw = assert_ran_exactly_once(metrics, epochs=4)
+    assert assert_resumed_from_snapshots(raw), "the run must have resumed at least once"
+    assert "each trained exactly once in the effective history: yes" in out
+    assert "training resumed from the snapshot at epoch" in out and "as a replacement" in out
+    assert out.rstrip().endswith("Succeeded: training finished; 1 failure incident(s) recovered from")
+    assert leftovers(run_dir) == []
+
+
+def test_a_permanent_exit_code_fails_the_run_with_the_reason(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    path = job_file(tmp_path, replicas=1, failure_policy={"permanentExitCodes": [1]},
+                    args=["--epochs", "2", "--samples", "512", "--fail-at-step", "3"],
+                    elastic={"maxRestarts": 0})
+    code = cli.main(["run", path, "--workdir", str(run_dir), "--port", "0", "--plain"])
+    out = capsys.readouterr().out
+    assert code == EXIT_JOB_FAILED, out + logs(run_dir)
+    assert out.rstrip().endswith(
+        "Failed: node 0 failed (exit code 1); the code is in spec.failurePolicy.permanentExitCodes")
+    assert [e["event"] for e in events(run_dir) if e.get("node") == 0] == ["started", "exited"]
+    assert leftovers(run_dir) == []
+
+
+def test_a_spent_restart_budget_fails_the_run(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    path = job_file(tmp_path, replicas=1, failure_policy={"maxRestarts": 0},
+                    args=["--epochs", "2", "--samples", "512", "--fail-at-step", "3"],
+                    elastic={"maxRestarts": 0})
+    code = cli.main(["run", path, "--workdir", str(run_dir), "--port", "0", "--plain"])
+    out = capsys.readouterr().out
+    assert code == EXIT_JOB_FAILED, out + logs(run_dir)
+    assert out.rstrip().endswith("Failed: 1 failure incidents exceed spec.failurePolicy.maxRestarts (0)")
+    assert leftovers(run_dir) == []
+
+
+def test_ctrl_c_stops_every_process_of_every_node(tmp_path):
+    run_dir = tmp_path / "run"
+    path = job_file(tmp_path, replicas=1, args=["--epochs", "50", "--samples", "512", "--step-sleep", "0.05"])
+    with open(tmp_path / "out.txt", "wb") as out:
+        # Its own session, as a shell's foreground job: SIGINT goes to ddpjob alone, never to the nodes.
+        proc = subprocess.Popen([str(DDPJOB), "run", path, "--workdir", str(run_dir), "--port", "0"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        metrics = run_dir / "snapshots" / "metrics.jsonl"
+        deadline = time.monotonic() + 60
+        while not (metrics.exists() and '"step"' in metrics.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "out.txt").read_text()
+            time.sleep(0.2)
+        assert leftovers(run_dir), "the node's agent and worker run"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == EXIT_INTERRUPTED
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert leftovers(run_dir) == []
+    phases = [e.get("phase") for e in events(run_dir) if e["event"] == "phase"]
+    assert phases[-1] == "Interrupted"
+    assert any(e["event"] == "stopped" and e["node"] == 0 for e in events(run_dir))
