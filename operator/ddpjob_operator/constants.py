@@ -108,3 +108,22 @@ MSG_SPEC_VALID = "the spec is valid"  # REASON_SPEC_VALID
 # Event types (the two Kubernetes knows).
 EVENT_NORMAL = "Normal"  # routine progress
 EVENT_WARNING = "Warning"  # something needs a person's attention
+
+# --- Rendezvous topology and capacity (topology.py, rdzv_store.py, capacity.py) ------------
+LABEL_RDZV_GENERATION = f"{GROUP}/rdzv-generation"  # status.rendezvousGeneration a node pod was made for
+COMPONENT_RDZV_STORE = "rdzv-store"  # value of LABEL_COMPONENT on the dedicated c10d store pod and Service
+RDZV_STORE_CONTAINER = "store"  # the one container of the store pod
+RDZV_STORE_MODULE = "ddpjob_trainer.rdzv_store"  # python -m entry point of the store (trainer image)
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue: the LocalQueue that admits the pod
+LABEL_KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"  # Kueue: pods admitted as one workload
+ANNOTATION_KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"  # Kueue: pods in that workload
+
+COND_NODES_UNSCHEDULABLE = "NodesUnschedulable"  # True while node pods wait for capacity past the timeout
+REASON_GROUP_RESTART = "GroupRestart"  # the rendezvous store was lost: every node restarts together
+REASON_UNSCHEDULABLE = "Unschedulable"  # node pods waited longer than scheduling.pendingTimeoutSeconds
+REASON_SCHEDULED = "NodesScheduled"  # every node pod was placed again
+MSG_GROUP_RESTART = ("{what}: restarting all node pods together under rendezvous generation "  # REASON_GROUP_RESTART
+                     "{generation} from the last snapshot; {budget}")
+MSG_UNSCHEDULABLE = ("{count} node pod(s) not scheduled for over "  # REASON_UNSCHEDULABLE
+                     "spec.scheduling.pendingTimeoutSeconds ({timeout}s); {effect}: {pods}")
+MSG_SCHEDULED = "every node pod is scheduled"  # REASON_SCHEDULED

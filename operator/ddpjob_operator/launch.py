@@ -39,9 +39,11 @@ def torchrun_args(spec: DDPJobSpec) -> list[str]:
     return [*head, *spec.args]
 
 
-def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None) -> str:
+def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None,
+              external_store: bool = False) -> str:
     """PET_RDZV_CONF, with torch's key names (dynamic_rendezvous.py), plus where the
-    etcd credentials are mounted (paths only: a password never appears in env or args)."""
+    etcd credentials are mounted (paths only: a password never appears in env or args),
+    and is_host=false when a dedicated store pod serves c10d (no agent may host it)."""
     conf = {
         "join_timeout": timeouts.join_seconds,
         "last_call_timeout": timeouts.last_call_seconds,
@@ -53,6 +55,10 @@ def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None 
         # torch's v2 etcd backend (etcd_rendezvous.py) calls its join timeout "timeout".
         conf["timeout"] = timeouts.join_seconds
     conf.update(credential_conf(backend, credentials_dir))
+    if external_store and backend == "c10d":
+        # c10d_rendezvous_backend.py reads is_host from the conf; without it the agent whose
+        # hostname matches the endpoint would try to host the store itself.
+        conf["is_host"] = "false"
     return ",".join(f"{key}={value}" for key, value in conf.items())
 
 
@@ -78,8 +84,15 @@ def rdzv_endpoint_for(spec: DDPJobSpec, rdzv_host: str) -> str:
     return ",".join(ep.rdzv_endpoints)
 
 
+def rdzv_id(uid: str, generation: int = 0) -> str:
+    """PET_RDZV_ID: the job's uid, suffixed with the rendezvous generation once a whole-group
+    restart happened, so the new group never meets a rendezvous state of the old one."""
+    return uid if generation <= 0 else f"{uid}-{generation}"
+
+
 def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_index: int,
-                rdzv_host: str, snapshot_dir: str | None, rdzv_credentials_dir: str | None = None) -> NodeLaunch:
+                rdzv_host: str, snapshot_dir: str | None, rdzv_credentials_dir: str | None = None,
+                rdzv_generation: int = 0, external_store: bool = False) -> NodeLaunch:
     """The launch of node `node_index`.
 
     Args:
@@ -91,6 +104,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         rdzv_host: host of node 0 (names.c10d_host in a cluster, 127.0.0.1 locally); unused by etcd backends.
         snapshot_dir: where the snapshot volume is seen (spec.snapshot.mountPath in pods), None for none.
         rdzv_credentials_dir: where spec.elasticPolicy.rdzvSecretName is mounted, None for none.
+        rdzv_generation: status.rendezvousGeneration (whole-group restarts so far).
+        external_store: a dedicated process hosts the c10d store at rdzv_host (every agent is a client).
     """
     ep = spec.elastic_policy
     env = {
@@ -98,8 +113,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         "PET_NPROC_PER_NODE": str(ep.n_proc_per_node),
         "PET_RDZV_BACKEND": ep.rdzv_backend,
         "PET_RDZV_ENDPOINT": rdzv_endpoint_for(spec, rdzv_host),
-        "PET_RDZV_ID": uid,
-        "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir),
+        "PET_RDZV_ID": rdzv_id(uid, rdzv_generation),
+        "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir, external_store),
         "PET_MAX_RESTARTS": str(ep.max_restarts),
         # Measured: sharing the rendezvous TCP store with the workers made gloo worker
         # restarts fail or hang in 4 of 6 runs, 0 of 9 without sharing.

@@ -63,3 +63,13 @@ def check_name_lengths(job: str, max_replicas: int) -> None:
             f"has {len(longest)} characters, over the DNS label limit of {DNS_LABEL_MAX}; "
             f"use at most {allowed} characters for this maxReplicas"
         )
+
+
+def rdzv_store_name(job: str) -> str:
+    """Pod and Service of the dedicated c10d store (elasticPolicy.rdzvStore: pod)."""
+    return f"{job}-rdzv"
+
+
+def rdzv_store_host(job: str, namespace: str, domain: str = CLUSTER_DOMAIN) -> str:
+    """DNS name of the store's Service: stable across store pod replacements."""
+    return f"{rdzv_store_name(job)}.{namespace}.svc.{domain}"

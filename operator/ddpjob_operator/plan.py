@@ -14,6 +14,11 @@ Rules, in order:
     current failure incident has elapsed and the old pod is gone; create the
     missing indexes; create nothing once a node succeeded (training is over and
     torchrun cannot rejoin a closed rendezvous).
+Rendezvous topology (topology.py): node pods of an older rendezvous generation are deleted
+and no node pod is created while one of them is still there, so the groups never mix; with
+`rdzvStore: pod` the store pod and its Service come first (node pods follow once the store
+pod exists), a failed store pod is deleted and created again, and the store goes when the
+job finishes whatever the cleanPodPolicy (it holds nothing worth keeping).
 At most one Requeue is returned: the earliest moment something will change
 without an event (backoff end, deadline, TTL, a deletion finishing).
 """
@@ -24,10 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Union
 
+from . import capacity, topology
 from . import constants as C
 from .clock import parse_time, seconds_between
 from .names import pod_name
 from .pods import current_pods, is_active, is_deleting, pod_index, pod_name_of, pod_phase
+from .rdzv_store import is_store_pod, render_store_pod, render_store_service, uses_store_pod
 from .render import render_pod, render_service
 from .spec import DDPJobSpec, JobRef
 from .status import replacement_delay
@@ -97,9 +104,19 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     if phase == C.PHASE_SUSPENDED or spec.run_policy.suspend:
         return [DeletePod(pod_name_of(p), "the job is suspended") for p in pods if not is_deleting(p)]
     actions: list[Action] = [] if service_exists else [CreateService(render_service(ref, spec))]
+    generation = topology.generation_of(status)
+    stale = [p for p in pods if topology.is_stale(p, generation)]
+    actions += [DeletePod(pod_name_of(p), f"a whole-group restart began rendezvous generation {generation}")
+                for p in stale if not is_deleting(p)]
+    pods = topology.without_stale(pods, generation)
     actions += _scale_down(spec, pods)
     actions += _replace_failed(spec, pods)
-    actions += _create_missing(ref, spec, status, pods, now)
+    actions += _store(ref, spec, pods)
+    if stale or (uses_store_pod(spec) and topology.store_pod(pods) is None):
+        actions.append(Requeue(DELETION_POLL_SECONDS))  # the old group goes, or the store comes, first
+    else:
+        actions += _create_missing(ref, spec, status, pods, now)
+    actions += _pending_requeue(spec, pods, now)
     return _with_one_requeue(actions + _deadline_requeue(spec, status, now))
 
 
@@ -107,7 +124,7 @@ def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: list[Mapping[st
               now: datetime) -> list[Action]:
     policy = spec.run_policy.clean_pod_policy
     doomed = [p for p in pods if not is_deleting(p)
-              and (policy == "All" or (policy == "Running" and is_active(p)))]
+              and (policy == "All" or (policy == "Running" and is_active(p)) or (is_store_pod(p) and is_active(p)))]
     actions: list[Action] = [DeletePod(pod_name_of(p), f"the job finished (cleanPodPolicy {policy})")
                              for p in doomed]
     ttl, done = spec.run_policy.ttl_seconds_after_finished, parse_time(status.get("completionTime"))
@@ -118,7 +135,7 @@ def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: list[Mapping[st
 
 
 def _scale_down(spec: DDPJobSpec, pods: list[Mapping[str, Any]]) -> list[Action]:
-    extra = [p for p in pods if not is_deleting(p)
+    extra = [p for p in pods if not is_deleting(p) and not is_store_pod(p)
              and (pod_index(p) is None or pod_index(p) >= spec.desired_replicas)]
     return [DeletePod(pod_name_of(p), f"node index is not below spec.replicas ({spec.desired_replicas})")
             for p in sorted(extra, key=lambda p: -(pod_index(p) or 0))]
@@ -146,10 +163,30 @@ def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
     delay = replacement_delay(spec, status, now)
     if missing and delay > 0:
         return [Requeue(delay)]
-    actions: list[Action] = [CreatePod(render_pod(ref, spec, i)) for i in missing]
+    generation = topology.generation_of(status)
+    actions: list[Action] = [CreatePod(render_pod(ref, spec, i, generation)) for i in missing]
     if waiting_for_deletion:
         actions.append(Requeue(max(delay, DELETION_POLL_SECONDS)))
     return actions
+
+
+def _store(ref: JobRef, spec: DDPJobSpec, pods: list[Mapping[str, Any]]) -> list[Action]:
+    """Create the dedicated store pod (and its Service, create-or-skip) when there is none;
+    delete a failed one (topology.py already turned its loss into a group restart)."""
+    if not uses_store_pod(spec) or _training_over(spec, pods):
+        return []
+    stores = [p for p in pods if is_store_pod(p)]
+    actions: list[Action] = [DeletePod(pod_name_of(p), "replacing the failed rendezvous store pod")
+                             for p in stores if not is_deleting(p) and pod_phase(p) in ("Failed", "Succeeded")]
+    if not stores:
+        actions += [CreateService(render_store_service(ref, spec)), CreatePod(render_store_pod(ref, spec))]
+    return actions
+
+
+def _pending_requeue(spec: DDPJobSpec, pods: list[Mapping[str, Any]], now: datetime) -> list[Action]:
+    """Look again when a waiting node pod passes scheduling.pendingTimeoutSeconds."""
+    after = capacity.next_overdue_in(spec, current_pods(pods, spec.desired_replicas), now)
+    return [Requeue(after)] if after is not None else []
 
 
 def _deadline_requeue(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> list[Action]:

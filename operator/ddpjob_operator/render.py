@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import constants as C
+from .capacity import kueue_metadata
 from .launch import NodeLaunch, launch_plan
-from .names import c10d_host, pod_hostname, pod_name, service_name
+from .names import c10d_host, pod_hostname, pod_name, rdzv_store_host, service_name
 from .spec import DDPJobSpec, JobRef
 
 
@@ -34,9 +35,10 @@ def selector(job: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(job).items())
 
 
-def pod_labels(job: str, index: int) -> dict[str, str]:
-    """Labels of node pod `index`."""
-    return {**common_labels(job), C.LABEL_COMPONENT: C.COMPONENT_NODE, C.LABEL_NODE_INDEX: str(index)}
+def pod_labels(job: str, index: int, generation: int = 0) -> dict[str, str]:
+    """Labels of node pod `index` of rendezvous generation `generation`."""
+    return {**common_labels(job), C.LABEL_COMPONENT: C.COMPONENT_NODE, C.LABEL_NODE_INDEX: str(index),
+            C.LABEL_RDZV_GENERATION: str(generation)}
 
 
 def owner_reference(ref: JobRef) -> dict[str, Any]:
@@ -73,34 +75,39 @@ def render_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
     }
 
 
-def node_launch(ref: JobRef, spec: DDPJobSpec, index: int) -> NodeLaunch:
-    """The launch plan of node `index` inside the cluster."""
+def node_launch(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> NodeLaunch:
+    """The launch plan of node `index` of rendezvous generation `generation` inside the cluster."""
+    store_pod = spec.elastic_policy.rdzv_store == "pod"
     return launch_plan(
         job=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec, node_index=index,
-        rdzv_host=c10d_host(ref.name, ref.namespace),
+        rdzv_host=rdzv_store_host(ref.name, ref.namespace) if store_pod else c10d_host(ref.name, ref.namespace),
+        rdzv_generation=generation, external_store=store_pod,
         snapshot_dir=spec.snapshot.mount_path if spec.snapshot else None,
         rdzv_credentials_dir=C.RDZV_SECRET_MOUNT_PATH if spec.elastic_policy.rdzv_secret_name else None,
     )
 
 
-def render_pod(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
-    """Node pod `index` (same name after every replacement, so its DNS name is stable)."""
+def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
+    """Node pod `index` (same name after every replacement, so its DNS name is stable) of
+    rendezvous generation `generation` (status.rendezvousGeneration)."""
     po = spec.pod_overrides
+    queue_labels, queue_annotations = kueue_metadata(ref, spec)
+    annotations = {**po.annotations, **queue_annotations}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod_name(ref.name, index),
             "namespace": ref.namespace,
-            "labels": {**po.labels, **pod_labels(ref.name, index)},
-            **({"annotations": dict(po.annotations)} if po.annotations else {}),
+            "labels": {**po.labels, **queue_labels, **pod_labels(ref.name, index, generation)},
+            **({"annotations": annotations} if annotations else {}),
             "ownerReferences": [owner_reference(ref)],
         },
-        "spec": _pod_spec(ref, spec, index),
+        "spec": _pod_spec(ref, spec, index, generation),
     }
 
 
-def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
+def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {
         # hostname + subdomain = the headless Service give <pod>.<job>.<ns>.svc DNS names.
         "hostname": pod_hostname(ref.name, index),
@@ -111,14 +118,14 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
         # Service links would inject *_PORT variables; a Service named "master" sets
         # MASTER_PORT=tcp://... and breaks torch.distributed.
         "enableServiceLinks": False,
-        "containers": [_container(ref, spec, index)],
+        "containers": [_container(ref, spec, index, generation)],
         "volumes": _volumes(spec),
     }
     return {**body, **_scheduling(spec), **_pod_overrides(spec)}
 
 
-def _container(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
-    launch = node_launch(ref, spec, index)
+def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
+    launch = node_launch(ref, spec, index, generation)
     container: dict[str, Any] = {
         "name": C.CONTAINER_NAME,
         "image": spec.image,
@@ -127,7 +134,7 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int) -> dict[str, Any]:
         "args": launch.args,
         "env": _env(launch, spec),
     }
-    if spec.elastic_policy.rdzv_backend == "c10d":
+    if spec.elastic_policy.rdzv_backend == "c10d" and spec.elastic_policy.rdzv_store == "node":
         port = spec.elastic_policy.rdzv_port
         container["ports"] = [{"name": C.RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"}]
     resources = {k: dict(v) for k, v in (("limits", spec.resources.limits),

@@ -52,7 +52,7 @@ RESERVED_ENV = {
     "PET_NPROC_PER_NODE": "spec.elasticPolicy.nProcPerNode",
     "PET_RDZV_BACKEND": "spec.elasticPolicy.rdzvBackend",
     "PET_RDZV_ENDPOINT": "spec.elasticPolicy.rdzvEndpoints/rdzvPort",
-    "PET_RDZV_ID": "metadata.uid (set by the operator)",
+    "PET_RDZV_ID": "metadata.uid and status.rendezvousGeneration (set by the operator)",
     "PET_RDZV_CONF": "spec.elasticPolicy.rdzvTimeouts",
     "PET_MAX_RESTARTS": "spec.elasticPolicy.maxRestarts",
     C.ENV_SNAPSHOT_DIR: "spec.snapshot.mountPath",
@@ -65,6 +65,7 @@ RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LAB
                    C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
 RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME)  # pod volume names the operator uses
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a Secret's name: an RFC 1123 DNS subdomain
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # a label value (queue names are label values)
 
 # Kubernetes resource.Quantity, as apimachinery's OpenAPI pattern spells it.
 QUANTITY_PATTERN = (
@@ -204,6 +205,10 @@ class ElasticPolicy(_Model):
         cel("!has(self.rdzvSecretName) || (has(self.rdzvBackend) && self.rdzvBackend != 'c10d')",
             "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 "
             "(c10d has no etcd to authenticate to): remove it or change rdzvBackend"),
+        cel("!has(self.rdzvStore) || self.rdzvStore == 'node' || "
+            "!has(self.rdzvBackend) || self.rdzvBackend == 'c10d'",
+            "spec.elasticPolicy.rdzvStore may be pod only when rdzvBackend is c10d "
+            "(etcd backends keep their state in etcd): remove it or set rdzvBackend to c10d"),
         cel("!has(self.rdzvBackend) || self.rdzvBackend != 'etcd' || "
             "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) <= 1",
             "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend "
@@ -245,6 +250,12 @@ class ElasticPolicy(_Model):
         "password (etcd auth). etcd-v3 uses the keys present; torch's etcd (v2) backend needs ca.crt, "
         "tls.crt and tls.key and has no password auth."))
     rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
+    rdzv_store: Literal["node", "pod"] = Field("node", description=(
+        "Where the c10d rendezvous store runs (c10d only): node (inside node 0's agent; losing "
+        "node 0 restarts the whole group) or pod (a small dedicated pod <job>-rdzv behind a "
+        "Service; every node joins as a client, so losing any node replaces only that node)."),
+        json_schema_extra=immutable(
+            "spec.elasticPolicy.rdzvStore", "nodes of one job must share one rendezvous"))
 
 
 class Snapshot(_Model):
@@ -306,6 +317,15 @@ class Scheduling(_Model):
     affinity: KubeObject = Field(default_factory=dict, description="Pod affinity.")
     priority_class_name: str = Field("", description="Pod priorityClassName.")
     scheduler_name: str = Field("", description="Pod schedulerName (e.g. a gang scheduler).")
+    pending_timeout_seconds: int = Field(120, ge=1, description=(
+        "How long a node pod may wait for the scheduler before the job reports it as lacking "
+        "capacity (condition NodesUnschedulable, with the scheduler's message, and an Event). "
+        "It never blocks the job: training starts once minReplicas run, late pods join when "
+        "scheduled."))
+    queue_name: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN, description=(
+        "Kueue LocalQueue that admits the node pods as one workload (Kueue's plain pod-group "
+        "integration): sets the kueue.x-k8s.io/queue-name and pod-group-name labels and the "
+        "pod-group-total-count annotation (= replicas) on every node pod."))
 
 
 class PodOverrides(_Model):
@@ -494,6 +514,10 @@ def _cross_field_errors(spec: DDPJobSpec) -> list[FieldError]:
 
 
 def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
+    if ep.rdzv_store == "pod" and ep.rdzv_backend != "c10d":
+        return [FieldError("spec.elasticPolicy.rdzvStore", ep.rdzv_store,
+                           f"may be pod only when rdzvBackend is c10d, not {ep.rdzv_backend} (etcd "
+                           "backends keep their state in etcd): remove it or set rdzvBackend to c10d")]
     if ep.rdzv_secret_name is not None and ep.rdzv_backend not in ETCD_BACKENDS:
         return [FieldError("spec.elasticPolicy.rdzvSecretName", ep.rdzv_secret_name,
                            "may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to "
@@ -684,3 +708,17 @@ class DDPJobStatus(_Model):
     completion_time: str | None = Field(None, description="When the job finished.",
                                         json_schema_extra={"format": "date-time"})
     observed_generation: int | None = Field(None, description="metadata.generation this status describes.")
+    rendezvous_generation: int | None = Field(None, description=(
+        "Whole-group restarts so far (losing the c10d store restarts every node); part of the "
+        "rendezvous id (PET_RDZV_ID = <uid>-<generation> once it is above 0) and of the pods' "
+        "ddpjob.io/rdzv-generation label, so an old rendezvous is never joined."))
+    desired_replicas: int | None = Field(None, description="spec.replicas: node pods wanted.")
+    scheduled_replicas: int | None = Field(None, description=(
+        "Node pods of the current rendezvous generation bound to a Kubernetes node."))
+    running_replicas: int | None = Field(None, description=(
+        "Node pods of the current rendezvous generation whose phase is Running."))
+    rendezvous_replicas: int | None = Field(None, description=(
+        "Node pods of the current rendezvous generation that are Ready: the operator's estimate of "
+        "the nodes in the rendezvous (it does not read the rendezvous store itself)."))
+    unschedulable: list[str] = Field(default_factory=list, description=(
+        "Node pods the scheduler has not placed, each as '<pod>: <scheduler reason>: <message>'."))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
+from . import capacity, topology
 from . import constants as C
 from .clock import format_time, parse_time, seconds_between
 from .failure import (
@@ -86,8 +87,9 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
     if last_snapshot:
         status["lastSnapshot"] = {k: last_snapshot[k] for k in ("epoch", "step", "time", "path")
                                   if last_snapshot.get(k) is not None}
-    status.update(_counts(ref, spec, pods))
+    status.update(_counts(ref, spec, topology.node_pods(pods)))
     status["observedGeneration"] = ref.generation
+    live = topology.without_stale(pods, topology.generation_of(status))
     if errors or spec is None:
         verdict = _invalid(errors)
     elif prev.get("phase") in C.FINISHED_PHASES and prev.get("completionTime"):
@@ -97,13 +99,22 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
         verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED)
     else:
         status["startTime"] = status.get("startTime") or format_time(now)
-        verdict = _active_verdict(spec, pods, status, now, prev.get("phase"))
-    return _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
+        restart = topology.begin_group_restart(ref.name, spec, pods, status, now)
+        live = topology.without_stale(pods, topology.generation_of(status))
+        verdict = _active_verdict(spec, live, status, now, prev.get("phase"))
+        if restart:
+            verdict = _group_restart_verdict(verdict, restart, prev.get("phase"))
+    if spec is not None and not errors:
+        status.update(_capacity_counts(spec, live))
+    update = _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
+    if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
+        _report_capacity(update, prev, spec, live, now)
+    return update
 
 
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
-            "completionTime")
+            "completionTime", "rendezvousGeneration")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -119,6 +130,43 @@ def _counts(ref: JobRef, spec: DDPJobSpec | None, pods: list[Mapping[str, Any]])
         "ready": f"{ready}/{desired}",
         "selector": selector(ref.name),
     }
+
+
+def _capacity_counts(spec: DDPJobSpec, live: list[Mapping[str, Any]]) -> dict[str, Any]:
+    current = current_pods(live, spec.desired_replicas)
+    return {**capacity.node_counts(spec, current), "unschedulable": capacity.unschedulable(current) or None}
+
+
+def _group_restart_verdict(verdict: _Verdict, restart: topology.GroupRestart, prev_phase: str | None) -> _Verdict:
+    """Restarting, explained by the group restart; its Event is the phase-change Event that
+    _finish posts, plus one here only when the phase was Restarting already (no change)."""
+    if verdict.phase == C.PHASE_FAILED:  # the incident spent the budget
+        verdict.events.append(Event(C.EVENT_WARNING, C.REASON_GROUP_RESTART, restart.message))
+        return verdict
+    events = verdict.events + ([Event(C.EVENT_WARNING, C.REASON_GROUP_RESTART, restart.message)]
+                               if prev_phase == C.PHASE_RESTARTING else [])
+    return _Verdict(C.PHASE_RESTARTING, C.REASON_GROUP_RESTART, restart.message, events)
+
+
+def _report_capacity(update: StatusUpdate, prev: Mapping[str, Any], spec: DDPJobSpec,
+                     live: list[Mapping[str, Any]], now: datetime) -> None:
+    """The NodesUnschedulable condition, and an Event when it flips."""
+    current = current_pods(live, spec.desired_replicas)
+    late, now_s = capacity.overdue(spec, current, now), format_time(now)
+    old = next((c for c in prev.get("conditions") or [] if c.get("type") == C.COND_NODES_UNSCHEDULABLE), {})
+    conditions = update.status.get("conditions") or []
+    if late:
+        running = sum(1 for p in current if is_active(p) and pod_phase(p) == "Running")
+        message = C.MSG_UNSCHEDULABLE.format(count=len(late), timeout=spec.scheduling.pending_timeout_seconds,
+                                             effect=capacity.capacity_effect(spec, running), pods="; ".join(late))
+        update.status["conditions"] = set_condition(conditions, C.COND_NODES_UNSCHEDULABLE, "True",
+                                                    C.REASON_UNSCHEDULABLE, message, now_s)
+        if old.get("status") != "True":
+            update.events.append(Event(C.EVENT_WARNING, C.REASON_UNSCHEDULABLE, message))
+    elif old.get("status") == "True":
+        update.status["conditions"] = set_condition(conditions, C.COND_NODES_UNSCHEDULABLE, "False",
+                                                    C.REASON_SCHEDULED, C.MSG_SCHEDULED, now_s)
+        update.events.append(Event(C.EVENT_NORMAL, C.REASON_SCHEDULED, C.MSG_SCHEDULED))
 
 
 def _invalid(errors: list[FieldError]) -> _Verdict:
@@ -322,7 +370,8 @@ def _changed(prev: Mapping[str, Any], verdict: _Verdict, invalid: bool) -> bool:
 
 _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector", "restarts",
           "lastFailureTime", "handledFailures", "lastSnapshot", "startTime", "completionTime",
-          "observedGeneration")
+          "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
+          "runningReplicas", "rendezvousReplicas", "unschedulable")
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:

@@ -124,7 +124,8 @@ def test_defaults_reach_the_schema():
 
 
 IMMUTABLE = ["image", "module", "script", "elasticPolicy.minReplicas", "elasticPolicy.maxReplicas",
-             "elasticPolicy.rdzvBackend", "elasticPolicy.rdzvPort", "elasticPolicy.rdzvEndpoints"]
+             "elasticPolicy.rdzvBackend", "elasticPolicy.rdzvPort", "elasticPolicy.rdzvEndpoints",
+             "elasticPolicy.rdzvStore"]
 
 
 def test_exactly_the_chosen_fields_are_immutable_through_transition_rules():
@@ -150,6 +151,7 @@ def test_cross_field_cel_rules_are_present():
         "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port when rdzvBackend is etcd or etcd-v3",
         "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at node 0)",
         "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend",
+        "spec.elasticPolicy.rdzvStore may be pod only when rdzvBackend is c10d (etcd backends keep their state in etcd): remove it or set rdzvBackend to c10d",
         "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)",
         'spec.elasticPolicy.nProcPerNode must be an integer >= 1, "gpu" or "auto"',
         "spec.failurePolicy.maxBackoffSeconds must be >= spec.failurePolicy.backoffSeconds",
@@ -185,7 +187,7 @@ def without_nulls(obj):
 SCHEMA_CAUGHT = {"image missing", "image empty", "replicas zero", "unknown backend", "port out of range",
                  "bad quantity", "negative restart budget", "exit code zero is not permanent",
                  "unknown clean pod policy", "relative snapshot path", "snapshot volume with two sources",
-                 "negative deadline", "rdzv secret name not a DNS name"}
+                 "negative deadline", "rdzv secret name not a DNS name", "queue name not a label value"}
 CEL_CAUGHT = {
     "neither module nor script": "exactly one of spec.module or spec.script must be set",
     "module and script": "exactly one of spec.module or spec.script must be set",
@@ -196,6 +198,7 @@ CEL_CAUGHT = {
     "etcd v2 with two endpoints": "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)",
     "c10d with endpoints": "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at node 0)",
     "rdzv secret with c10d": "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend",
+    "rdzv store pod with etcd": "spec.elasticPolicy.rdzvStore may be pod only when rdzvBackend is c10d (etcd backends keep their state in etcd): remove it or set rdzvBackend to c10d",
     "nproc word": 'spec.elasticPolicy.nProcPerNode must be an integer >= 1, "gpu" or "auto"',
     "nproc zero": 'spec.elasticPolicy.nProcPerNode must be an integer >= 1, "gpu" or "auto"',
     "nproc gpu without a gpu limit": 'spec.elasticPolicy.nProcPerNode "gpu" needs spec.resources.limits["nvidia.com/gpu"]',

@@ -44,6 +44,12 @@ INVALID_SPECS = [
     ("rdzv secret with c10d", {"elasticPolicy": {"rdzvSecretName": "etcd-client"}},
      ['spec.elasticPolicy.rdzvSecretName ("etcd-client") may only be set when rdzvBackend is etcd or '
       "etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend"]),
+    ("rdzv store pod with etcd", {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"],
+                                                    "rdzvStore": "pod"}},
+     ['spec.elasticPolicy.rdzvStore ("pod") may be pod only when rdzvBackend is c10d, not etcd-v3 (etcd '
+      "backends keep their state in etcd): remove it or set rdzvBackend to c10d"]),
+    ("queue name not a label value", {"scheduling": {"queueName": "team a"}},
+     ['spec.scheduling.queueName ("team a") must match ^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$']),
     ("rdzv secret name not a DNS name", {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"],
                                                            "rdzvSecretName": "Etcd_Client"}},
      ['spec.elasticPolicy.rdzvSecretName ("Etcd_Client") must match ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$']),

@@ -1,0 +1,104 @@
+"""The dedicated c10d rendezvous store: one small pod and a Service in front of it.
+
+With `spec.elasticPolicy.rdzvStore: pod` no training node hosts torch's c10d TCPStore;
+a pod `<job>-rdzv` runs `python -m ddpjob_trainer.rdzv_store` (the trainer image, so
+the store speaks exactly the torch version of the agents) and every agent joins as a
+client (`is_host=false` in PET_RDZV_CONF). Losing any training node then replaces only
+that node; losing the store loses the rendezvous state, which topology.py turns into a
+whole-group restart under a new rendezvous id.
+
+Pure: the pod and Service come back as dicts for kube.py to create.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from . import constants as C
+from .names import rdzv_store_name
+from .render import common_labels, owner_reference
+from .spec import DDPJobSpec, JobRef
+
+# Enough for a TCPStore holding a few hundred rendezvous keys; torch's import dominates.
+STORE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def store_labels(job: str) -> dict[str, str]:
+    """Labels of the store pod and Service; the job-name label lets the operator's pod
+    watch and list see the store, the component label tells it apart from node pods."""
+    return {**common_labels(job), C.LABEL_COMPONENT: C.COMPONENT_RDZV_STORE}
+
+
+def is_store_pod(pod: Mapping[str, Any]) -> bool:
+    """The pod is a job's dedicated rendezvous store."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(C.LABEL_COMPONENT) == C.COMPONENT_RDZV_STORE
+
+
+def uses_store_pod(spec: DDPJobSpec) -> bool:
+    """The job runs a dedicated store pod (c10d with rdzvStore: pod)."""
+    ep = spec.elastic_policy
+    return ep.rdzv_backend == "c10d" and ep.rdzv_store == "pod"
+
+
+def render_store_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
+    """A ClusterIP Service: its virtual IP and DNS name outlive every store pod, so agents
+    started before a store replacement reach the new one without a DNS cache going stale."""
+    port = spec.elastic_policy.rdzv_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": rdzv_store_name(ref.name), "namespace": ref.namespace,
+                     "labels": store_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
+        "spec": {
+            "selector": {C.LABEL_JOB_NAME: ref.name, C.LABEL_COMPONENT: C.COMPONENT_RDZV_STORE},
+            "ports": [{"name": C.RDZV_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def render_store_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
+    """The store pod; it shares the node pods' scheduling and pull settings, not their resources."""
+    port = spec.elastic_policy.rdzv_port
+    container = {
+        "name": C.RDZV_STORE_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["python", "-m", C.RDZV_STORE_MODULE],
+        "args": ["--port", str(port)],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": C.RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        # The Service routes to Ready pods only: Ready once the store listens, not when
+        # the container starts (importing torch takes seconds).
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "resources": STORE_RESOURCES,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": rdzv_store_name(ref.name), "namespace": ref.namespace,
+                     "labels": store_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
+        "spec": {
+            # The operator replaces a failed store itself: a kubelet restart would bring the
+            # port back empty while agents believe their rendezvous still exists.
+            "restartPolicy": "Never",
+            "enableServiceLinks": False,
+            "containers": [container],
+            **_shared_pod_settings(spec),
+        },
+    }
+
+
+def _shared_pod_settings(spec: DDPJobSpec) -> dict[str, Any]:
+    """nodeSelector, affinity and schedulerName stay with the node pods: they usually ask for
+    GPU nodes or a gang, which a CPU-only store must not wait for. The priority class is
+    kept so the store is not preempted before the nodes that depend on it."""
+    s, po = spec.scheduling, spec.pod_overrides
+    fields = {
+        "tolerations": [dict(t) for t in s.tolerations],
+        "priorityClassName": s.priority_class_name,
+        "serviceAccountName": po.service_account_name,
+        "imagePullSecrets": [dict(x) for x in po.image_pull_secrets],
+        "securityContext": dict(po.security_context),
+    }
+    return {k: v for k, v in fields.items() if v}

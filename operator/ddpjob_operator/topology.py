@@ -1,0 +1,165 @@
+"""Rendezvous topology: when losing one pod means restarting the whole group.
+
+Pure. Where the rendezvous state lives decides what a lost pod costs:
+
+  * c10d with the store on node 0 (`rdzvStore: node`): node 0's agent hosts the store. When
+    node 0 fails or is deleted, every other agent loses the rendezvous within seconds, so
+    all nodes restart together at once from the snapshot instead of each timing out alone;
+  * c10d with a store pod (`rdzvStore: pod`): any training node is replaced alone (the
+    others keep the rendezvous); losing the store pod loses the state: a whole-group restart;
+  * etcd, etcd-v3: the state is in etcd, so a lost node is replaced alone.
+
+A whole-group restart bumps `status.rendezvousGeneration`. The generation is part of the
+rendezvous id (launch.rdzv_id) and a label of every node pod, so the new group never joins
+a rendezvous of the old one, and pods of an older generation are deleted rather than mixed
+with new ones. It counts as one failure incident (one Event), however many agents died of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from . import constants as C
+from .clock import format_time, parse_time
+from .failure import (
+    Outcome,
+    classify_pod,
+    pod_created_at,
+    pod_exit_code,
+    pod_finished_at,
+    pod_reason,
+    starts_new_incident,
+)
+from .names import pod_name, rdzv_store_name
+from .pods import current_pods, is_deleting, pod_index, pod_phase, pod_uid
+from .rdzv_store import is_store_pod, uses_store_pod
+from .spec import DDPJobSpec
+
+Pod = Mapping[str, Any]
+
+
+def generation_of(status: Mapping[str, Any] | None) -> int:
+    """status.rendezvousGeneration (0 before the first whole-group restart)."""
+    return int((status or {}).get("rendezvousGeneration") or 0)
+
+
+def pod_generation(pod: Pod) -> int:
+    """The generation label of a node pod; pods made before generations existed are 0."""
+    raw = ((pod.get("metadata") or {}).get("labels") or {}).get(C.LABEL_RDZV_GENERATION, "0")
+    return int(raw) if isinstance(raw, str) and raw.isdigit() else 0
+
+
+def is_stale(pod: Pod, generation: int) -> bool:
+    """A node pod of an older rendezvous generation: it must go, never rejoin."""
+    return pod_index(pod) is not None and not is_store_pod(pod) and pod_generation(pod) < generation
+
+
+def without_stale(pods: Iterable[Pod], generation: int) -> list[Pod]:
+    """The pods that still count: current-generation node pods and the store pod."""
+    return [p for p in pods if not is_stale(p, generation)]
+
+
+def node_pods(pods: Iterable[Pod]) -> list[Pod]:
+    """Every pod but the store pod."""
+    return [p for p in pods if not is_store_pod(p)]
+
+
+def store_pod(pods: Iterable[Pod]) -> Pod | None:
+    """The job's store pod that is not being deleted, if any."""
+    return next((p for p in pods if is_store_pod(p) and not is_deleting(p)), None)
+
+
+def store_on_node(spec: DDPJobSpec) -> bool:
+    """c10d with node 0's agent hosting the store."""
+    ep = spec.elastic_policy
+    return ep.rdzv_backend == "c10d" and ep.rdzv_store == "node"
+
+
+@dataclass(frozen=True)
+class StoreLoss:
+    """The rendezvous store was lost: what happened, and the failed pod if it failed."""
+
+    what: str
+    pod: Pod | None  # None when the pod was deleted rather than failed
+
+
+def store_loss(job: str, spec: DDPJobSpec, pods: list[Pod], generation: int,
+               handled: Iterable[str]) -> StoreLoss | None:
+    """The loss of the rendezvous store among `pods`, if one happened and was not handled.
+
+    A missing store counts as lost only while a node of the current generation runs (it
+    was deleted under a live group); at start-up or after a restart it is simply created.
+    """
+    handled = set(handled)
+    current = current_pods(without_stale(pods, generation), spec.desired_replicas)
+    if any(pod_phase(p) == "Succeeded" for p in current):
+        return None  # training is over; nothing to restart
+    if store_on_node(spec):
+        host = next((p for p in current if pod_index(p) == 0), None)
+        others = [p for p in current if pod_index(p) != 0]
+        if not others:
+            return None  # a single node: replacing it is all a group restart would do
+        return _loss(host, others, handled, f"node pod {pod_name(job, 0)} (the c10d store host)")
+    if uses_store_pod(spec):
+        return _loss(store_pod(pods), current, handled, f"rendezvous store pod {rdzv_store_name(job)}")
+    return None
+
+
+def _loss(host: Pod | None, nodes: list[Pod], handled: set[str], who: str) -> StoreLoss | None:
+    if host is None:
+        if any(pod_phase(p) == "Running" for p in nodes):
+            return StoreLoss(f"{who} was deleted", None)
+        return None
+    if pod_phase(host) != "Failed" or pod_uid(host) in handled:
+        return None
+    code, reason = pod_exit_code(host), pod_reason(host)
+    detail = ", ".join([f"exit code {code}" if code is not None else "no exit code"] + ([reason] if reason else []))
+    return StoreLoss(f"{who} failed ({detail})", host)
+
+
+@dataclass(frozen=True)
+class GroupRestart:
+    """What a whole-group restart did to the status, for the Event and the phase."""
+
+    message: str
+    counted: bool  # it used one restart of failurePolicy.maxRestarts
+
+
+def begin_group_restart(job: str, spec: DDPJobSpec, pods: list[Pod], status: dict[str, Any],
+                        now: datetime) -> GroupRestart | None:
+    """Start a whole-group restart when the store was lost; updates `status` in place.
+
+    Bumps rendezvousGeneration; counts one incident (unless the store was deleted or
+    disrupted, which, like any disruption, does not use the budget, or the failure joins
+    an incident already open); marks every failed pod of the old generation as handled
+    so the agents that died with the store add no incidents and no Events of their own.
+    A store host that failed with a permanent exit code is left to the normal failure
+    path, which fails the job.
+    """
+    generation = generation_of(status)
+    loss = store_loss(job, spec, pods, generation, status.get("handledFailures") or ())
+    if loss is None:
+        return None
+    outcome = classify_pod(loss.pod, spec.failure_policy.permanent_exit_codes) if loss.pod else Outcome.DISRUPTION
+    if outcome == Outcome.PERMANENT:
+        return None
+    counted = outcome == Outcome.RETRYABLE and _new_incident(loss.pod, status, now)
+    if counted:
+        status["restarts"] = int(status.get("restarts") or 0) + 1
+        failed_at = min(parse_time(pod_finished_at(loss.pod)) or now, now)
+        status["lastFailureTime"] = format_time(failed_at)
+    status["handledFailures"] = sorted(set(status.get("handledFailures") or []) | {
+        pod_uid(p) for p in pods if pod_phase(p) == "Failed" and pod_generation(p) <= generation})
+    status["rendezvousGeneration"] = generation + 1
+    budget = (f"failure incident {status['restarts']} of spec.failurePolicy.maxRestarts "
+              f"({spec.failure_policy.max_restarts})" if counted else "this does not use the restart budget")
+    return GroupRestart(C.MSG_GROUP_RESTART.format(what=loss.what, generation=generation + 1, budget=budget),
+                        counted)
+
+
+def _new_incident(pod: Pod, status: Mapping[str, Any], now: datetime) -> bool:
+    failed_at = min(parse_time(pod_finished_at(pod)) or now, now)
+    return starts_new_incident(failed_at, parse_time(pod_created_at(pod)),
+                               parse_time(status.get("lastFailureTime")))
