@@ -23,6 +23,7 @@ VALUE_SETS = {
     "custom-image": CUSTOM_IMAGE,
     "peering": PEERING,
     "peering-namespaced": {**PEERING, **NAMESPACED},
+    "shared-etcd": {"etcd": {"enabled": True, "enableV2": True}},
 }
 
 

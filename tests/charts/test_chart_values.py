@@ -20,7 +20,7 @@ def leaf_paths(values: dict, prefix: str = "") -> list[str]:
     paths = []
     for key, value in values.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and path not in ("resources",):
+        if isinstance(value, dict) and value and path not in ("resources", "etcd.resources"):
             paths.extend(leaf_paths(value, f"{path}."))
         else:
             paths.append(path)
