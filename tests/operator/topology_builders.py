@@ -1,0 +1,69 @@
+"""Builders for the topology and capacity tests: pods of a rendezvous generation, the
+store pod, and pods the scheduler could not place (PodScheduled False)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ddpjob_operator import constants as C
+from ddpjob_operator.clock import format_time
+from ddpjob_operator.rdzv_store import render_store_pod
+from ddpjob_operator.reconcile import Reconciliation, reconcile
+from ddpjob_operator.spec import parse_spec
+from tests.operator.builders import T0, at, job_ref, make_pod
+
+STORE_POD = {"elasticPolicy": {"rdzvStore": "pod"}}
+ETCD_V3 = {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd:2379"]}}
+
+
+def gen_pod(body: dict, index: int, generation: int, **kwargs: Any) -> dict:
+    """make_pod, labelled with rendezvous generation `generation` (and a uid naming it)."""
+    kwargs.setdefault("uid", f"{body['metadata']['name']}-node-{index}-g{generation}")
+    pod = make_pod(body, index, **kwargs)
+    pod["metadata"]["labels"][C.LABEL_RDZV_GENERATION] = str(generation)
+    return pod
+
+
+def store(body: dict, phase: str = "Running", *, uid: str = "store-uid", exit_code: int | None = None,
+          deleting: bool = False) -> dict:
+    """The job's store pod as the API returns it."""
+    pod = render_store_pod(job_ref(body), parse_spec(body["spec"]))
+    pod["metadata"].update(uid=uid, creationTimestamp=format_time(T0))
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = format_time(T0)
+    status: dict[str, Any] = {"phase": phase}
+    if phase == "Failed":
+        status["containerStatuses"] = [{"name": C.RDZV_STORE_CONTAINER, "state": {"terminated": {
+            "exitCode": 1 if exit_code is None else exit_code, "finishedAt": format_time(T0)}}}]
+    pod["status"] = status
+    return pod
+
+
+def unscheduled(body: dict, index: int, since: datetime, *, generation: int = 0,
+                message: str = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                reason: str = "Unschedulable") -> dict:
+    """A Pending node pod the scheduler could not place since `since`."""
+    pod = gen_pod(body, index, generation, phase="Pending")
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": reason,
+                                    "message": message, "lastTransitionTime": format_time(since)}]
+    return pod
+
+
+def scheduled_pending(body: dict, index: int, generation: int = 0) -> dict:
+    """A Pending pod already bound to a node (pulling its image)."""
+    pod = gen_pod(body, index, generation, phase="Pending")
+    pod["spec"]["nodeName"] = "gpu-node-1"
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    return pod
+
+
+def step(job: dict, pods: list, seconds: float, *, service_exists: bool = True) -> Reconciliation:
+    """One reconciliation at T0+seconds; the job keeps the new status as the API would."""
+    result = reconcile(job, pods, at(seconds), service_exists=service_exists)
+    job["status"] = result.status
+    return result
+
+
+def env_of(pod: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
