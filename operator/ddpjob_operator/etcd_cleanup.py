@@ -39,6 +39,7 @@ import kopf
 
 from ddpjob_operator import constants as C
 from ddpjob_operator import kube
+from ddpjob_operator.launch import rdzv_id
 from ddpjob_operator.pods import is_active
 from ddpjob_operator.spec import DDPJobSpec, validate_job
 from ddpjob_rdzv import keys
@@ -61,12 +62,20 @@ class CleanupTarget:
     """Where a job's rendezvous keys are and how to authenticate."""
 
     endpoints: tuple[str, ...]
-    run_id: str  # metadata.uid, the job's --rdzv_id
+    run_id: str  # metadata.uid, the job's first --rdzv_id
     secret_name: str | None  # spec.elasticPolicy.rdzvSecretName
+    generations: int = 0  # status.rendezvousGeneration: later groups ran as <uid>-<generation>
+
+    @property
+    def run_ids(self) -> list[str]:
+        """Every --rdzv_id the job's groups used (launch.rdzv_id)."""
+        return [rdzv_id(self.run_id, generation) for generation in range(self.generations + 1)]
 
     @property
     def prefix(self) -> str:
-        return keys.run_prefix(self.run_id)
+        """Where the keys are, for messages (the first group's prefix, plus later ones when any)."""
+        first = keys.run_prefix(self.run_id)
+        return first if not self.generations else f"{first} (and {self.generations} later generation(s))"
 
 
 def cleanup_target(body: Mapping[str, Any]) -> CleanupTarget | None:
@@ -77,7 +86,8 @@ def cleanup_target(body: Mapping[str, Any]) -> CleanupTarget | None:
     ep = DDPJobSpec.model_validate(body.get("spec") or {}).elastic_policy
     if ep.rdzv_backend != BACKEND:
         return None
-    return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name)
+    generations = int((body.get("status") or {}).get("rendezvousGeneration") or 0)
+    return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name, generations)
 
 
 def needs_finalizer(body: Mapping[str, Any], **_: Any) -> bool:
@@ -115,7 +125,7 @@ def delete_keys(target: CleanupTarget, credentials_dir: str | None, timeout: flo
     options: dict[str, Any] = {"read_timeout": max(1, int(timeout))}
     if credentials_dir:
         options["credentials_dir"] = credentials_dir
-    return delete_rendezvous(list(target.endpoints), target.run_id, **options)
+    return sum(delete_rendezvous(list(target.endpoints), run_id, **options) for run_id in target.run_ids)
 
 
 class RendezvousCleaner:

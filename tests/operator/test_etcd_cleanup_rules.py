@@ -31,6 +31,13 @@ def test_the_target_prefix_is_the_backends_key_layout():
     assert cleanup_target(make_ddpjob(uid="abc", elasticPolicy=V3)).prefix == "/ddpjob/rdzv/abc/"
 
 
+def test_every_rendezvous_generation_of_the_job_is_cleaned():
+    target = cleanup_target(make_ddpjob(uid="abc", elasticPolicy=V3, status={"rendezvousGeneration": 2}))
+
+    assert target.run_ids == ["abc", "abc-1", "abc-2"]  # the ids launch.rdzv_id gave each group
+    assert target.prefix == "/ddpjob/rdzv/abc/ (and 2 later generation(s))"
+
+
 @pytest.mark.parametrize(("phase", "pod_phases", "due"), [
     ("Succeeded", ["Succeeded", "Succeeded"], True),
     ("Failed", ["Failed", "Succeeded"], True),
