@@ -1,0 +1,50 @@
+"""The standalone rendezvous store (`python -m ddpjob_trainer.rdzv_store`): it serves a
+TCPStore that clients share, and a SIGTERM (the kubelet's stop) ends it cleanly."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from tests.support.procs import free_port, start_in_own_group, stop_process_group
+
+
+def wait_for_line(process: subprocess.Popen, needle: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if needle in line:
+            return line
+        if not line and process.poll() is not None:
+            break
+    raise AssertionError(f"no {needle!r} from the store (exit code {process.poll()})")
+
+
+def test_the_store_serves_clients_and_exits_0_on_sigterm():
+    port = free_port()
+    store = start_in_own_group([sys.executable, "-m", "ddpjob_trainer.rdzv_store", "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert f":{port}" in wait_for_line(store, "listening")
+        writer = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        reader = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        writer.set("rdzv/state", "round-1")
+        assert reader.get("rdzv/state") == b"round-1"
+        assert reader.add("rdzv/count", 2) == 2 and writer.add("rdzv/count", 1) == 3
+        store.send_signal(signal.SIGTERM)
+        assert store.wait(timeout=15) == 0
+    finally:
+        stop_process_group(store)
+
+
+def test_help_answers_without_importing_torch():
+    result = subprocess.run([sys.executable, "-m", "ddpjob_trainer.rdzv_store", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--port" in result.stdout
+    probe = subprocess.run([sys.executable, "-c", "import sys, ddpjob_trainer.rdzv_store; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.stdout.strip() == "False"
