@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import re
 import shutil
@@ -47,13 +48,15 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.operator_harness import ApiError, KubeClient
+from tests.support.torchrun import read_events
 
 LOOPBACK = "127.0.0.1"
 FINALIZER = "sandbox.ddpjob.io/node-agent"  # held while the pod's processes run
@@ -558,4 +561,107 @@ def node_agent(k8s: KubeClient, tmp_path: Path) -> Iterator[NodeAgent]:
     """A node agent running the pods of ``k8s.namespace``; its container logs are printed after the test."""
     with running_node_agent(k8s, tmp_path / "node") as agent:
         yield agent
-        sys.stdout.write(f"\n--- sandbox node containers ---\n{agent.logs()}\n")
+        sys.stdout.write(f"\n--- sandbox node containers ---\n{agent.logs()}\nnode agent API errors: {agent.errors}\n")
+
+
+# --------------------------------------------------------------------- the example job, test-speed
+
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "manifests" / "examples"
+
+# torchrun rendezvous timeouts that make an elastic event cost ~7-15 s instead of ~45 s (the
+# example's 30 s last call is paid by every restart); joinSeconds bounds a hang.
+FAST_RDZV_TIMEOUTS = {"joinSeconds": 60, "lastCallSeconds": 3, "keepAliveIntervalSeconds": 2,
+                      "keepAliveMaxAttempts": 3}
+
+
+def example_job(file: str = "ddpjob-c10d.yaml", *, args: list[str], rdzv_port: int | None = None,
+                backoff_seconds: int = 1) -> dict:
+    """An example manifest with test-speed overrides, each of which a test must say it uses:
+
+    ``args`` replace the trainer's (fewer samples, --step-sleep, --snapshot-every-steps),
+    one worker per node (``auto`` would start one per CPU on this 2-core machine), a free
+    rendezvous port (tests run side by side on one loopback), FAST_RDZV_TIMEOUTS, and a
+    ``backoff_seconds`` first replacement delay (the example waits 10 s).
+    """
+    body = yaml.safe_load((EXAMPLES / file).read_text())
+    spec = body["spec"]
+    spec["args"] = list(args)
+    elastic = spec["elasticPolicy"]
+    elastic["nProcPerNode"] = 1
+    elastic["rdzvTimeouts"] = dict(FAST_RDZV_TIMEOUTS)
+    if rdzv_port is not None:
+        elastic["rdzvPort"] = rdzv_port
+    spec["failurePolicy"].update(backoffSeconds=backoff_seconds, maxBackoffSeconds=max(2, backoff_seconds))
+    return body
+
+
+def trainer_args(*, epochs: int, samples: int, step_sleep: float, snapshot_every_steps: int,
+                 batch_size: int = 32, extra: tuple[str, ...] = ()) -> list[str]:
+    """The example trainer's arguments for a short job (no validation, no progress bar)."""
+    return ["--epochs", str(epochs), "--samples", str(samples), "--batch-size", str(batch_size),
+            "--snapshot-every-epochs", "1", "--snapshot-every-steps", str(snapshot_every_steps),
+            "--step-sleep", str(step_sleep), "--val-samples", "0", "--no-progress-bar", *extra]
+
+
+def kubectl_apply(k8s: KubeClient, body: Mapping[str, Any], workdir: Path) -> Path:
+    """``kubectl apply -f`` of ``body`` written to a file, as a user applies a manifest."""
+    path = Path(workdir) / f"{body['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(dict(body), sort_keys=False))
+    k8s.kubectl("apply", "--validate=false", "-f", str(path))
+    return path
+
+
+class JobProgress:
+    """Follows one sandboxed job through its metrics file, failing fast when the job fails.
+
+    Each :meth:`wait` returns the first event after the previous match that satisfies the
+    predicate, so a scenario reads top to bottom (as ``tests.support.torchrun.MetricsWatcher``).
+    """
+
+    def __init__(self, k8s: KubeClient, agent: NodeAgent, job: str, metrics_path: Path):
+        self.k8s = k8s
+        self.agent = agent
+        self.job = job
+        self.metrics_path = Path(metrics_path)
+        self.cursor = 0
+
+    def events(self) -> list[dict]:
+        return read_events(self.metrics_path)
+
+    def status(self) -> dict:
+        return (self.k8s.find("ddpjobs", self.job) or {}).get("status") or {}
+
+    def wait(self, predicate: Callable[[dict], bool], timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        next_status_check = 0.0
+        while True:
+            events = self.events()
+            for index in range(self.cursor, len(events)):
+                if predicate(events[index]):
+                    self.cursor = index + 1
+                    return events[index]
+            failed = False
+            if time.monotonic() >= next_status_check:
+                failed = self.status().get("phase") == "Failed"
+                next_status_check = time.monotonic() + 1.0
+            if failed or time.monotonic() > deadline:
+                self.fail(f"waiting for {what}: " + ("the job failed" if failed else f"timed out after {timeout} s"))
+            time.sleep(0.1)
+
+    def wait_phase(self, phase: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status.get("phase") == phase:
+                return status
+            if status.get("phase") in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.2)
+        self.fail(f"waiting for phase {phase} within {timeout} s")
+
+    def fail(self, message: str) -> None:
+        tail = "\n".join(json.dumps(e) for e in self.events()[-8:])
+        raise AssertionError(f"{message}\njob status: {json.dumps(self.status(), indent=1)}\n"
+                             f"last metrics:\n{tail}\ncontainers:\n{self.agent.logs()}")
