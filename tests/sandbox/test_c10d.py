@@ -11,10 +11,11 @@ policy's budget and permanent codes) is the example's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ddpjob_operator import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
-from tests.support.kubelet import events
+from tests.support.kubelet import condition, events
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 from tests.support.procs import free_port
 from tests.support.sandbox import JobProgress, example_job, kubectl_apply, node_agent, trainer_args  # noqa: F401
@@ -26,11 +27,15 @@ START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch 
 
 
 def start_example(k8s, node_agent, tmp_path, *, epochs: int = EPOCHS, samples: int = 2048,
-                  step_sleep: float = 0.1, extra: tuple[str, ...] = ()) -> tuple[JobProgress, int]:
+                  step_sleep: float = 0.1, extra: tuple[str, ...] = (),
+                  edit: Callable[[dict], None] | None = None) -> tuple[JobProgress, int]:
+    """Applies the test-speed copy of the example (``edit`` changes its spec further)."""
     port = free_port()
     args = trainer_args(epochs=epochs, samples=samples, step_sleep=step_sleep,
                         snapshot_every_steps=SNAPSHOT_EVERY, extra=extra)
     body = example_job(args=args, rdzv_port=port)
+    if edit is not None:
+        edit(body["spec"])
     kubectl_apply(k8s, body, tmp_path)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
     progress = JobProgress(k8s, node_agent, "mlp", node_agent.claim_dir(claim) / "metrics.jsonl")
@@ -71,3 +76,30 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_the_snapshot_to_suc
     failed = [m for kind, reason, m in events(k8s) if (kind, reason) == (C.EVENT_WARNING, C.REASON_NODE_FAILED)]
     assert any(f"node pod {victim} failed (exit code 137, Error)" in m for m in failed), events(k8s)
     print(f"kill -> first resumed step: {seconds_to_resume:.1f} s")
+
+
+def test_a_permanent_exit_code_fails_the_job_with_the_reason_in_status_and_an_event(k8s, operator, node_agent,
+                                                                                     tmp_path):
+    """torchrun exits 1 whatever its workers' exit codes are (ChildFailedError), so the only code a
+    trainer error can give a node pod is 1: this job lists 1 as permanent (on top of the
+    example's 126, 127), lets torchrun restart nobody (elasticPolicy.maxRestarts 0) and makes
+    the trainer raise at step 5 (--fail-at-step, a debugging flag of the example)."""
+
+    def fail_fast(spec: dict) -> None:
+        spec["elasticPolicy"]["maxRestarts"] = 0
+        spec["failurePolicy"]["permanentExitCodes"] = [1, 126, 127]
+
+    progress, _ = start_example(k8s, node_agent, tmp_path, extra=("--fail-at-step", "5"), edit=fail_fast)
+    progress.wait(is_event("step", step=5), START_TIMEOUT, "training up to the failing step")
+    status = progress.wait_phase(C.PHASE_FAILED, 60)
+
+    failed = condition(k8s, C.COND_FAILED)
+    assert failed["status"] == "True" and failed["reason"] == C.REASON_PERMANENT_ERROR
+    assert "failed (exit code 1, Error)" in failed["message"] and "permanentExitCodes" in failed["message"]
+    assert (C.EVENT_WARNING, C.REASON_PERMANENT_ERROR, failed["message"]) in events(k8s)
+    assert status["restarts"] == 0
+    # Nothing was replaced and nothing is left running (cleanPodPolicy Running deletes a survivor).
+    k8s.wait_for(lambda: all(c.exit_code is not None for c in node_agent.pods.values()), timeout=20,
+                 what="every node process gone")
+    assert sorted(c.name for c in node_agent.pods.values()) == ["mlp-node-0", "mlp-node-1"]
+    assert not any(e["event"] == "done" for e in progress.events())
