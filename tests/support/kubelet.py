@@ -58,3 +58,11 @@ def condition(k8s, type_: str, job: str = "mlp") -> dict | None:
 def events(k8s, job: str = "mlp") -> list[tuple[str, str, str]]:
     return [(e["type"], e["reason"], e["message"]) for e in k8s.list("events")
             if e["involvedObject"]["name"] == job]
+
+
+def set_unschedulable(k8s, pod: str, message: str = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                      reason: str = "Unschedulable") -> dict:
+    """The scheduler reports it cannot place the pod (PodScheduled False), as kube-scheduler does."""
+    return k8s.patch("pods", pod, {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": reason, "message": message,
+         "lastTransitionTime": now()}]}}, subresource="status")
