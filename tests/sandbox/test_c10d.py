@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from ddpjob_operator import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
 from tests.support.kubelet import condition, events
@@ -103,3 +105,28 @@ def test_a_permanent_exit_code_fails_the_job_with_the_reason_in_status_and_an_ev
                  what="every node process gone")
     assert sorted(c.name for c in node_agent.pods.values()) == ["mlp-node-0", "mlp-node-1"]
     assert not any(e["event"] == "done" for e in progress.events())
+
+
+@pytest.mark.slow  # ~75 s: the survivor loses the store too, so the whole group restarts
+def test_killing_the_node_that_hosts_the_c10d_store_still_recovers_to_success(k8s, operator, node_agent, tmp_path):
+    """On loopback every agent may host the store; the one that bound the port does (the pod
+    listening on it), whatever its index. Its death takes the rendezvous with it."""
+    progress, port = start_example(k8s, node_agent, tmp_path)
+    progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
+    snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60,
+                             "a mid-epoch snapshot")
+    host = node_agent.pod_listening_on(port)
+    assert host in ("mlp-node-0", "mlp-node-1"), f"no pod listens on the c10d port {port}"
+    killed = node_agent.kill(host)
+
+    resumed = progress.wait(is_event("start"), 120, "training restarting without the store's host")
+    progress.wait(is_event("step"), 60, "the first resumed step")
+    node_agent.wait_for_container(host, 30, other_than=killed.uid)
+    status = progress.wait_phase(C.PHASE_SUCCEEDED, 120)
+
+    raw = assert_ran_exactly_once(progress.metrics_path, EPOCHS)
+    assert assert_resumed_from_snapshots(raw), "no restart after the kill"
+    assert resumed["resume_step"] >= snapshot["step"]
+    assert status["restarts"] >= 1
+    failed = [m for kind, reason, m in events(k8s) if kind == C.EVENT_WARNING]
+    assert any(f"node pod {host} failed (exit code 137, Error)" in m for m in failed), events(k8s)
