@@ -118,7 +118,7 @@ def apply_node_event(state: RunState, event: dict[str, Any]) -> str | None:
         return f"node {node.index} killed: SIGKILL to its whole process group ({event.get('why', '')})"
     if kind == "exited" and node:
         node.last_exit, node.pid = event.get("code"), None
-        node.state = {"finished": SUCCEEDED, "replace": BACKOFF}.get(event.get("action"), FAILED)
+        node.state = {"finished": SUCCEEDED, "replace": BACKOFF, "none": STOPPED}.get(event.get("action"), FAILED)
         node.replace_at = event.get("replace_at")
         state.incidents = event.get("incidents", state.incidents)
         state.message = event.get("message", "")
