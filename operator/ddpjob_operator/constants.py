@@ -127,3 +127,30 @@ MSG_GROUP_RESTART = ("{what}: restarting all node pods together under rendezvous
 MSG_UNSCHEDULABLE = ("{count} node pod(s) not scheduled for over "  # REASON_UNSCHEDULABLE
                      "spec.scheduling.pendingTimeoutSeconds ({timeout}s); {effect}: {pods}")
 MSG_SCHEDULED = "every node pod is scheduled"  # REASON_SCHEDULED
+
+# --- Progress-aware recovery (failure.py, progress.py) ----------------------------------
+ENV_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"  # where the trainer writes its progress record
+TERMINATION_LOG_PATH = "/dev/termination-log"  # the pod's terminationMessagePath (Kubernetes' default)
+PROGRESS_RECORD_KIND = "ddpjob.progress"  # "kind" of the trainer's record (ddpjob_trainer/termination.py)
+MAX_FAILURES_KEPT = 10  # status.failures keeps this many newest entries
+
+# status.failures[].cause: what a node failure was.
+CAUSE_ERROR = "Error"  # the trainer exited non-zero (retryable; counts against the budget)
+CAUSE_OOM = "OOMKilled"  # the container hit its memory limit (retryable; counts)
+CAUSE_PERMANENT = "PermanentExitCode"  # an exit code in failurePolicy.permanentExitCodes (fails the job)
+CAUSE_DISRUPTED = "Disrupted"  # evicted, preempted or drained (DisruptionTarget); free
+CAUSE_NODE_LOST = "NodeLost"  # lost with its node (taint manager, pod GC, node shutdown); free
+CAUSE_IMAGE_PULL = "ImagePull"  # the image cannot be pulled (fails the job after a bounded wait)
+
+REASON_NO_PROGRESS = "NoProgress"  # failurePolicy.maxRestartsWithoutProgress passed: a crash loop
+REASON_IMAGE_PULL = "ImagePullFailed"  # the trainer image cannot be pulled
+REASON_FORCE_DELETED = "ForceDeleted"  # a pod stuck terminating on a NotReady node was force-deleted
+MSG_NO_PROGRESS = ("{count} failure incidents in a row without a newer snapshot (still at step {step}, "  # REASON_NO_PROGRESS
+                   "epoch {epoch}) exceed spec.failurePolicy.maxRestartsWithoutProgress ({max}); last: {what}")
+MSG_PROGRESS_NOT_CHARGED = "; {count} more after a newer snapshot were not charged"  # appended to MSG_RESTARTS_EXHAUSTED
+MSG_IMAGE_PULL = ("node pod {pod} cannot pull image {image} ({reason}: {message}); "  # REASON_IMAGE_PULL
+                  "{rule}")
+MSG_IMAGE_PULL_TIMEOUT = "still failing spec.failurePolicy.imagePullTimeoutSeconds ({timeout}s) after the pod was created"
+MSG_IMAGE_INVALID = "the image name can never be pulled: fix spec.image"
+MSG_FORCE_DELETED = ("node pod {pod} was stuck terminating for {seconds:.0f}s on node {node} ({node_state}); "  # REASON_FORCE_DELETED
+                     "force-deleted after spec.failurePolicy.forceDeleteTerminatingAfterSeconds ({timeout}s)")

@@ -134,6 +134,8 @@ def printer_columns() -> list[dict[str, Any]]:
         {"name": "Ready", "type": "string", "jsonPath": ".status.ready",
          "description": "Ready node pods / desired node pods"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.lastSnapshot.step",
+         "description": "Global step of the newest complete snapshot the trainer reported"},
         {"name": "Last Snapshot", "type": "date", "jsonPath": ".status.lastSnapshot.time"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -7,10 +7,13 @@ operator (from Pod status) and `ddpjob run` (from local processes) decide alike.
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 from . import constants as C
+from .clock import parse_time
 
 # Failures that start within this many seconds of the current incident's first failure
 # belong to that incident: when node 0 (the c10d store host) dies, the other agents exit
@@ -129,3 +132,189 @@ def classify_pod(pod: Mapping[str, Any], permanent_exit_codes: Iterable[int] = (
         return None
     return classify(pod_exit_code(pod), pod_reason(pod), disrupted=pod_disrupted(pod),
                     permanent_exit_codes=permanent_exit_codes)
+
+
+# --- Diagnosis: what a failure was, for status.failures, Events and metrics ------------
+
+# DisruptionTarget reasons of a pod lost with its node (the others are preemptions/evictions).
+NODE_LOST_REASONS = ("NodeLost", "DeletionByPodGC", "DeletionByTaintManager", "NodeShutdown", "Shutdown",
+                     "Terminated")
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff")  # may clear up (registry outage): bounded wait
+INVALID_IMAGE_REASONS = ("InvalidImageName",)  # can never clear up: fail at once
+MESSAGE_CHARS = 300  # a failure message kept in status; the full one is in the pod
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A failed node pod, explained."""
+
+    outcome: Outcome
+    cause: str  # C.CAUSE_*
+    exit_code: int | None
+    reason: str  # the most specific reason the API gave (DisruptionTarget's, the pod's, the container's)
+    message: str
+
+
+def diagnose_pod(pod: Mapping[str, Any], permanent_exit_codes: Iterable[int] = ()) -> Diagnosis | None:
+    """Why a Failed pod failed; None when it has not failed (pending, running, succeeded)."""
+    outcome = classify_pod(pod, permanent_exit_codes)
+    if outcome in (None, Outcome.SUCCEEDED):
+        return None
+    disruption = _disruption_condition(pod)
+    reason = (disruption or {}).get("reason") or pod_reason(pod) or ""
+    if outcome == Outcome.DISRUPTION:
+        cause = C.CAUSE_NODE_LOST if reason in NODE_LOST_REASONS else C.CAUSE_DISRUPTED
+    elif outcome == Outcome.PERMANENT:
+        cause = C.CAUSE_PERMANENT
+    else:
+        cause = C.CAUSE_OOM if pod_reason(pod) == "OOMKilled" else C.CAUSE_ERROR
+    return Diagnosis(outcome, cause, pod_exit_code(pod), reason, _failure_message(pod, disruption))
+
+
+def diagnose_deleted(pod: Mapping[str, Any]) -> Diagnosis | None:
+    """A pod being deleted under a DisruptionTarget condition (drained, preempted, node gone)
+    before it finished: a disruption worth reporting, though no failure is counted."""
+    disruption = _disruption_condition(pod)
+    if disruption is None or not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    reason = disruption.get("reason") or ""
+    cause = C.CAUSE_NODE_LOST if reason in NODE_LOST_REASONS else C.CAUSE_DISRUPTED
+    return Diagnosis(Outcome.DISRUPTION, cause, pod_exit_code(pod), reason, _failure_message(pod, disruption))
+
+
+def _disruption_condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None)
+
+
+def _failure_message(pod: Mapping[str, Any], disruption: Mapping[str, Any] | None) -> str:
+    """DisruptionTarget's message, else the trainer's error from its progress record, else the
+    kubelet's termination message (a log tail under FallbackToLogsOnError), else the pod's."""
+    terminated = _trainer_state(pod).get("terminated") or {}
+    record = read_progress(terminated.get("message"))
+    text = ((disruption or {}).get("message") or (record or {}).get("error")
+            or ("" if record else terminated.get("message")) or (pod.get("status") or {}).get("message") or "")
+    text = " ".join(str(text).split())
+    return text if len(text) <= MESSAGE_CHARS else "..." + text[-(MESSAGE_CHARS - 3):]  # a log tail ends well
+
+
+def pod_waiting(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The trainer container's waiting state ({} when it is not waiting)."""
+    return _trainer_state(pod).get("waiting") or {}
+
+
+def image_pull_stuck(pod: Mapping[str, Any], now: datetime, timeout_seconds: float) -> bool:
+    """The trainer image cannot be pulled: a name that can never work, or pull errors for
+    longer than `timeout_seconds` after the pod was created (a registry outage may pass)."""
+    reason = pod_waiting(pod).get("reason")
+    if reason in INVALID_IMAGE_REASONS:
+        return True
+    if reason not in IMAGE_PULL_REASONS:
+        return False
+    created = parse_time(pod_created_at(pod))
+    return created is not None and (now - created).total_seconds() >= timeout_seconds
+
+
+# --- Progress reported by the trainer (its termination message) -----------------------
+
+def read_progress(message: str | None) -> dict[str, Any] | None:
+    """The trainer's progress record in a termination message; None for anything else
+    (a log tail, an empty message). See ddpjob_trainer/termination.py for the format."""
+    if not message or not message.lstrip().startswith("{"):
+        return None
+    try:
+        record = json.loads(message)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("kind") == C.PROGRESS_RECORD_KIND else None
+
+
+def pod_progress(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Progress records in the trainer container's current and previous terminations."""
+    found = []
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != C.CONTAINER_NAME:
+            continue
+        for key in ("state", "lastState"):
+            record = read_progress(((status.get(key) or {}).get("terminated") or {}).get("message"))
+            if record is not None:
+                found.append(record)
+    return found
+
+
+def snapshot_key(snapshot: Mapping[str, Any] | None) -> tuple[datetime, int] | None:
+    """Orders snapshots: by completion time, then step (a wiped volume restarts at step 0,
+    and the newest snapshot is what a resume uses, whatever its step)."""
+    if not snapshot or snapshot.get("step") is None:
+        return None
+    moment = parse_time(snapshot.get("time")) or datetime.min.replace(tzinfo=timezone.utc)
+    return moment, int(snapshot["step"])
+
+
+def newer_snapshot(candidate: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> bool:
+    """`candidate` was completed after `current` (any snapshot is newer than none)."""
+    new, old = snapshot_key(candidate), snapshot_key(current)
+    return new is not None and (old is None or new > old)
+
+
+# --- Restart budget by progress ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RestartBudget:
+    """Failure incidents, split by whether training had saved a newer snapshot before each.
+
+    Attributes:
+        restarts: every failure incident (status.restarts).
+        with_progress: incidents after which a snapshot newer than at the previous incident
+            existed; they are not charged to failurePolicy.maxRestarts.
+        without_progress: incidents in a row with no newer snapshot (0 after one with progress);
+            compared with failurePolicy.maxRestartsWithoutProgress.
+    """
+
+    restarts: int = 0
+    with_progress: int = 0
+    without_progress: int = 0
+
+    @property
+    def charged(self) -> int:
+        """Incidents that count against failurePolicy.maxRestarts."""
+        return self.restarts - self.with_progress
+
+
+def account_incidents(budget: RestartBudget, new_incidents: int, progressed: bool | None) -> RestartBudget:
+    """The budget after `new_incidents` more incidents (already counted in budget.restarts).
+
+    Args:
+        budget: the budget with `restarts` already raised by the new incidents.
+        new_incidents: incidents not accounted yet (usually 1).
+        progressed: a newer snapshot exists than at the previous incident; None when no
+            progress was ever reported (then every incident is charged and the streak, which
+            cannot be judged, stays as it is).
+    """
+    if new_incidents <= 0:
+        return budget
+    if progressed is None:
+        return budget
+    if progressed:  # the first incident after progress is free; any others in the same pass are not
+        return RestartBudget(budget.restarts, budget.with_progress + 1, new_incidents - 1)
+    return RestartBudget(budget.restarts, budget.with_progress, budget.without_progress + new_incidents)
+
+
+def budget_limit_passed(budget: RestartBudget, max_restarts: int, max_without_progress: int | None) -> str | None:
+    """The failurePolicy field whose limit the budget passed ("maxRestarts",
+    "maxRestartsWithoutProgress"), None while both hold. The streak is checked first:
+    it is the more specific explanation of a crash loop."""
+    if max_without_progress is not None and budget.without_progress > max_without_progress:
+        return "maxRestartsWithoutProgress"
+    if budget_exhausted(budget.charged, max_restarts):
+        return "maxRestarts"
+    return None
+
+
+def backoff_exponent(budget: RestartBudget, progress_known: bool) -> int:
+    """Which replacement the backoff treats this as (1-based): a failure after progress starts
+    over at the first delay, a crash loop doubles it; without progress reports every charged
+    incident doubles it."""
+    if budget.restarts <= 0:
+        return 0
+    return budget.without_progress + 1 if progress_known else max(budget.charged, 1)

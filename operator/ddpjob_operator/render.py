@@ -133,6 +133,11 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
         "command": launch.command,
         "args": launch.args,
         "env": _env(launch, spec),
+        # The trainer keeps its last complete snapshot here (DDPJOB_TERMINATION_LOG); the kubelet
+        # reports it when the container exits, so the operator learns progress and pods need no
+        # API rights. Only an empty file falls back to the log tail.
+        "terminationMessagePath": C.TERMINATION_LOG_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.elastic_policy.rdzv_backend == "c10d" and spec.elastic_policy.rdzv_store == "node":
         port = spec.elastic_policy.rdzv_port
@@ -150,7 +155,8 @@ def _env(launch: NodeLaunch, spec: DDPJobSpec) -> list[dict[str, Any]]:
     name (Kubernetes would let the later one win too, but warns about the duplicate)."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     overridden = {e["name"] for e in user}
-    ours = [{"name": k, "value": v} for k, v in launch.env.items() if k not in overridden]
+    pod_only = {C.ENV_TERMINATION_LOG: C.TERMINATION_LOG_PATH}  # not in the launch plan: local runs have no kubelet
+    ours = [{"name": k, "value": v} for k, v in {**launch.env, **pod_only}.items() if k not in overridden]
     return ours + user
 
 

@@ -286,8 +286,8 @@ class FailurePolicy(_Model):
     max_restarts: int = Field(5, ge=0, description=(
         "Failure incidents the operator recovers from by replacing pods; one more fails the "
         "job. Nodes that were running when an incident began and fail within a minute of it join "
-        "it (a cascade); a replacement that fails again starts a new one; evictions and "
-        "preemptions do not count."))
+        "it (a cascade); a replacement that fails again starts a new one; evictions, "
+        "preemptions, lost nodes and incidents after a newer snapshot do not count."))
     backoff_seconds: int = Field(10, ge=0, description=(
         "Delay before the first replacement; doubles with each incident."))
     max_backoff_seconds: int = Field(300, ge=0, description="Upper bound of the delay.")
@@ -295,6 +295,18 @@ class FailurePolicy(_Model):
         default_factory=lambda: [126, 127], description=(
             "Exit codes that fail the job at once (126: not executable, 127: command not found)."),
         json_schema_extra={"default": [126, 127]})
+    max_restarts_without_progress: int | None = Field(3, ge=0, description=(
+        "Failure incidents in a row with no newer snapshot (the trainer reports its last complete "
+        "snapshot) that the operator recovers from; one more fails the job with reason NoProgress. "
+        "An incident after a newer snapshot resets this count and is not charged to maxRestarts, so "
+        "a job that keeps making progress survives more failures than maxRestarts. null: no limit."))
+    image_pull_timeout_seconds: int = Field(300, ge=0, description=(
+        "Fail the job when a node pod still cannot pull its image (ErrImagePull, ImagePullBackOff) "
+        "this long after it was created; InvalidImageName fails it at once."))
+    force_delete_terminating_after_seconds: int | None = Field(60, ge=0, description=(
+        "Force-delete (grace period 0) a node pod still terminating this long after its deletion "
+        "deadline when its node is NotReady or gone, so its replacement can start; null: never."))
+
 
 
 class RunPolicy(_Model):
@@ -687,6 +699,56 @@ class LastSnapshot(_Model):
     path: str | None = Field(None, description="Where it is, inside the snapshot volume.")
 
 
+class NodeFailure(_Model):
+    """One failed or disrupted node pod, explained (status.failures)."""
+
+    index: int | None = Field(None, description="Node index of the pod.")
+    pod: str | None = Field(None, description="Pod name.")
+    pod_uid: str | None = Field(None, alias="podUID", description="Pod uid (each pod is listed once).")
+    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "Disrupted", "NodeLost", "ImagePull"] | None = Field(
+        None, description=("Error, OOMKilled, PermanentExitCode (these count against the budget, the last fails "
+                           "the job), Disrupted or NodeLost (free), ImagePull."))
+    exit_code: int | None = Field(None, description="Exit code of torchrun, when it ran.")
+    reason: str | None = Field(None, description=(
+        "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
+    message: str | None = Field(None, description=(
+        "The trainer's error from its progress record, else the termination message (log tail), shortened."))
+    time: str | None = Field(None, description="When the container finished (or the failure was seen).",
+                             json_schema_extra={"format": "date-time"})
+
+
+class SnapshotMark(_Model):
+    """The snapshot the restart budget compares with."""
+
+    step: int | None = Field(None, description="Global step of status.lastSnapshot at the last failure incident.")
+    time: str | None = Field(None, description="Its completion time.", json_schema_extra={"format": "date-time"})
+
+
+class LastResume(_Model):
+    """The newest run of the trainer the operator heard of."""
+
+    time: str | None = Field(None, description="When its workers started.", json_schema_extra={"format": "date-time"})
+    first_step_time: str | None = Field(None, description="When it completed its first optimizer step.",
+                                        json_schema_extra={"format": "date-time"})
+    from_step: int | None = Field(None, description="The snapshot step it resumed from; null: from scratch.")
+
+
+class Recovery(_Model):
+    """Figures from the trainer's progress records (they arrive when a container exits)."""
+
+    last_recovery_seconds: float | None = Field(None, description=(
+        "Time to recover from the latest failure incident: lastFailureTime to the first step after it."))
+    recovered_failure_time: str | None = Field(None, description="The incident lastRecoverySeconds is about.",
+                                               json_schema_extra={"format": "date-time"})
+    lost_seconds: float | None = Field(None, description=(
+        "Training time lost so far: for each run, from the snapshot it resumed from (or the job's start) "
+        "to its first step. Runs not reported yet are missing until a container exits."))
+    last_resume: LastResume | None = Field(None, description="The newest run seen.")
+    accounted_restarts: int | None = Field(None, description="Incidents already judged for progress (bookkeeping).")
+    snapshot_at_last_failure: SnapshotMark | None = Field(None, description=(
+        "status.lastSnapshot when the last incident was judged; a newer one means progress."))
+
+
 class DDPJobStatus(_Model):
     """Observed state of a DDPJob, written by the operator."""
 
@@ -722,3 +784,11 @@ class DDPJobStatus(_Model):
         "the nodes in the rendezvous (it does not read the rendezvous store itself)."))
     unschedulable: list[str] = Field(default_factory=list, description=(
         "Node pods the scheduler has not placed, each as '<pod>: <scheduler reason>: <message>'."))
+    restarts_with_progress: int | None = Field(None, description=(
+        "Of status.restarts, incidents after which a newer snapshot was complete: not charged to "
+        "failurePolicy.maxRestarts (which limits restarts - restartsWithProgress)."))
+    restarts_without_progress: int | None = Field(None, description=(
+        "Failure incidents in a row with no newer snapshot (failurePolicy.maxRestartsWithoutProgress)."))
+    failures: list[NodeFailure] = Field(default_factory=list, description=(
+        "The newest failed or disrupted node pods (at most 10), oldest first."))
+    recovery: Recovery | None = Field(None, description="Time to recover, time lost, and budget bookkeeping.")

@@ -20,13 +20,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from . import capacity, topology
+from . import capacity, progress, topology
 from . import constants as C
 from .clock import format_time, parse_time, seconds_between
 from .failure import (
     Outcome,
+    backoff_exponent,
     backoff_seconds,
-    budget_exhausted,
+    budget_limit_passed,
+    diagnose_pod,
+    image_pull_stuck,
+    pod_waiting,
     classify_pod,
     pod_created_at,
     pod_exit_code,
@@ -87,6 +91,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
     if last_snapshot:
         status["lastSnapshot"] = {k: last_snapshot[k] for k in ("epoch", "step", "time", "path")
                                   if last_snapshot.get(k) is not None}
+    progress.ingest(pods, status)  # before failures: the failed pods' records tell if training progressed
     status.update(_counts(ref, spec, topology.node_pods(pods)))
     status["observedGeneration"] = ref.generation
     live = topology.without_stale(pods, topology.generation_of(status))
@@ -99,9 +104,11 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
         verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED)
     else:
         status["startTime"] = status.get("startTime") or format_time(now)
+        noted = _note_failures(spec, pods, status, now)  # every pod, the old generation's too
         restart = topology.begin_group_restart(ref.name, spec, pods, status, now)
         live = topology.without_stale(pods, topology.generation_of(status))
         verdict = _active_verdict(spec, live, status, now, prev.get("phase"))
+        verdict.events[:0] = noted
         if restart:
             verdict = _group_restart_verdict(verdict, restart, prev.get("phase"))
     if spec is not None and not errors:
@@ -114,7 +121,8 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
 
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
-            "completionTime", "rendezvousGeneration")
+            "completionTime", "rendezvousGeneration", "restartsWithProgress", "restartsWithoutProgress",
+            "failures", "recovery")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -219,23 +227,83 @@ def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: di
         handled.append(uid)
         _apply_failure(spec, pod, outcome, status, now, verdict)
     status["handledFailures"] = sorted(handled)
-    if verdict.phase != C.PHASE_FAILED and budget_exhausted(status["restarts"], fp.max_restarts):
-        verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_RESTARTS_EXHAUSTED
-        verdict.message = C.MSG_RESTARTS_EXHAUSTED.format(restarts=status["restarts"], max=fp.max_restarts)
+    budget = progress.account(status)  # incidents counted elsewhere (a group restart) too
+    if verdict.phase != C.PHASE_FAILED:
+        _check_budget(spec, budget, status, verdict)
+    if verdict.phase != C.PHASE_FAILED:
+        _check_image_pull(spec, pods, now, verdict)
     return verdict
 
 
-def _describe(pod: Mapping[str, Any]) -> str:
+def _note_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any],
+                   now: datetime) -> list[Event]:
+    """List every failed or disrupted pod in status.failures; a pod deleted under a
+    DisruptionTarget before it failed (drained, preempted, its node lost) gets its only Event here."""
+    events = []
+    for pod, diagnosis in progress.note_failures(pods, status, now, spec.failure_policy.permanent_exit_codes):
+        if pod_phase(pod) != "Failed":
+            events.append(Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED, C.MSG_NODE_DISRUPTED.format(
+                what=f"node pod {pod_name_of(pod)} is being deleted ({diagnosis.reason or diagnosis.cause})")))
+    return events
+
+
+def _check_budget(spec: DDPJobSpec, budget: Any, status: Mapping[str, Any], verdict: _Verdict) -> None:
+    fp = spec.failure_policy
+    limit = budget_limit_passed(budget, fp.max_restarts, fp.max_restarts_without_progress)
+    if limit is None:
+        return
+    verdict.phase = C.PHASE_FAILED
+    if limit == "maxRestartsWithoutProgress":
+        snapshot = status.get("lastSnapshot") or {}
+        verdict.reason = C.REASON_NO_PROGRESS
+        verdict.message = C.MSG_NO_PROGRESS.format(
+            count=budget.without_progress, step=snapshot.get("step"), epoch=snapshot.get("epoch"),
+            max=fp.max_restarts_without_progress, what=_last_failure(status))
+    else:
+        verdict.reason = C.REASON_RESTARTS_EXHAUSTED
+        verdict.message = C.MSG_RESTARTS_EXHAUSTED.format(restarts=budget.charged, max=fp.max_restarts)
+        if budget.with_progress:
+            verdict.message += C.MSG_PROGRESS_NOT_CHARGED.format(count=budget.with_progress)
+    verdict.events.append(Event(C.EVENT_WARNING, verdict.reason, verdict.message))
+
+
+def _last_failure(status: Mapping[str, Any]) -> str:
+    failures = [f for f in status.get("failures") or [] if f.get("cause") in (C.CAUSE_ERROR, C.CAUSE_OOM)]
+    if not failures:
+        return "unknown"
+    last = failures[-1]
+    detail = ", ".join(str(x) for x in (f"exit code {last.get('exitCode')}", last.get("reason")) if x)
+    return f"node pod {last['pod']} ({detail}){': ' + last['message'] if last.get('message') else ''}"
+
+
+def _check_image_pull(spec: DDPJobSpec, pods: list[Mapping[str, Any]], now: datetime, verdict: _Verdict) -> None:
+    timeout = spec.failure_policy.image_pull_timeout_seconds
+    for pod in current_pods(pods, spec.desired_replicas):
+        if not image_pull_stuck(pod, now, timeout):
+            continue
+        waiting = pod_waiting(pod)
+        invalid = waiting.get("reason") not in ("ErrImagePull", "ImagePullBackOff")
+        verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_IMAGE_PULL
+        verdict.message = C.MSG_IMAGE_PULL.format(
+            pod=pod_name_of(pod), image=spec.image, reason=waiting.get("reason"),
+            message=waiting.get("message") or "no message",
+            rule=C.MSG_IMAGE_INVALID if invalid else C.MSG_IMAGE_PULL_TIMEOUT.format(timeout=timeout))
+        return
+
+
+def _describe(pod: Mapping[str, Any], spec: DDPJobSpec | None = None) -> str:
     code, reason = pod_exit_code(pod), pod_reason(pod)
     parts = [f"exit code {code}" if code is not None else "no exit code"]
     if reason:
         parts.append(reason)
-    return f"node pod {pod_name_of(pod)} failed ({', '.join(parts)})"
+    diagnosis = diagnose_pod(pod, spec.failure_policy.permanent_exit_codes if spec else ())
+    detail = f": {diagnosis.message}" if diagnosis and diagnosis.message else ""
+    return f"node pod {pod_name_of(pod)} failed ({', '.join(parts)}){detail}"
 
 
 def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
                    status: dict[str, Any], now: datetime, verdict: _Verdict) -> None:
-    what = _describe(pod)
+    what = _describe(pod, spec)
     if outcome == Outcome.PERMANENT:
         verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_PERMANENT_ERROR
         verdict.message = C.MSG_PERMANENT_ERROR.format(what=what)
@@ -251,21 +319,28 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
     verdict.reason = C.REASON_NODE_FAILED
     failed_at = min(parse_time(pod_finished_at(pod)) or now, now)  # a skewed kubelet clock
     incident = parse_time(status.get("lastFailureTime"))
+    free = False
     if starts_new_incident(failed_at, parse_time(pod_created_at(pod)), incident):
         status["restarts"] += 1
         status["lastFailureTime"] = format_time(failed_at)
-    verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, C.MSG_NODE_FAILED.format(
-        what=what, restarts=status["restarts"], max=spec.failure_policy.max_restarts)))
+        before = int(status.get("restartsWithProgress") or 0)
+        free = progress.account(status).with_progress > before
+    budget = progress.budget_of(status)
+    message = C.MSG_NODE_FAILED.format(what=what, restarts=budget.charged, max=spec.failure_policy.max_restarts)
+    if free:
+        snapshot = status.get("lastSnapshot") or {}
+        message += f"; not charged: a newer snapshot (step {snapshot.get('step')}) was complete"
+    verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, message))
 
 
 def replacement_delay(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> float:
     """Seconds until replacements may be created (0 when they may be created now)."""
-    restarts = int(status.get("restarts") or 0)
     since = parse_time(status.get("lastFailureTime"))
-    if restarts == 0 or since is None:
+    nth = backoff_exponent(progress.budget_of(status), bool(status.get("lastSnapshot")))
+    if nth == 0 or since is None:
         return 0.0
     fp = spec.failure_policy
-    wait = backoff_seconds(restarts, fp.backoff_seconds, fp.max_backoff_seconds)
+    wait = backoff_seconds(nth, fp.backoff_seconds, fp.max_backoff_seconds)
     return max(0.0, wait - seconds_between(since, now))
 
 
@@ -369,7 +444,8 @@ def _changed(prev: Mapping[str, Any], verdict: _Verdict, invalid: bool) -> bool:
 
 
 _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector", "restarts",
-          "lastFailureTime", "handledFailures", "lastSnapshot", "startTime", "completionTime",
+          "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
+          "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
           "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
           "runningReplicas", "rendezvousReplicas", "unschedulable")
 

@@ -82,7 +82,8 @@ def test_status_and_scale_subresources():
 def test_printer_columns():
     assert [(c["name"], c["jsonPath"]) for c in VERSION["additionalPrinterColumns"]] == [
         ("Phase", ".status.phase"), ("Ready", ".status.ready"), ("Restarts", ".status.restarts"),
-        ("Last Snapshot", ".status.lastSnapshot.time"), ("Age", ".metadata.creationTimestamp")]
+        ("Step", ".status.lastSnapshot.step"), ("Last Snapshot", ".status.lastSnapshot.time"),
+        ("Age", ".metadata.creationTimestamp")]
 
 
 def test_schema_is_structural():

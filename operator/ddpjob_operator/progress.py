@@ -1,0 +1,130 @@
+"""What the trainer's progress records and the failed pods tell the status (pure).
+
+The trainer's local-rank-0 worker on every node keeps a progress record in its termination
+message (ddpjob_trainer/termination.py); the kubelet publishes it in the pod status when
+the container exits. From the records of all observed pods this module keeps:
+
+  * ``status.lastSnapshot`` {epoch, step, time, path}: the newest complete snapshot;
+  * ``status.recovery``: the newest resume seen (``lastResume``), the time from the last
+    failure incident to the first step after it (``lastRecoverySeconds``) and the training
+    time lost so far (``lostSeconds``: for every run, from the snapshot it resumed from, or
+    from the job's start, to its first step; work redone after a resume and restart
+    overheads both count). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
+    bookkeeping of the restart budget by progress (failure.RestartBudget);
+  * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod).
+
+Records arrive only when a container exits, so a running job's figures trail until its next
+failure or its end; on completion they are complete.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from . import constants as C
+from .clock import format_time, parse_time, seconds_between
+from .failure import (
+    Diagnosis,
+    RestartBudget,
+    account_incidents,
+    diagnose_deleted,
+    diagnose_pod,
+    newer_snapshot,
+    pod_finished_at,
+    pod_progress,
+)
+from .pods import pod_index, pod_name_of, pod_uid
+
+SNAPSHOT_KEYS = ("epoch", "step", "time", "path")  # status.lastSnapshot (the contract's fields)
+
+
+def ingest(pods: Iterable[Mapping[str, Any]], status: dict[str, Any]) -> None:
+    """Update lastSnapshot and recovery from every record found; idempotent per record."""
+    records = [r for pod in pods for r in pod_progress(pod)]
+    for record in records:
+        snapshot = record.get("snapshot")
+        if isinstance(snapshot, Mapping) and newer_snapshot(snapshot, status.get("lastSnapshot")):
+            status["lastSnapshot"] = {k: snapshot[k] for k in SNAPSHOT_KEYS if snapshot.get(k) is not None}
+    resumes = [r["resume"] for r in records if isinstance(r.get("resume"), Mapping)
+               and parse_time(r["resume"].get("firstStepTime")) and parse_time(r["resume"].get("time"))]
+    for resume in sorted(resumes, key=lambda r: parse_time(r["time"])):
+        _take_resume(resume, status)
+
+
+def _take_resume(resume: Mapping[str, Any], status: dict[str, Any]) -> None:
+    """Count a run's lead time once. Runs are told apart by start time: every node of one run
+    starts before any node's first step (the first step is a collective), and a later run
+    starts after an earlier run's first step."""
+    recovery = dict(status.get("recovery") or {})
+    last = recovery.get("lastResume") or {}
+    started, first_step = parse_time(resume["time"]), parse_time(resume["firstStepTime"])
+    if last and started <= parse_time(last["firstStepTime"]):
+        return
+    origin = parse_time(resume.get("fromSnapshotTime")) or parse_time(status.get("startTime"))
+    if origin is not None and first_step > origin:
+        recovery["lostSeconds"] = round(float(recovery.get("lostSeconds") or 0) + seconds_between(origin, first_step), 3)
+    failed = parse_time(status.get("lastFailureTime"))
+    if failed is not None and first_step > failed and recovery.get("recoveredFailureTime") != status["lastFailureTime"]:
+        recovery["lastRecoverySeconds"] = round(seconds_between(failed, first_step), 3)
+        recovery["recoveredFailureTime"] = status["lastFailureTime"]
+    recovery["lastResume"] = {k: resume.get(k) for k in ("time", "firstStepTime", "fromStep")}
+    status["recovery"] = recovery
+
+
+# --- Restart budget by progress ----------------------------------------------------------
+
+def budget_of(status: Mapping[str, Any]) -> RestartBudget:
+    return RestartBudget(int(status.get("restarts") or 0), int(status.get("restartsWithProgress") or 0),
+                         int(status.get("restartsWithoutProgress") or 0))
+
+
+def account(status: dict[str, Any]) -> RestartBudget:
+    """Judge the incidents counted in status.restarts since the last call: each is free when a
+    snapshot newer than at the previous incident was complete (failure.account_incidents)."""
+    recovery = dict(status.get("recovery") or {})
+    budget = budget_of(status)
+    new = budget.restarts - int(recovery.get("accountedRestarts") or 0)
+    if new <= 0:
+        return budget
+    snapshot = status.get("lastSnapshot")
+    progressed = None if not snapshot else newer_snapshot(snapshot, recovery.get("snapshotAtLastFailure"))
+    budget = account_incidents(budget, new, progressed)
+    recovery["accountedRestarts"] = budget.restarts
+    if progressed is not None:  # no report yet: nothing to judge, the fields stay unset
+        status["restartsWithProgress"] = budget.with_progress
+        status["restartsWithoutProgress"] = budget.without_progress
+        recovery["snapshotAtLastFailure"] = {"step": snapshot.get("step"), "time": snapshot.get("time")}
+    status["recovery"] = recovery
+    return budget
+
+
+# --- status.failures ------------------------------------------------------------------------
+
+def note_failures(pods: Iterable[Mapping[str, Any]], status: dict[str, Any], now: datetime,
+                  permanent_exit_codes: Iterable[int] = ()) -> list[tuple[Mapping[str, Any], Diagnosis]]:
+    """Add failed and disrupted pods not listed yet to status.failures (newest last, at most
+    C.MAX_FAILURES_KEPT); returns the new ones."""
+    failures = list(status.get("failures") or [])
+    known = {f.get("podUID") for f in failures}
+    new = []
+    for pod in pods:
+        uid = pod_uid(pod)
+        if uid in known:
+            continue
+        diagnosis = diagnose_pod(pod, permanent_exit_codes) or diagnose_deleted(pod)
+        if diagnosis is None:
+            continue
+        known.add(uid)
+        new.append((pod, diagnosis))
+        failures.append(failure_entry(pod, diagnosis, now))
+    if new:
+        status["failures"] = failures[-C.MAX_FAILURES_KEPT:]
+    return new
+
+
+def failure_entry(pod: Mapping[str, Any], diagnosis: Diagnosis, now: datetime) -> dict[str, Any]:
+    entry = {"index": pod_index(pod), "pod": pod_name_of(pod), "podUID": pod_uid(pod), "cause": diagnosis.cause,
+             "exitCode": diagnosis.exit_code, "reason": diagnosis.reason or None,
+             "message": diagnosis.message or None, "time": pod_finished_at(pod) or format_time(now)}
+    return {k: v for k, v in entry.items() if v is not None}
