@@ -130,3 +130,27 @@ def test_killing_the_node_that_hosts_the_c10d_store_still_recovers_to_success(k8
     assert status["restarts"] >= 1
     failed = [m for kind, reason, m in events(k8s) if kind == C.EVENT_WARNING]
     assert any(f"node pod {host} failed (exit code 137, Error)" in m for m in failed), events(k8s)
+
+
+@pytest.mark.slow  # ~90 s: three nodes on two shared cores
+def test_scaling_up_and_down_mid_run_changes_the_world_size_and_the_job_succeeds(k8s, operator, node_agent,
+                                                                                tmp_path):
+    epochs = 6
+    progress, _ = start_example(k8s, node_agent, tmp_path, epochs=epochs)
+    progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
+    progress.wait(is_event("snapshot", step=lambda s: s >= SNAPSHOT_EVERY), 60, "a first snapshot")
+
+    k8s.kubectl("scale", "ddpjob/mlp", "--replicas=3")
+    progress.wait(is_event("start", world_size=3), 120, "the third node joining")
+    progress.wait(is_event("step", world_size=3), 60, "a step with three nodes")
+    third = node_agent.current("mlp-node-2")
+    k8s.kubectl("scale", "ddpjob/mlp", "--replicas=2")
+    progress.wait(is_event("start", world_size=2), 120, "training going on with two nodes")
+    k8s.wait_for(lambda: k8s.find("pods", "mlp-node-2") is None, timeout=30, what="mlp-node-2 deleted")
+    status = progress.wait_phase(C.PHASE_SUCCEEDED, 180)
+
+    raw = assert_ran_exactly_once(progress.metrics_path, epochs)
+    assert_resumed_from_snapshots(raw)
+    assert world_size_phases(raw) == [2, 3, 2], world_size_phases(raw)
+    assert third.exit_code is not None and status["restarts"] == 0, "a scale-down is no failure"
+    assert not [e for e in events(k8s) if e[1] == C.REASON_NODE_FAILED], events(k8s)
