@@ -66,3 +66,42 @@ def set_unschedulable(k8s, pod: str, message: str = "0/3 nodes are available: 3 
     return k8s.patch("pods", pod, {"status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": reason, "message": message,
          "lastTransitionTime": now()}]}}, subresource="status")
+
+
+def progress_message(step: int, snapshot_time: str | None = None, epoch: int = 0, error: str | None = None,
+                     resume: dict | None = None) -> str:
+    """The trainer's progress record (ddpjob_trainer/termination.py) with its last snapshot at `step`."""
+    import json
+    record = {"kind": C.PROGRESS_RECORD_KIND, "version": 1, "node": "",
+              "snapshot": {"epoch": epoch, "step": step, "time": snapshot_time or now(),
+                           "path": f"/snapshots/snapshot-s{step:010d}-e{epoch:06d}.pt", "samples_consumed": 0},
+              "resume": resume or {"time": now(), "fromStep": None, "fromSnapshotTime": None, "firstStepTime": now()}}
+    if error:
+        record["error"] = error
+    return json.dumps(record)
+
+
+def set_terminated_with_message(k8s, pod: str, exit_code: int, message: str, reason: str | None = None) -> dict:
+    """The container exited and the kubelet copied its termination message file into the status."""
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    reason = reason or ("Completed" if exit_code == 0 else "Error")
+    return k8s.patch("pods", pod, {"status": {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now()}],
+        "containerStatuses": [{"name": C.CONTAINER_NAME, "ready": False, "restartCount": 0, "state": {
+            "terminated": {"exitCode": exit_code, "reason": reason, "message": message, "startedAt": now(),
+                           "finishedAt": now()}}}]}}, subresource="status")
+
+
+def set_disruption_target(k8s, pod: str, reason: str = "PreemptionByScheduler",
+                          message: str = "preempted", exit_code: int | None = 143) -> dict:
+    """A controller marked the pod DisruptionTarget and it was stopped (exit_code None: still running)."""
+    conditions = [{"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+                   "lastTransitionTime": now()}]
+    if exit_code is None:
+        return k8s.patch("pods", pod, {"status": {"conditions": conditions}}, subresource="status")
+    return k8s.patch("pods", pod, {"status": {
+        "phase": "Failed", "conditions": conditions + [{"type": "Ready", "status": "False", "lastTransitionTime": now()}],
+        "containerStatuses": [{"name": C.CONTAINER_NAME, "ready": False, "restartCount": 0, "state": {
+            "terminated": {"exitCode": exit_code, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}},
+        subresource="status")

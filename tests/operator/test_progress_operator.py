@@ -1,0 +1,88 @@
+"""Progress-aware recovery with the real operator against the API emulator: the fake kubelet
+reports termination messages carrying the trainer's progress record, as a real kubelet would."""
+import datetime
+
+from ddpjob_operator import constants as C
+from tests.support.kubelet import (
+    condition,
+    ddpjob,
+    events,
+    pod_names,
+    progress_message,
+    set_disruption_target,
+    set_running,
+    set_terminated_with_message,
+    status,
+)
+from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
+
+T0 = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+
+
+def snapshot_time(step: int) -> str:
+    """Snapshots are taken later the higher their step."""
+    return (T0 + datetime.timedelta(seconds=step)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def uid(k8s, pod):
+    found = k8s.find("pods", pod)
+    return found and found["metadata"]["uid"]
+
+
+def fail_and_wait_for_replacement(k8s, pod, step, error="RuntimeError: boom"):
+    old = uid(k8s, pod)
+    set_running(k8s, pod)
+    set_terminated_with_message(k8s, pod, 1, progress_message(step, snapshot_time(step), error=error))
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED or (uid(k8s, pod) not in (None, old)),
+                 timeout=20, what=f"{pod} to be replaced (or the job to fail)")
+
+
+def test_last_snapshot_reaches_status_and_a_progressing_job_survives_more_failures_than_max_restarts(k8s, operator):
+    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={
+        "maxRestarts": 1, "backoffSeconds": 1, "maxBackoffSeconds": 1}))
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
+    set_running(k8s, "mlp-node-0")
+    for n in range(1, 5):  # four failures, each after a newer snapshot
+        fail_and_wait_for_replacement(k8s, "mlp-node-1", 100 * n)
+        assert status(k8s)["phase"] != C.PHASE_FAILED, condition(k8s, C.COND_FAILED)
+    final = status(k8s)
+    assert final["restarts"] == 4 and final["restartsWithProgress"] == 4 and final["restartsWithoutProgress"] == 0
+    assert final["lastSnapshot"] == {"epoch": 0, "step": 400, "time": snapshot_time(400),
+                                     "path": "/snapshots/snapshot-s0000000400-e000000.pt"}
+    assert [f["cause"] for f in final["failures"]] == ["Error"] * 4
+    assert final["failures"][-1]["message"] == "RuntimeError: boom"
+
+
+def test_a_crash_loop_at_the_same_step_fails_after_the_budget_with_a_reason(k8s, operator):
+    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={
+        "maxRestarts": 10, "maxRestartsWithoutProgress": 2, "backoffSeconds": 1, "maxBackoffSeconds": 1}))
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
+    set_running(k8s, "mlp-node-0")
+    for _ in range(4):  # the first is progress (a snapshot exists), then 3 in a row at step 120
+        fail_and_wait_for_replacement(k8s, "mlp-node-1", 120, error="ValueError: NaN loss")
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=20, what="phase Failed")
+    failed = condition(k8s, C.COND_FAILED)
+    assert failed["reason"] == C.REASON_NO_PROGRESS
+    assert failed["message"].startswith(
+        "3 failure incidents in a row without a newer snapshot (still at step 120, epoch 0) exceed "
+        "spec.failurePolicy.maxRestartsWithoutProgress (2); last: node pod mlp-node-1 (exit code 1, Error): "
+        "ValueError: NaN loss")
+    assert (status(k8s)["restarts"], status(k8s)["restartsWithoutProgress"]) == (4, 3)
+    k8s.wait_for(lambda: ("Warning", C.REASON_NO_PROGRESS) in [(t, r) for t, r, _ in events(k8s)],
+                 what="the NoProgress Event")
+
+
+def test_a_disruption_target_does_not_consume_the_budget(k8s, operator):
+    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={"maxRestarts": 0, "maxRestartsWithoutProgress": 0}))
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
+    for n in range(2):
+        old = uid(k8s, "mlp-node-1")
+        set_running(k8s, "mlp-node-1")
+        set_disruption_target(k8s, "mlp-node-1", reason="PreemptionByScheduler", message="preempted by team-a/big")
+        k8s.wait_for(lambda: uid(k8s, "mlp-node-1") not in (None, old), timeout=20,
+                     what="the preempted node to be replaced")
+    final = status(k8s)
+    assert final.get("restarts", 0) == 0 and final["phase"] != C.PHASE_FAILED
+    assert [(f["cause"], f["reason"], f["message"]) for f in final["failures"]] == [
+        ("Disrupted", "PreemptionByScheduler", "preempted by team-a/big")] * 2
+    assert any(r == C.REASON_NODE_DISRUPTED for _, r, _ in events(k8s))
