@@ -40,6 +40,9 @@ SHM_VOLUME = "dshm"  # pod volume name of the memory-backed /dev/shm
 SHM_MOUNT_PATH = "/dev/shm"  # where DataLoader workers and NCCL put shared memory
 RDZV_SECRET_VOLUME = "rdzv-credentials"  # pod volume name of spec.elasticPolicy.rdzvSecretName
 RDZV_SECRET_MOUNT_PATH = "/etc/ddpjob/rdzv"  # read-only mount of that Secret; rdzv_conf points here
+COMPONENT_ETCD = "etcd"  # value of LABEL_COMPONENT on a job's managed etcd pod and Service
+ETCD_CONTAINER = "etcd"  # the one container of the managed etcd pod
+MANAGED_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # default managed etcd (3.5: the last with the v2 API)
 CLUSTER_DOMAIN = "cluster.local"  # default cluster DNS suffix of Service FQDNs
 DNS_LABEL_MAX = 63  # RFC 1123 label limit for pod names, hostnames and Service names
 

@@ -84,7 +84,7 @@ def cleanup_target(body: Mapping[str, Any]) -> CleanupTarget | None:
     if not uid or validate_job(body):
         return None
     ep = DDPJobSpec.model_validate(body.get("spec") or {}).elastic_policy
-    if ep.rdzv_backend != BACKEND:
+    if ep.rdzv_backend != BACKEND or ep.managed_etcd.enabled:  # a managed etcd goes with the job, keys and all
         return None
     generations = int((body.get("status") or {}).get("rendezvousGeneration") or 0)
     return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name, generations)

@@ -27,7 +27,8 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import constants as C
-from ddpjob_operator import etcd_cleanup, kube, metrics
+from ddpjob_operator import etcd_cleanup, kube, managed_etcd, metrics
+from ddpjob_operator.names import managed_etcd_name
 from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
 from ddpjob_operator.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render import selector
@@ -119,7 +120,8 @@ async def run_pass(api: kube.Kube, key: JobKey,
             return PassOutcome(gone=True)
         pods = await api.list_pods(namespace, selector(name))
         service_exists = await api.exists("Service", namespace, name)
-        result = reconcile(job, pods, datetime.datetime.now(datetime.timezone.utc), service_exists=service_exists)
+        result = reconcile(job, pods, datetime.datetime.now(datetime.timezone.utc), service_exists=service_exists,
+                           managed_etcd=await _observe_managed_etcd(api, namespace, name, job))
         await _write_status(api, job, result)
         requeue = await _apply(api, job, pods, result)
         await _record(api, job, result)
@@ -127,6 +129,17 @@ async def run_pass(api: kube.Kube, key: JobKey,
     if cleaner is not None:  # outside the pass timer: an unreachable etcd may take a while
         await cleaner.after_pass(job, pods, result.status)
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
+
+
+async def _observe_managed_etcd(api: kube.Kube, namespace: str, name: str,
+                                job: dict) -> managed_etcd.ObservedEtcd | None:
+    """The job's own etcd pod and Service, when the job asks for one (see managed_etcd)."""
+    if not managed_etcd.requested(job):
+        return None
+    pods = await api.list_pods(namespace, managed_etcd.etcd_selector(name))
+    return managed_etcd.ObservedEtcd(
+        pod=pods[0] if pods else None,
+        service_exists=await api.exists("Service", namespace, managed_etcd_name(name)))
 
 
 async def _write_status(api: kube.Kube, job: dict, result: Reconciliation) -> None:
@@ -220,3 +233,8 @@ async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_:
     """A node pod was created, changed phase or went away: its job needs a look."""
     memo.passes.poke((namespace, labels[C.LABEL_JOB_NAME]))
 
+
+@kopf.on.event("", "v1", "pods", labels={C.LABEL_MANAGED_BY: C.MANAGED_BY, C.LABEL_COMPONENT: C.COMPONENT_ETCD})
+async def etcd_pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    """A job's managed etcd pod changed (it lacks the job-name label; its instance label names the job)."""
+    memo.passes.poke((namespace, labels[C.LABEL_INSTANCE]))

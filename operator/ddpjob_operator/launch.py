@@ -76,10 +76,12 @@ def credential_conf(backend: str, credentials_dir: str | None) -> dict[str, str]
 
 
 def rdzv_endpoint_for(spec: DDPJobSpec, rdzv_host: str) -> str:
-    """PET_RDZV_ENDPOINT: node 0's store for c10d, the etcd endpoints otherwise."""
+    """PET_RDZV_ENDPOINT: node 0's store for c10d, the managed etcd, or the etcd endpoints."""
     ep = spec.elastic_policy
     if ep.rdzv_backend == "c10d":
         return f"{rdzv_host}:{ep.rdzv_port}"
+    if ep.managed_etcd.enabled:  # the operator's own etcd for this job, at rdzv_host
+        return f"{rdzv_host}:{C.DEFAULT_ETCD_PORT}"
     # etcd takes exactly one endpoint (validated); the etcd-v3 backend splits on commas.
     return ",".join(ep.rdzv_endpoints)
 

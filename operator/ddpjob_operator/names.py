@@ -73,3 +73,13 @@ def rdzv_store_name(job: str) -> str:
 def rdzv_store_host(job: str, namespace: str, domain: str = CLUSTER_DOMAIN) -> str:
     """DNS name of the store's Service: stable across store pod replacements."""
     return f"{rdzv_store_name(job)}.{namespace}.svc.{domain}"
+
+
+def managed_etcd_name(job: str) -> str:
+    """Pod and Service of the job's managed etcd (elasticPolicy.managedEtcd.enabled)."""
+    return f"{job}-etcd"
+
+
+def managed_etcd_host(job: str, namespace: str, domain: str = CLUSTER_DOMAIN) -> str:
+    """DNS name of the managed etcd's Service."""
+    return f"{managed_etcd_name(job)}.{namespace}.svc.{domain}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
+from .managed_etcd import ObservedEtcd, plan_managed_etcd
 from .plan import Action, plan_actions
 from .spec import DDPJobSpec, FieldError, JobRef, validate_job
 from .status import Event, compute_status
@@ -24,7 +25,8 @@ class Reconciliation:
 
 
 def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime, *,
-              service_exists: bool, last_snapshot: Mapping[str, Any] | None = None) -> Reconciliation:
+              service_exists: bool, last_snapshot: Mapping[str, Any] | None = None,
+              managed_etcd: ObservedEtcd | None = None) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
@@ -33,6 +35,7 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
         now: the current time.
         service_exists: whether the job's Service exists.
         last_snapshot: the trainer's progress.json, when the caller can read it.
+        managed_etcd: the job's managed etcd as observed (None when the job asks for none).
     """
     pods = list(pods)
     ref = JobRef.from_body(body)
@@ -41,4 +44,5 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
     update = compute_status(ref, spec, pods, body.get("status"), now, errors=errors,
                             last_snapshot=last_snapshot)
     actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
+    actions = plan_managed_etcd(ref, spec, update.status.get("phase"), managed_etcd) + actions
     return Reconciliation(update.status, update.events, actions, spec, errors)

@@ -11,7 +11,7 @@ from typing import Any
 from . import constants as C
 from .capacity import kueue_metadata
 from .launch import NodeLaunch, launch_plan
-from .names import c10d_host, pod_hostname, pod_name, rdzv_store_host, service_name
+from .names import c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
 from .spec import DDPJobSpec, JobRef
 
 
@@ -78,9 +78,13 @@ def render_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
 def node_launch(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> NodeLaunch:
     """The launch plan of node `index` of rendezvous generation `generation` inside the cluster."""
     store_pod = spec.elastic_policy.rdzv_store == "pod"
+    if spec.elastic_policy.managed_etcd.enabled:
+        rdzv_host = managed_etcd_host(ref.name, ref.namespace)
+    else:
+        rdzv_host = rdzv_store_host(ref.name, ref.namespace) if store_pod else c10d_host(ref.name, ref.namespace)
     return launch_plan(
         job=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec, node_index=index,
-        rdzv_host=rdzv_store_host(ref.name, ref.namespace) if store_pod else c10d_host(ref.name, ref.namespace),
+        rdzv_host=rdzv_host,
         rdzv_generation=generation, external_store=store_pod,
         snapshot_dir=spec.snapshot.mount_path if spec.snapshot else None,
         rdzv_credentials_dir=C.RDZV_SECRET_MOUNT_PATH if spec.elastic_policy.rdzv_secret_name else None,

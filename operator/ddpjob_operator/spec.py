@@ -186,6 +186,17 @@ class RdzvTimeouts(_Model):
         "Missed heartbeats before a node counts as dead (keep_alive_max_attempt)."))
 
 
+class ManagedEtcd(_Model):
+    """A single-member etcd the operator runs for this job alone (etcd backends only)."""
+
+    enabled: bool = Field(False, description=(
+        "Run a one-member etcd (pod and Service <job>-etcd, owned by the job) and point the nodes "
+        "at it; rdzvEndpoints must then be empty. Plaintext, no auth, data on an emptyDir: for "
+        "jobs that want etcd's rendezvous without an etcd to share. Deleted when the job finishes."))
+    image: str = Field(C.MANAGED_ETCD_IMAGE, min_length=1, description=(
+        "etcd image; 3.5 still serves the v2 API that rdzvBackend etcd needs."))
+
+
 class ElasticPolicy(_Model):
     """How torchrun forms and re-forms the training group (Kubeflow's names)."""
 
@@ -195,9 +206,16 @@ class ElasticPolicy(_Model):
             "'spec.elasticPolicy.maxReplicas (' + string(self.maxReplicas) + ') must be >= "
             "spec.elasticPolicy.minReplicas (' + string(self.minReplicas) + ')'"),
         cel("!has(self.rdzvBackend) || self.rdzvBackend == 'c10d' || "
-            "(has(self.rdzvEndpoints) && size(self.rdzvEndpoints) > 0)",
+            "(has(self.rdzvEndpoints) && size(self.rdzvEndpoints) > 0) || "
+            "(has(self.managedEtcd) && has(self.managedEtcd.enabled) && self.managedEtcd.enabled)",
             "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port "
-            "when rdzvBackend is etcd or etcd-v3"),
+            "when rdzvBackend is etcd or etcd-v3 (or set managedEtcd.enabled: true)"),
+        cel("!has(self.managedEtcd) || !has(self.managedEtcd.enabled) || !self.managedEtcd.enabled || "
+            "(has(self.rdzvBackend) && self.rdzvBackend != 'c10d' && "
+            "(!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) == 0) && !has(self.rdzvSecretName))",
+            "spec.elasticPolicy.managedEtcd.enabled needs rdzvBackend etcd or etcd-v3, no "
+            "rdzvEndpoints and no rdzvSecretName (the operator points the nodes at its own "
+            "plaintext etcd)"),
         cel("(has(self.rdzvBackend) && self.rdzvBackend != 'c10d') || "
             "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) == 0",
             "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d "
@@ -250,6 +268,7 @@ class ElasticPolicy(_Model):
         "password (etcd auth). etcd-v3 uses the keys present; torch's etcd (v2) backend needs ca.crt, "
         "tls.crt and tls.key and has no password auth."))
     rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
+    managed_etcd: ManagedEtcd = _object(ManagedEtcd, "A per-job etcd run by the operator.")
     rdzv_store: Literal["node", "pod"] = Field("node", description=(
         "Where the c10d rendezvous store runs (c10d only): node (inside node 0's agent; losing "
         "node 0 restarts the whole group) or pod (a small dedicated pod <job>-rdzv behind a "
@@ -306,7 +325,6 @@ class FailurePolicy(_Model):
     force_delete_terminating_after_seconds: int | None = Field(60, ge=0, description=(
         "Force-delete (grace period 0) a node pod still terminating this long after its deletion "
         "deadline when its node is NotReady or gone, so its replacement can start; null: never."))
-
 
 
 class RunPolicy(_Model):
@@ -534,10 +552,13 @@ def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
         return [FieldError("spec.elasticPolicy.rdzvSecretName", ep.rdzv_secret_name,
                            "may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to "
                            "authenticate to): remove it or change rdzvBackend")]
+    if ep.managed_etcd.enabled:
+        return _managed_etcd_errors(ep)
     path = "spec.elasticPolicy.rdzvEndpoints"
     if ep.rdzv_backend in ETCD_BACKENDS and not ep.rdzv_endpoints:
         return [FieldError(path, ep.rdzv_endpoints,
-                           f"must list at least one etcd host:port when rdzvBackend is {ep.rdzv_backend}")]
+                           f"must list at least one etcd host:port when rdzvBackend is {ep.rdzv_backend} "
+                           "(or set managedEtcd.enabled: true)")]
     if ep.rdzv_backend == "c10d" and ep.rdzv_endpoints:
         return [FieldError(path, ep.rdzv_endpoints,
                            "must be empty when rdzvBackend is c10d (the operator points every node at node 0)")]
@@ -545,6 +566,22 @@ def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
         return [FieldError(path, ep.rdzv_endpoints,
                            "must have exactly one entry when rdzvBackend is etcd "
                            "(torch's v2 backend takes one endpoint; etcd-v3 takes several)")]
+    return []
+
+
+def _managed_etcd_errors(ep: ElasticPolicy) -> list[FieldError]:
+    path = "spec.elasticPolicy.managedEtcd.enabled"
+    if ep.rdzv_backend not in ETCD_BACKENDS:
+        return [FieldError(path, True, f"needs rdzvBackend etcd or etcd-v3, not {ep.rdzv_backend}: "
+                           "set rdzvBackend or remove managedEtcd")]
+    if ep.rdzv_endpoints:
+        return [FieldError("spec.elasticPolicy.rdzvEndpoints", ep.rdzv_endpoints,
+                           "must be empty when managedEtcd.enabled is true (the operator points the "
+                           "nodes at its own etcd): remove one of them")]
+    if ep.rdzv_secret_name is not None:
+        return [FieldError("spec.elasticPolicy.rdzvSecretName", ep.rdzv_secret_name,
+                           "may not be set when managedEtcd.enabled is true: the managed etcd has no "
+                           "TLS or auth; use your own etcd with rdzvEndpoints for that")]
     return []
 
 

@@ -149,7 +149,8 @@ def test_cross_field_cel_rules_are_present():
         'spec.elasticPolicy.nProcPerNode "gpu" needs spec.resources.limits["nvidia.com/gpu"]',
         "spec.env may not set variables the operator derives from the spec (PET_*, DDPJOB_*): use the spec field instead",
         "spec.elasticPolicy.maxReplicas must be >= spec.elasticPolicy.minReplicas",
-        "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port when rdzvBackend is etcd or etcd-v3",
+        "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port when rdzvBackend is etcd or etcd-v3 (or set managedEtcd.enabled: true)",
+        MANAGED_ETCD_RULE,
         "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at node 0)",
         "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend",
         "spec.elasticPolicy.rdzvStore may be pod only when rdzvBackend is c10d (etcd backends keep their state in etcd): remove it or set rdzvBackend to c10d",
@@ -189,13 +190,18 @@ SCHEMA_CAUGHT = {"image missing", "image empty", "replicas zero", "unknown backe
                  "bad quantity", "negative restart budget", "exit code zero is not permanent",
                  "unknown clean pod policy", "relative snapshot path", "snapshot volume with two sources",
                  "negative deadline", "rdzv secret name not a DNS name", "queue name not a label value"}
+MANAGED_ETCD_RULE = ("spec.elasticPolicy.managedEtcd.enabled needs rdzvBackend etcd or etcd-v3, no rdzvEndpoints "
+                     "and no rdzvSecretName (the operator points the nodes at its own plaintext etcd)")
 CEL_CAUGHT = {
+    "managed etcd with c10d": MANAGED_ETCD_RULE,
+    "managed etcd with endpoints": MANAGED_ETCD_RULE,
+    "managed etcd with a secret": MANAGED_ETCD_RULE,
     "neither module nor script": "exactly one of spec.module or spec.script must be set",
     "module and script": "exactly one of spec.module or spec.script must be set",
     "max below min": "spec.elasticPolicy.maxReplicas must be >= spec.elasticPolicy.minReplicas",
     "replicas below min": "spec.replicas must be >= spec.elasticPolicy.minReplicas",
     "replicas above max": "spec.replicas must be <= spec.elasticPolicy.maxReplicas",
-    "etcd without endpoints": "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port when rdzvBackend is etcd or etcd-v3",
+    "etcd without endpoints": "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port when rdzvBackend is etcd or etcd-v3 (or set managedEtcd.enabled: true)",
     "etcd v2 with two endpoints": "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)",
     "c10d with endpoints": "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at node 0)",
     "rdzv secret with c10d": "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend",

@@ -37,7 +37,18 @@ INVALID_SPECS = [
      ["spec.elasticPolicy.rdzvBackend (\"zookeeper\") must be one of 'c10d', 'etcd' or 'etcd-v3'"]),
     ("etcd without endpoints", {"elasticPolicy": {"rdzvBackend": "etcd-v3"}},
      ["spec.elasticPolicy.rdzvEndpoints ([]) must list at least one etcd host:port "
-      "when rdzvBackend is etcd-v3"]),
+      "when rdzvBackend is etcd-v3 (or set managedEtcd.enabled: true)"]),
+    ("managed etcd with c10d", {"elasticPolicy": {"managedEtcd": {"enabled": True}}},
+     ["spec.elasticPolicy.managedEtcd.enabled (true) needs rdzvBackend etcd or etcd-v3, not c10d: "
+      "set rdzvBackend or remove managedEtcd"]),
+    ("managed etcd with endpoints", {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"],
+                                                       "managedEtcd": {"enabled": True}}},
+     ['spec.elasticPolicy.rdzvEndpoints (["e:1"]) must be empty when managedEtcd.enabled is true (the '
+      "operator points the nodes at its own etcd): remove one of them"]),
+    ("managed etcd with a secret", {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvSecretName": "creds",
+                                                      "managedEtcd": {"enabled": True}}},
+     ['spec.elasticPolicy.rdzvSecretName ("creds") may not be set when managedEtcd.enabled is true: the '
+      "managed etcd has no TLS or auth; use your own etcd with rdzvEndpoints for that"]),
     ("etcd v2 with two endpoints", {"elasticPolicy": {"rdzvBackend": "etcd", "rdzvEndpoints": ["a:1", "b:2"]}},
      ['spec.elasticPolicy.rdzvEndpoints (["a:1", "b:2"]) must have exactly one entry when '
       "rdzvBackend is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)"]),

@@ -183,7 +183,7 @@ def test_an_invalid_spec_sets_invalid_spec_once_and_clears_it_when_fixed():
     job["spec"]["elasticPolicy"] = {"rdzvBackend": "etcd"}
     update = step(job, [], 0)
     message = ("spec.elasticPolicy.rdzvEndpoints ([]) must list at least one etcd host:port "
-               "when rdzvBackend is etcd")
+               "when rdzvBackend is etcd (or set managedEtcd.enabled: true)")
     assert update.status["phase"] == "Failed" and "completionTime" not in update.status
     assert condition(update.status, "InvalidSpec") == {
         "type": "InvalidSpec", "status": "True", "reason": "InvalidSpec", "message": message,

@@ -1,0 +1,165 @@
+"""A job's own single-member etcd (`spec.elasticPolicy.managedEtcd.enabled`): render and plan, pure.
+
+For jobs that want an etcd rendezvous (no node hosts the state, so losing any
+node replaces only that node) without an etcd to share. The operator runs pod
+and Service `<job>-etcd`, both owned by the job (garbage collection removes them
+with it), and points every node's PET_RDZV_ENDPOINT at the Service.
+
+The pod deliberately lacks the job-name label: node-pod listing, scaling and
+status never see it. handlers.py observes it by its own selector
+(`etcd_selector`) and passes what it saw to `plan_managed_etcd`, whose actions
+(plan.py's CreatePod/CreateService/DeletePod) kube.py executes like any other.
+
+Lifecycle: created with the job's first pass (the agents' etcd client retries
+for rdzv_conf read_timeout, 60 s, while it starts); a pod that failed or was
+evicted is deleted and created again (its emptyDir data, the rendezvous state,
+is gone, which torch's agents survive by rendezvousing again); deleted when the
+job finishes (it holds nothing worth keeping), the Service goes with the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import constants as C
+from .names import managed_etcd_name
+from .plan import Action, CreatePod, CreateService, DeletePod
+from .pods import is_deleting, pod_phase
+from .render import owner_reference
+from .spec import DDPJobSpec, JobRef
+
+PEER_PORT = 2380  # etcd's peer port; one member, so it only listens on loopback
+RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+
+
+@dataclass(frozen=True)
+class ObservedEtcd:
+    """What the pass saw of the managed etcd."""
+
+    pod: Mapping[str, Any] | None  # the etcd pod, None when it does not exist
+    service_exists: bool
+
+
+def requested(body: Mapping[str, Any]) -> bool:
+    """The body asks for a managed etcd (read before validation, to decide what to observe)."""
+    ep = (body.get("spec") or {}).get("elasticPolicy") or {}
+    return bool((ep.get("managedEtcd") or {}).get("enabled"))
+
+
+def etcd_labels(job: str) -> dict[str, str]:
+    """Labels of the etcd pod and Service: no job-name label, so node-pod selectors never match."""
+    return {C.LABEL_APP_NAME: C.APP_NAME, C.LABEL_INSTANCE: job, C.LABEL_MANAGED_BY: C.MANAGED_BY,
+            C.LABEL_COMPONENT: C.COMPONENT_ETCD}
+
+
+def etcd_selector(job: str) -> str:
+    """Label selector of the job's etcd pod (list and watch)."""
+    return f"{C.LABEL_INSTANCE}={job},{C.LABEL_COMPONENT}={C.COMPONENT_ETCD}"
+
+
+def render_etcd_service(ref: JobRef) -> dict[str, Any]:
+    """A ClusterIP Service: a replaced etcd pod gets a new IP, the agents keep the same name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": managed_etcd_name(ref.name), "namespace": ref.namespace,
+                     "labels": etcd_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
+        "spec": {
+            "selector": {C.LABEL_INSTANCE: ref.name, C.LABEL_COMPONENT: C.COMPONENT_ETCD},
+            "ports": [{"name": "client", "port": C.DEFAULT_ETCD_PORT, "targetPort": C.DEFAULT_ETCD_PORT,
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def render_etcd_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
+    """The etcd pod; shares the node pods' tolerations, priority and pull secrets, not their placement."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": managed_etcd_name(ref.name), "namespace": ref.namespace,
+                     "labels": etcd_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
+        "spec": {
+            # A crashed etcd restarts in place and keeps its emptyDir (the rendezvous state).
+            "restartPolicy": "Always",
+            "enableServiceLinks": False,
+            "containers": [_container(ref, spec)],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            **_shared_pod_settings(spec),
+        },
+    }
+
+
+def etcd_args(ref: JobRef, spec: DDPJobSpec) -> list[str]:
+    """etcd's flags: one member named after the pod, clients on 2379, peers on loopback only."""
+    name = managed_etcd_name(ref.name)
+    peer = f"http://127.0.0.1:{PEER_PORT}"
+    args = [
+        f"--name={name}",
+        "--data-dir=/var/lib/etcd",
+        f"--listen-client-urls=http://0.0.0.0:{C.DEFAULT_ETCD_PORT}",
+        f"--advertise-client-urls=http://{name}.{ref.namespace}.svc:{C.DEFAULT_ETCD_PORT}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster={name}={peer}",
+    ]
+    if spec.elastic_policy.rdzv_backend == "etcd":
+        args.append("--enable-v2=true")  # torch's etcd backend speaks the v2 API only
+    return args
+
+
+def _container(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
+    probe = {"httpGet": {"path": "/health", "port": C.DEFAULT_ETCD_PORT}}
+    return {
+        "name": C.ETCD_CONTAINER,
+        "image": spec.elastic_policy.managed_etcd.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["etcd"],
+        "args": etcd_args(ref, spec),
+        "ports": [{"name": "client", "containerPort": C.DEFAULT_ETCD_PORT, "protocol": "TCP"}],
+        "readinessProbe": {**probe, "periodSeconds": 2},
+        "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 20, "failureThreshold": 6},
+        "resources": RESOURCES,
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+    }
+
+
+def _shared_pod_settings(spec: DDPJobSpec) -> dict[str, Any]:
+    """Tolerations and priority as the nodes (so etcd is not preempted before them); node
+    selectors and affinity stay with the nodes (they ask for GPU nodes a tiny etcd must not wait for)."""
+    s, po = spec.scheduling, spec.pod_overrides
+    fields = {
+        "tolerations": [dict(t) for t in s.tolerations],
+        "priorityClassName": s.priority_class_name,
+        "imagePullSecrets": [dict(x) for x in po.image_pull_secrets],
+        # The image's own user may be root; run as the trainer image's uid, which owns the emptyDir.
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    return {k: v for k, v in fields.items() if v}
+
+
+def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,
+                      observed: ObservedEtcd | None) -> list[Action]:
+    """Create the Service and pod when missing, replace a failed pod, delete the pod once the job finished.
+
+    Args:
+        ref: the job's identity.
+        spec: the parsed spec; None when invalid (nothing is done).
+        phase: status.phase computed for this pass.
+        observed: what the pass saw; None when the job does not ask for a managed etcd.
+    """
+    if spec is None or observed is None or not spec.elastic_policy.managed_etcd.enabled:
+        return []
+    pod, name = observed.pod, managed_etcd_name(ref.name)
+    if phase in C.FINISHED_PHASES:
+        return [DeletePod(name, "the job finished")] if pod is not None and not is_deleting(pod) else []
+    actions: list[Action] = [] if observed.service_exists else [CreateService(render_etcd_service(ref))]
+    if pod is None:
+        actions.append(CreatePod(render_etcd_pod(ref, spec)))
+    elif pod_phase(pod) in ("Failed", "Succeeded") and not is_deleting(pod):
+        actions.append(DeletePod(name, "replacing the failed managed etcd pod"))
+    return actions
