@@ -4,7 +4,8 @@ The operator runs with the exact arguments the chart's Deployment renders,
 against the API emulator (tests/support), through a job's whole life: create,
 run, a node failure and its replacement, scale up, success, pod cleanup and
 deletion after ttlSecondsAfterFinished, and an etcd-v3 job (a real etcd)
-whose rendezvous keys are deleted with the credentials of its Secret. Each request the operator sent (told
+whose rendezvous keys are deleted with the credentials of its Secret, and a
+job with a managed etcd. Each request the operator sent (told
 apart from the test's own by User-Agent) is turned into an RBAC attribute
 (verb, API group, resource, namespace) and checked against the rendered
 ClusterRole (all namespaces) or the Role of the watched namespace.
@@ -109,6 +110,16 @@ def run_etcd_job(k8s, endpoint: str) -> None:
     k8s.wait_for(lambda: k8s.find("ddpjobs", "etcd") is None, timeout=20, what="the etcd job deleted")
 
 
+def run_managed_etcd_job(k8s) -> None:
+    """A job with its own etcd: pod and Service created, the pod deleted when the job finishes."""
+    k8s.create("ddpjobs", ddpjob(name="own", replicas=1, elasticPolicy={
+        "rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}))
+    k8s.wait_for(lambda: k8s.find("pods", "own-etcd") and pod_names(k8s, "own") == ["own-node-0"],
+                 timeout=20, what="the managed etcd and the node pod")
+    set_terminated(k8s, "own-node-0", 0)
+    k8s.wait_for(lambda: k8s.find("pods", "own-etcd") is None, timeout=20, what="the managed etcd deleted")
+
+
 def run_job_lifecycle(k8s) -> None:
     """Jobs that exercise every operator write: create, replace, scale, succeed, clean up, expire.
 
@@ -148,6 +159,7 @@ def test_every_operator_request_is_allowed_by_the_chart_rbac(mode, cluster, k8s,
             run_job_lifecycle(k8s)
             with running_etcd() as etcd:
                 run_etcd_job(k8s, etcd.endpoint)
+            run_managed_etcd_job(k8s)
             time.sleep(0.5)  # let the last status write and event land
         finally:
             sys.stdout.write(f"\n--- operator log ---\n{process.log()[-8000:]}\n")
