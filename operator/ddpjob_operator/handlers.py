@@ -10,6 +10,10 @@ plan -> status) and every API call goes through ``kube``. A pass:
 3. executes the actions (create-or-skip, delete-or-skip);
 4. posts the Events the status computation returned (only when something changed).
 
+After a pass that left an etcd-v3 job finished, its rendezvous keys are deleted (etcd_cleanup);
+etcd-v3 jobs also carry a kopf finalizer that deletes them on deletion, bounded so it never
+blocks the deletion. A job's managed etcd (managed_etcd) is observed in the pass like its Service.
+
 Passes of one job never overlap (one lock per job), and pod events are coalesced so that a
 job creating 8 pods is reconciled a couple of times, not 8. kopf cannot retry watch-event
 handlers, so a planned requeue (backoff end, deadline, TTL) is an in-memory timer; a restarted
