@@ -1,0 +1,204 @@
+"""Sandbox benchmark: recovery from a dead node under the operator, next to bare torchrun.
+
+Run with ``python -m bench sandbox``. In each round, on the same machine:
+
+* sandbox: the c10d example DDPJob (the scenario tests' test-speed copy, see
+  ``tests.support.sandbox.example_job``) applied with kubectl to the API emulator, the real
+  operator creating its pods and the sandbox node agent running them as local torchrun
+  agents; after the snapshot at step 20 the pod that does not host the c10d store (found by
+  who listens on the port) is SIGKILLed as a whole (agent and workers). The operator then
+  replaces it after the failure policy's 1 s backoff.
+* bare torchrun: two torchrun agents (``tests.support.torchrun.AgentGroup``) with the same
+  trainer args, the same rendezvous settings (checked against the pods' PET_RDZV_CONF) and
+  the same fault: the non-host agent's whole process tree is SIGKILLed after step 20's
+  snapshot. Nobody replaces it.
+
+Measured: seconds from the kill to the first training step after it (timestamps from the
+trainer's metrics), and that step's world size: 1 when the survivor went on alone, 2 in the
+sandbox when the replacement joined before the survivor's group re-formed. For the sandbox
+also the seconds until a step with the full world size again (the replacement training).
+The configurations alternate in ROUNDS rounds; the ratio is taken within each round
+(neighbouring runs share the machine's load) and its median is reported with the range.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from tests.support.operator_harness import OperatorProcess, operator_command, running_cluster
+from tests.support.procs import free_port
+from tests.support.sandbox import (
+    FAST_RDZV_TIMEOUTS,
+    JobProgress,
+    example_job,
+    holds_socket,
+    kubectl_apply,
+    listening_socket_inodes,
+    running_node_agent,
+    trainer_args,
+)
+from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events, unique_run_id
+
+ROUNDS = int(os.environ.get("BENCH_SANDBOX_ROUNDS", "3"))
+KILL_AFTER_STEP = 20  # the kill follows the snapshot at this step
+EVENT_TIMEOUT = 120.0
+NAMESPACE = "bench-sandbox"
+# Long enough that training still runs well after the kill, the resume and the replacement.
+ARGS = trainer_args(epochs=30, samples=2048, step_sleep=0.1, snapshot_every_steps=10)
+# The rendezvous settings the operator renders from FAST_RDZV_TIMEOUTS (closeSeconds keeps its default).
+RDZV_CONF = {"join_timeout": str(FAST_RDZV_TIMEOUTS["joinSeconds"]),
+             "last_call_timeout": str(FAST_RDZV_TIMEOUTS["lastCallSeconds"]), "close_timeout": "30",
+             "keep_alive_interval": str(FAST_RDZV_TIMEOUTS["keepAliveIntervalSeconds"]),
+             "keep_alive_max_attempt": str(FAST_RDZV_TIMEOUTS["keepAliveMaxAttempts"])}
+
+
+@dataclass
+class Recovery:
+    """One measured fault: kill -> first resumed step (and -> full world size again, sandbox only)."""
+
+    seconds: float
+    world_size: int
+    full_world_seconds: float | None = None
+
+
+def event_time(event: dict) -> float:
+    """Wall time (seconds since the epoch) of a metrics record."""
+    return datetime.datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp()
+
+
+def first_step_after(metrics: pathlib.Path, killed_at: float, world_size: int | None = None) -> dict | None:
+    """The first step (of ``world_size`` if given) after a trainer start that came after the kill."""
+    restarted = False
+    for event in read_events(metrics):
+        if event_time(event) <= killed_at:
+            continue
+        restarted = restarted or event["event"] == "start"
+        if restarted and event["event"] == "step" and world_size in (None, event["world_size"]):
+            return event
+    return None
+
+
+def wait_for(condition, what: str, timeout: float = EVENT_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"waiting for {what}: timed out after {timeout} s")
+
+
+def conf_of(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+class Sandbox:
+    """The emulator, the operator and the node agent, warm across rounds (one job per round)."""
+
+    def __init__(self, workdir: pathlib.Path):
+        self.workdir = workdir
+
+    def __enter__(self) -> "Sandbox":
+        self._cluster = running_cluster(self.workdir)
+        cluster = self._cluster.__enter__()
+        self.k8s = cluster.client(NAMESPACE)
+        self.operator = OperatorProcess(cluster, operator_command(NAMESPACE), self.workdir / "operator.log").start()
+        self._agent = running_node_agent(self.k8s, self.workdir / "node")
+        self.agent = self._agent.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._agent.__exit__(*exc)
+        self.operator.stop()
+        self._cluster.__exit__(*exc)
+
+    def recovery(self, round_: int) -> Recovery:
+        name, port = f"mlp-{round_}", free_port()
+        body = example_job(args=ARGS, rdzv_port=port)
+        body["metadata"]["name"] = name
+        body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = f"{name}-snapshots"
+        kubectl_apply(self.k8s, body, self.workdir)
+        progress = JobProgress(self.k8s, self.agent, name, self.agent.claim_dir(f"{name}-snapshots") / "metrics.jsonl")
+        try:
+            progress.wait(is_event("start", world_size=2), EVENT_TIMEOUT, "both nodes training")
+            pod_conf = conf_of(self._env(f"{name}-node-0")["PET_RDZV_CONF"])
+            assert pod_conf == RDZV_CONF, f"the pods' PET_RDZV_CONF {pod_conf} is not the bare agents' {RDZV_CONF}"
+            progress.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")
+            host = self.agent.pod_listening_on(port)
+            victim = f"{name}-node-1" if host == f"{name}-node-0" else f"{name}-node-0"
+            killed_at = time.time()
+            self.agent.kill(victim)
+            first = wait_for(lambda: first_step_after(progress.metrics_path, killed_at), "the first resumed step")
+            full = wait_for(lambda: first_step_after(progress.metrics_path, killed_at, world_size=2),
+                            "a step with the replacement")
+            return Recovery(event_time(first) - killed_at, first["world_size"], event_time(full) - killed_at)
+        finally:
+            self.k8s.kubectl("delete", "ddpjob", name, "--wait=false")
+            wait_for(lambda: not self.k8s.list("pods"), "the job's pods gone", timeout=60)
+
+    def _env(self, pod: str) -> dict[str, str]:
+        return {e["name"]: e.get("value", "") for e in self.k8s.get("pods", pod)["spec"]["containers"][0]["env"]}
+
+
+def torchrun_recovery(workdir: pathlib.Path) -> Recovery:
+    """Two bare torchrun agents, the non-host one killed as a whole after the snapshot at step 20."""
+    snapshots = workdir / "snapshots"
+    target = ["-m", "ddpjob_trainer.examples.mlp", *ARGS, "--snapshot-dir", str(snapshots)]
+    rdzv = Rendezvous("c10d", f"127.0.0.1:{free_port()}", unique_run_id(), "1:4", dict(RDZV_CONF))
+    port = int(rdzv.endpoint.rsplit(":", 1)[1])
+    metrics = snapshots / "metrics.jsonl"
+    with AgentGroup(workdir, rdzv, target, max_restarts=3) as group:
+        agents = [group.start("node0"), group.start("node1")]
+        watcher = MetricsWatcher(metrics, group)
+        watcher.wait(is_event("start", world_size=2), EVENT_TIMEOUT, "both agents training")
+        watcher.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")
+        inodes = listening_socket_inodes(port)
+        victim = next(a for a in agents if not holds_socket(a.pid, inodes))
+        killed_at = time.time()
+        victim.kill()
+        first = wait_for(lambda: first_step_after(metrics, killed_at), "the first resumed step")
+    return Recovery(event_time(first) - killed_at, first["world_size"])
+
+
+def main() -> None:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp, Sandbox(pathlib.Path(tmp)) as sandbox:
+        for round_ in range(ROUNDS):
+            order = ["sandbox", "torchrun"] if round_ % 2 == 0 else ["torchrun", "sandbox"]
+            row = {}
+            for kind in order:
+                if kind == "sandbox":
+                    row[kind] = sandbox.recovery(round_)
+                else:
+                    workdir = pathlib.Path(tmp) / f"torchrun-{round_}"
+                    workdir.mkdir()
+                    row[kind] = torchrun_recovery(workdir)
+            rows.append(row)
+            s, t = row["sandbox"], row["torchrun"]
+            print(f"round {round_ + 1}: sandbox {s.seconds:.2f} s (world size {s.world_size}; full world again after "
+                  f"{s.full_world_seconds:.2f} s), bare torchrun {t.seconds:.2f} s (world size {t.world_size})",
+                  flush=True)
+    _print_table(rows)
+
+
+def _print_table(rows: list[dict[str, Recovery]]) -> None:
+    ratios = [row["sandbox"].seconds / row["torchrun"].seconds for row in rows]
+    median = lambda kind: statistics.median(row[kind].seconds for row in rows)  # noqa: E731
+    full = statistics.median(row["sandbox"].full_world_seconds for row in rows)
+    print()
+    print("| kill of a non-host node -> first resumed step | sandbox (operator + node agent) | bare torchrun | ratio |")
+    print("|---|---|---|---|")
+    print(f"| median of {len(rows)} rounds | {median('sandbox'):.2f} s | {median('torchrun'):.2f} s "
+          f"| {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}) |")
+    print(f"\nsandbox, kill -> first step with the replacement (world size 2): median {full:.2f} s "
+          "(bare torchrun has no replacement)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
