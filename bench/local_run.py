@@ -11,6 +11,10 @@ survivor's resumed step), once under ``ddpjob run`` (its CLI, as a user runs
 it) and once as two bare torchrun agents (``tests.support.torchrun.AgentGroup``),
 alternating in ROUNDS rounds. The ratio is taken within each round (neighbouring
 runs share the machine's load) and its median reported with the range.
+Each round also prints the world size of that first step: 1 when the survivor
+went on alone; 2 under `ddpjob run` when the replacement (started after the
+failure policy's backoff) joined before the survivor's group had re-formed,
+so the first step came from the two-node group.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from ddpjob_operator.spec import parse_job
 from tests.support.procs import free_port
 from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events, unique_run_id
 
-ROUNDS = 3
+ROUNDS = 4
 TARGET = 1.2  # ddpjob run may take at most this many times bare torchrun's recovery
 KILL_AFTER = 3.0  # seconds after the first training step
 EVENT_TIMEOUT = 120.0
@@ -79,8 +83,8 @@ def wait_for(condition, what: str, timeout: float = EVENT_TIMEOUT):
     raise TimeoutError(f"waiting for {what}: timed out after {timeout} s")
 
 
-def ddpjob_recovery(workdir: Path) -> float:
-    """`ddpjob run --kill-node-after`: kill -> first resumed step, in seconds."""
+def ddpjob_recovery(workdir: Path) -> tuple[float, int]:
+    """`ddpjob run --kill-node-after`: kill -> first resumed step (seconds, its world size)."""
     run_dir = workdir / "run"
     with open(workdir / "ddpjob.out", "wb") as out:
         proc = subprocess.Popen([str(DDPJOB), "run", str(bench_job(workdir)), "--workdir", str(run_dir),
@@ -95,7 +99,7 @@ def ddpjob_recovery(workdir: Path) -> float:
         killed_at = event_time(wait_for(killed, "the injected kill"))
         first = wait_for(lambda: first_step_after(run_dir / "snapshots" / "metrics.jsonl", killed_at),
                          "the first resumed step")
-        return event_time(first) - killed_at
+        return event_time(first) - killed_at, first["world_size"]
     finally:
         proc.send_signal(signal.SIGINT)  # as Ctrl-C: ddpjob stops every node
         try:
@@ -104,8 +108,8 @@ def ddpjob_recovery(workdir: Path) -> float:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def torchrun_recovery(workdir: Path) -> float:
-    """Two bare torchrun agents from the same launch plan; kill -> first resumed step, in seconds."""
+def torchrun_recovery(workdir: Path) -> tuple[float, int]:
+    """Two bare torchrun agents from the same launch plan; kill -> first resumed step (seconds, world size)."""
     job = yaml.safe_load(bench_job(workdir).read_text())
     ref, spec = parse_job(job)
     plan = local_plan(ref.name, spec, rdzv_id=unique_run_id(), run_dir=workdir / "run", torchrun="torchrun",
@@ -124,7 +128,7 @@ def torchrun_recovery(workdir: Path) -> float:
         killed_at = time.time()
         victim.kill()
         first = wait_for(lambda: first_step_after(metrics, killed_at), "the first resumed step")
-    return event_time(first) - killed_at
+    return event_time(first) - killed_at, first["world_size"]
 
 
 def main() -> None:
@@ -133,13 +137,13 @@ def main() -> None:
         order = [("ddpjob run", ddpjob_recovery), ("torchrun", torchrun_recovery)]
         if round_ % 2:
             order.reverse()
-        seconds = {}
+        seconds, worlds = {}, {}
         for name, measure in order:
             with tempfile.TemporaryDirectory(prefix="bench-local-run-") as tmp:
-                seconds[name] = measure(Path(tmp))
+                seconds[name], worlds[name] = measure(Path(tmp))
         rows.append(seconds)
-        print(f"round {round_ + 1}: ddpjob run {seconds['ddpjob run']:.2f} s, torchrun {seconds['torchrun']:.2f} s",
-              flush=True)
+        print(f"round {round_ + 1}: ddpjob run {seconds['ddpjob run']:.2f} s (world size {worlds['ddpjob run']}), "
+              f"torchrun {seconds['torchrun']:.2f} s (world size {worlds['torchrun']})", flush=True)
     ratios = [row["ddpjob run"] / row["torchrun"] for row in rows]
     print()
     print("| kill -> first resumed step | ddpjob run | bare torchrun | ratio (target <= %.1fx) |" % TARGET)
