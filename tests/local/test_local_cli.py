@@ -1,5 +1,7 @@
 """`ddpjob run` refuses bad input with one message and a non-zero exit, before any process starts."""
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,9 @@ def test_a_module_whose_package_is_not_installed_is_named(capsys, tmp_path):
     code, err = run_cli(capsys, tmp_path, example(tmp_path, module="no_such_pkg.train"))
     assert code == cli.EXIT_BAD_INPUT
     assert err[0].startswith("ddpjob: spec.module (no_such_pkg.train) cannot be imported here")
+
+
+def test_the_command_line_loads_without_torch():
+    code = ("import sys, ddpjob_operator.cli, ddpjob_operator.local.runner, ddpjob_operator.local.command; "
+            "print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

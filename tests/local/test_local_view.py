@@ -83,7 +83,8 @@ def test_the_table_shows_nodes_world_size_progress_and_restarts():
     apply_node_event(state, {"event": "exited", "node": 0, "code": 0, "action": "finished", "message": "m"})
     state.message = "node 1 failed (exit code 137, SIGKILL)"
     assert render(state, now=22.6) == [
-        "mlp  Pending  world size 1  epoch 1  step 65  loss 0.0973  torchrun restarts 1  failure incidents 1/5",
+        "mlp  Pending  world size 1  epoch 1  step 65  loss 0.0973",
+        "torchrun restarts 1  failure incidents 1/5",
         "NODE  STATE       PID  STARTS  LAST EXIT",
         "0     succeeded   -    1       0",
         "1     backoff 7s  -    1       137",
@@ -106,7 +107,8 @@ def test_plain_view_prints_no_control_characters_and_a_progress_line_now_and_the
     assert len(text.splitlines()) == 2
 
 
-def test_live_view_redraws_the_table_in_place_under_the_log():
+def test_live_view_redraws_the_table_in_place_under_the_log(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     out = io.StringIO()
     view, state = LiveView(out), fresh()
     view.refresh(state, 1.0)
@@ -116,3 +118,12 @@ def test_live_view_redraws_the_table_in_place_under_the_log():
     text = out.getvalue()
     assert text.count(f"\x1b[{height}F\x1b[J") == 1  # the table was erased once, before the log line
     assert text.index("node 1 killed") < text.rindex("NODE  STATE")
+
+
+def test_live_view_cuts_lines_to_the_terminal_width_so_the_erase_count_holds(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "30")
+    out = io.StringIO()
+    state = fresh()
+    state.message = "x" * 100
+    LiveView(out).refresh(state, 1.0)
+    assert max(len(line) for line in out.getvalue().splitlines()) == 29

@@ -8,6 +8,7 @@ lines and a progress line now and then, never control characters.
 
 from __future__ import annotations
 
+import shutil
 from typing import TextIO
 
 from .state import BACKOFF, RunState, fmt_number
@@ -16,18 +17,27 @@ PLAIN_PROGRESS_SECONDS = 10.0  # a progress line this often in plain output
 COLUMNS = ("NODE", "STATE", "PID", "STARTS", "LAST EXIT")
 
 
-def headline(state: RunState) -> str:
-    """'mlp  Running  world size 2  epoch 1  step 87  loss 0.0973  ...' (one line)."""
-    parts = [state.job, state.phase,
-             f"world size {state.world_size if state.world_size is not None else '-'}",
-             f"epoch {state.epoch if state.epoch is not None else '-'}",
-             f"step {state.step if state.step is not None else '-'}",
-             f"loss {fmt_number(state.loss)}",
-             f"torchrun restarts {state.torchrun_restarts}",
+def progress(state: RunState) -> str:
+    """'mlp  Running  world size 2  epoch 1  step 87  loss 0.0973'."""
+    return "  ".join([state.job, state.phase,
+                      f"world size {state.world_size if state.world_size is not None else '-'}",
+                      f"epoch {state.epoch if state.epoch is not None else '-'}",
+                      f"step {state.step if state.step is not None else '-'}",
+                      f"loss {fmt_number(state.loss)}"])
+
+
+def recovery(state: RunState) -> str:
+    """'torchrun restarts 1  failure incidents 1/5  last snapshot step 80'."""
+    parts = [f"torchrun restarts {state.torchrun_restarts}",
              f"failure incidents {state.incidents}/{state.max_incidents}"]
     if state.last_snapshot_step is not None:
         parts.append(f"last snapshot step {state.last_snapshot_step}")
     return "  ".join(parts)
+
+
+def headline(state: RunState) -> str:
+    """progress and recovery on one line (the plain view's progress line)."""
+    return f"{progress(state)}  {recovery(state)}"
 
 
 def _node_state(node, now: float) -> str:
@@ -43,7 +53,7 @@ def render(state: RunState, now: float) -> list[str]:
         rows.append((str(node.index), _node_state(node, now), str(node.pid or "-"), str(node.starts),
                      "-" if node.last_exit is None else str(node.last_exit)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = [headline(state)]
+    lines = [progress(state), recovery(state)]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     if state.message:
         lines.append(f"last decision: {state.message}")
@@ -96,7 +106,9 @@ class LiveView:
 
     def refresh(self, state: RunState, now: float) -> None:
         self._erase()
-        lines = render(state, now)
+        # A wrapped line would take two rows and break the erase count: cut to the width.
+        width = max(20, shutil.get_terminal_size().columns - 1)
+        lines = [line[:width] for line in render(state, now)]
         self.out.write("\n".join(lines) + "\n")
         self.drawn = len(lines)
         self.out.flush()
