@@ -88,3 +88,18 @@ def test_the_rendezvous_id_and_label_carry_the_generation(generation, expected):
 def test_the_store_pod_name_fits_wherever_the_node_pod_names_fit():
     ref, spec = store_job()
     assert len(render_store_pod(ref, spec)["metadata"]["name"]) < len(render_pod(ref, spec, 0)["metadata"]["name"])
+
+
+def test_ddpjob_render_shows_the_store_service_and_pod_before_the_nodes(tmp_path, capsys):
+    import yaml
+
+    from ddpjob_operator import cli
+
+    job = make_ddpjob(replicas=2, **STORE_POD)
+    del job["metadata"]["uid"]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert cli.main(["render", str(path)]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("Service", "mlp"), ("Service", "mlp-rdzv"), ("Pod", "mlp-rdzv"), ("Pod", "mlp-node-0"), ("Pod", "mlp-node-1")]
