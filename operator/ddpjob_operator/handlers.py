@@ -31,7 +31,7 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import constants as C
-from ddpjob_operator import etcd_cleanup, kube, managed_etcd, metrics
+from ddpjob_operator import etcd_cleanup, kube, managed_etcd, metrics, stuck
 from ddpjob_operator.names import managed_etcd_name
 from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
 from ddpjob_operator.reconcile import Reconciliation, reconcile
@@ -124,12 +124,15 @@ async def run_pass(api: kube.Kube, key: JobKey,
             return PassOutcome(gone=True)
         pods = await api.list_pods(namespace, selector(name))
         service_exists = await api.exists("Service", namespace, name)
-        result = reconcile(job, pods, datetime.datetime.now(datetime.timezone.utc), service_exists=service_exists,
-                           managed_etcd=await _observe_managed_etcd(api, namespace, name, job))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        result = reconcile(job, pods, now, service_exists=service_exists,
+                           managed_etcd=await _observe_managed_etcd(api, namespace, name, job),
+                           nodes=await _observe_nodes(api, stuck.nodes_to_read(pods, now)))
         await _write_status(api, job, result)
         requeue = await _apply(api, job, pods, result)
         await _record(api, job, result)
     metrics.observe_job(namespace, name, result.status.get("phase"))
+    metrics.observe_goodput(namespace, name, result.status, now)
     if cleaner is not None:  # outside the pass timer: an unreachable etcd may take a while
         await cleaner.after_pass(job, pods, result.status)
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
@@ -146,12 +149,27 @@ async def _observe_managed_etcd(api: kube.Kube, namespace: str, name: str,
         service_exists=await api.exists("Service", namespace, managed_etcd_name(name)))
 
 
+async def _observe_nodes(api: kube.Kube, names: list[str]) -> dict[str, dict | None]:
+    """The Nodes of pods stuck terminating (None: the node is gone). Without the grant to read
+    nodes (403) a node stays unknown and its pods are never force-deleted."""
+    nodes: dict[str, dict | None] = {}
+    for node in names:
+        try:
+            nodes[node] = await api.get_node(node)
+        except kube.ApiError as e:
+            if e.status != 403:
+                raise
+            logger.warning("Cannot read node %s (%s): pods stuck on it are not force-deleted", node, e)
+    return nodes
+
+
 async def _write_status(api: kube.Kube, job: dict, result: Reconciliation) -> None:
     old = job.get("status") or {}
     if result.status == old:
         return
     await api.patch_job_status(job["metadata"]["namespace"], job["metadata"]["name"], merge_patch(old, result.status))
     metrics.observe_restarts(int(old.get("restarts") or 0), int(result.status.get("restarts") or 0))
+    metrics.observe_status_change(old, result.status)
 
 
 def merge_patch(old: dict, new: dict) -> dict:
@@ -183,7 +201,8 @@ async def _apply(api: kube.Kube, job: dict, pods: list[dict], result: Reconcilia
             writes.append(api.create_or_skip(action.body, namespace))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
-            writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name)))
+            writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name),
+                                             grace_period_seconds=action.grace_period_seconds))
         elif isinstance(action, DeleteJob):
             logger.info("Deleting DDPJob %s/%s: %s", namespace, job["metadata"]["name"], action.reason)
             writes.append(api.delete_job(namespace, job["metadata"]["name"], job["metadata"]["uid"]))

@@ -130,9 +130,16 @@ class Kube:
             raise
         return True
 
-    async def delete_or_skip(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
-        """Deletes one object, only the incarnation with ``uid`` when given; False when it is gone already."""
+    async def delete_or_skip(self, kind: str, namespace: str, name: str, uid: str | None = None,
+                             grace_period_seconds: int | None = None) -> bool:
+        """Deletes one object, only the incarnation with ``uid`` when given; False when it is gone already.
+
+        ``grace_period_seconds=0`` force-deletes a pod: the API server removes it without waiting
+        for its kubelet to confirm (for a pod whose node is down and never will).
+        """
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
@@ -156,6 +163,15 @@ class Kube:
         """A Secret (its ``data`` base64-encoded, as the API returns it); None when it does not exist."""
         try:
             return await self.request("GET", object_path("v1", "secrets", namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def get_node(self, name: str) -> dict | None:
+        """A Node (cluster-scoped); None when it does not exist. Raises ApiError 403 without the grant."""
+        try:
+            return await self.request("GET", object_path("v1", "nodes", None, name))
         except ApiError as e:
             if e.status == 404:
                 return None

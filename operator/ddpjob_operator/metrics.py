@@ -2,11 +2,18 @@
 
 Names follow Prometheus conventions (``_total`` counters, ``_seconds`` histograms, base units)
 and are prefixed with ``ddpjob_operator_`` so they do not clash with the trainer's metrics.
+
+Recovery metrics come from the status the operator writes (progress.py), so they share its
+limits (docs/recovery.md): the trainer's progress records arrive only when a container exits,
+so time to recover and lost time are known at the next failure or at the end of the job, and
+goodput is an upper bound while a job runs. Counters count what this operator process saw;
+a restarted operator starts them at zero (Prometheus' rate() copes with that).
 """
 from __future__ import annotations
 
+import datetime
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import prometheus_client
@@ -20,6 +27,25 @@ JOBS = prometheus_client.Gauge(
 POD_REPLACEMENTS = prometheus_client.Counter(
     "ddpjob_operator_pod_replacements_total", "Failed node pods the operator replaced (status.restarts increments)",
     registry=REGISTRY)
+NODE_FAILURES = prometheus_client.Counter(
+    "ddpjob_operator_node_failures_total", "Failed or disrupted node pods, by status.failures[].cause "
+    "(Error, OOMKilled, PermanentExitCode, Disrupted, NodeLost)", ["cause"], registry=REGISTRY)
+RESTARTS = prometheus_client.Counter(
+    "ddpjob_operator_restarts_total", "Failure incidents, by whether a newer snapshot was complete "
+    "(progress=true: not charged to maxRestarts; false: charged; unknown: no progress report yet)",
+    ["progress"], registry=REGISTRY)
+TIME_TO_RECOVER = prometheus_client.Histogram(
+    "ddpjob_operator_time_to_recover_seconds", "From a failure incident to the first training step "
+    "after it (status.recovery.lastRecoverySeconds), observed when the trainer's record arrives",
+    buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600), registry=REGISTRY)
+LOST_SECONDS = prometheus_client.Gauge(
+    "ddpjob_operator_lost_training_seconds", "Training time lost so far per job: for each run, from "
+    "the snapshot it resumed from (or the job's start) to its first step (status.recovery.lostSeconds)",
+    ["namespace", "name"], registry=REGISTRY)
+GOODPUT = prometheus_client.Gauge(
+    "ddpjob_operator_goodput_ratio", "1 - lostSeconds / (now or completionTime - startTime): the share "
+    "of wall time that produced training kept in snapshots; set once the trainer reported a run",
+    ["namespace", "name"], registry=REGISTRY)
 RECONCILE_SECONDS = prometheus_client.Histogram(
     "ddpjob_operator_reconcile_seconds", "Duration of one reconciliation pass of one job",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
@@ -35,6 +61,11 @@ def observe_job(namespace: str, name: str, phase: str | None) -> None:
     """Records a job's phase (None: the job is gone) and refreshes the per-phase gauge."""
     if phase is None:
         _job_phases.pop((namespace, name), None)
+        for gauge in (LOST_SECONDS, GOODPUT):
+            try:
+                gauge.remove(namespace, name)
+            except KeyError:  # never set for this job
+                pass
     else:
         _job_phases[(namespace, name)] = phase
     for each in set(_PHASES) | set(_job_phases.values()):
@@ -44,6 +75,47 @@ def observe_job(namespace: str, name: str, phase: str | None) -> None:
 def observe_restarts(before: int, after: int) -> None:
     if after > before:
         POD_REPLACEMENTS.inc(after - before)
+
+
+def observe_status_change(old: Mapping, new: Mapping) -> None:
+    """Counts what a status write added: failures by cause, incidents by progress, a recovery."""
+    seen = {f.get("podUID") for f in old.get("failures") or []}
+    for failure in new.get("failures") or []:
+        if failure.get("podUID") not in seen:
+            NODE_FAILURES.labels(cause=failure.get("cause") or "Unknown").inc()
+    incidents = int(new.get("restarts") or 0) - int(old.get("restarts") or 0)
+    with_progress = int(new.get("restartsWithProgress") or 0) - int(old.get("restartsWithProgress") or 0)
+    if incidents > 0:
+        if with_progress > 0:
+            RESTARTS.labels(progress="true").inc(with_progress)
+        if incidents - with_progress > 0:
+            RESTARTS.labels(progress="false" if new.get("lastSnapshot") else "unknown").inc(incidents - with_progress)
+    old_recovery, new_recovery = old.get("recovery") or {}, new.get("recovery") or {}
+    if new_recovery.get("recoveredFailureTime") not in (None, old_recovery.get("recoveredFailureTime")):
+        TIME_TO_RECOVER.observe(float(new_recovery["lastRecoverySeconds"]))
+
+
+def goodput(status: Mapping, now: datetime.datetime) -> float | None:
+    """1 - lostSeconds / wall time since startTime (until completionTime); None before any report."""
+    recovery = status.get("recovery") or {}
+    start, end = _time(status.get("startTime")), _time(status.get("completionTime")) or now
+    if not recovery.get("lastResume") or start is None or end <= start:
+        return None
+    wall = (end - start).total_seconds()
+    return min(1.0, max(0.0, 1.0 - float(recovery.get("lostSeconds") or 0) / wall))
+
+
+def observe_goodput(namespace: str, name: str, status: Mapping, now: datetime.datetime) -> None:
+    """Refreshes the per-job lost-time and goodput gauges (every pass: wall time grows)."""
+    ratio = goodput(status, now)
+    if ratio is None:
+        return
+    LOST_SECONDS.labels(namespace=namespace, name=name).set(float((status.get("recovery") or {}).get("lostSeconds") or 0))
+    GOODPUT.labels(namespace=namespace, name=name).set(ratio)
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
 @contextmanager

@@ -62,6 +62,7 @@ class DeletePod:
 
     name: str
     reason: str
+    grace_period_seconds: int | None = None  # 0: force (the node will never confirm); None: the pod's own
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from .managed_etcd import ObservedEtcd, plan_managed_etcd
 from .plan import Action, plan_actions
 from .spec import DDPJobSpec, FieldError, JobRef, validate_job
 from .status import Event, compute_status
+from .stuck import with_force_deletions
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Reconciliation:
 
 def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime, *,
               service_exists: bool, last_snapshot: Mapping[str, Any] | None = None,
-              managed_etcd: ObservedEtcd | None = None) -> Reconciliation:
+              managed_etcd: ObservedEtcd | None = None,
+              nodes: Mapping[str, Any] | None = None) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
@@ -36,6 +38,8 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
         service_exists: whether the job's Service exists.
         last_snapshot: the trainer's progress.json, when the caller can read it.
         managed_etcd: the job's managed etcd as observed (None when the job asks for none).
+        nodes: Node objects (None: gone) of the pods past their deletionTimestamp, by name;
+            a node left out is unknown and its pods are not force-deleted.
     """
     pods = list(pods)
     ref = JobRef.from_body(body)
@@ -45,4 +49,5 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
                             last_snapshot=last_snapshot)
     actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), managed_etcd) + actions
-    return Reconciliation(update.status, update.events, actions, spec, errors)
+    actions, forced = with_force_deletions(spec, pods, nodes or {}, now, actions)
+    return Reconciliation(update.status, update.events + forced, actions, spec, errors)

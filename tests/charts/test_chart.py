@@ -52,6 +52,7 @@ NAMESPACED_GRANTS = {
     ("", "secrets"): {"get"},  # spec.elasticPolicy.rdzvSecretName, to delete etcd rendezvous keys
 }
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+NODE_READ = {("", "nodes"): {"get"}}  # a stuck terminating pod's node: NotReady or gone -> force delete
 
 
 def test_chart_lints_without_errors_or_warnings():
@@ -88,7 +89,7 @@ def test_default_install_runs_standalone_cluster_wide_without_metrics():
 def test_default_rbac_grants_exactly_the_operator_verbs_cluster_wide():
     objects = render()
     assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
-    assert rules_of(one(objects, "ClusterRole")) == {**CRD_WATCH, **NAMESPACED_GRANTS}
+    assert rules_of(one(objects, "ClusterRole")) == {**CRD_WATCH, **NODE_READ, **NAMESPACED_GRANTS}
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == one(objects, "ClusterRole")["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
@@ -101,7 +102,7 @@ def test_rbac_never_uses_wildcards():
                 assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
 
 
-def test_namespace_list_gives_one_role_per_namespace_and_no_cluster_wide_access():
+def test_namespace_list_gives_one_role_per_namespace_and_cluster_wide_only_node_reads():
     objects = render(NAMESPACED)
     roles = by_kind(objects, "Role")
     assert [role["metadata"]["namespace"] for role in roles] == ["team-a", "team-b"]
@@ -110,8 +111,14 @@ def test_namespace_list_gives_one_role_per_namespace_and_no_cluster_wide_access(
     bindings = by_kind(objects, "RoleBinding")
     assert [(b["metadata"]["namespace"], b["roleRef"]["kind"], b["subjects"][0]["namespace"]) for b in bindings] == [
         ("team-a", "Role", NAMESPACE), ("team-b", "Role", NAMESPACE)]
-    # With explicit namespaces the operator turns kopf's cluster-wide scanning off: nothing cluster-scoped.
-    assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
+    # With explicit namespaces the operator turns kopf's cluster-wide scanning off: cluster-scoped
+    # is only reading Nodes (no Role can grant a cluster-scoped resource).
+    cluster_role = one(objects, "ClusterRole")
+    assert rules_of(cluster_role) == NODE_READ
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": cluster_role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
     assert container(objects)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
 
 

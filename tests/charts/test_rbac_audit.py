@@ -3,7 +3,8 @@
 The operator runs with the exact arguments the chart's Deployment renders,
 against the API emulator (tests/support), through a job's whole life: create,
 run, a node failure and its replacement, scale up, success, pod cleanup and
-deletion after ttlSecondsAfterFinished, and an etcd-v3 job (a real etcd)
+deletion after ttlSecondsAfterFinished, a pod stuck terminating on a NotReady node
+(force-deleted after reading its Node), and an etcd-v3 job (a real etcd)
 whose rendezvous keys are deleted with the credentials of its Secret, and a
 job with a managed etcd. Each request the operator sent (told
 apart from the test's own by User-Agent) is turned into an RBAC attribute
@@ -24,7 +25,7 @@ import pytest
 from ddpjob_operator import constants as C
 from tests.charts.support import by_kind, one, render
 from tests.support.etcd import running_etcd
-from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
+from tests.support.kubelet import bind, ddpjob, pod_names, set_node, set_running, set_terminated, status
 from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
 from tests.support.procs import free_port
 
@@ -120,6 +121,20 @@ def run_managed_etcd_job(k8s) -> None:
     k8s.wait_for(lambda: k8s.find("pods", "own-etcd") is None, timeout=20, what="the managed etcd deleted")
 
 
+def run_stuck_pod(cluster, k8s) -> None:  # noqa: F811
+    """A pod stuck terminating on a NotReady node: the operator reads the Node and force-deletes it."""
+    cluster.emulator.graceful_pod_deletion = True
+    k8s.create("ddpjobs", ddpjob(name="stuck", replicas=1, failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
+    k8s.wait_for(lambda: pod_names(k8s, "stuck") == ["stuck-node-0"], timeout=20, what="the stuck job's pod")
+    set_node(k8s, "gone-a", ready=False)
+    bind(k8s, "stuck-node-0", "gone-a")
+    old = k8s.get("pods", "stuck-node-0")["metadata"]["uid"]
+    k8s.delete("pods", "stuck-node-0", gracePeriodSeconds=1)
+    k8s.wait_for(lambda: (p := k8s.find("pods", "stuck-node-0")) and p["metadata"]["uid"] != old, timeout=20,
+                 what="the stuck pod force-deleted and created again")
+    cluster.emulator.graceful_pod_deletion = False
+
+
 def run_job_lifecycle(k8s) -> None:
     """Jobs that exercise every operator write: create, replace, scale, succeed, clean up, expire.
 
@@ -157,6 +172,7 @@ def test_every_operator_request_is_allowed_by_the_chart_rbac(mode, cluster, k8s,
     with process:
         try:
             run_job_lifecycle(k8s)
+            run_stuck_pod(cluster, k8s)
             with running_etcd() as etcd:
                 run_etcd_job(k8s, etcd.endpoint)
             run_managed_etcd_job(k8s)
@@ -171,12 +187,15 @@ def test_every_operator_request_is_allowed_by_the_chart_rbac(mode, cluster, k8s,
         allowed = granted(one(objects, "ClusterRole")["rules"])
         denied = [str(a) for a in accesses if (a.verb, a.group, a.resource) not in allowed]
     else:
-        assert by_kind(objects, "ClusterRole") == []
+        # Only Nodes (cluster-scoped: no Role can grant them) are read outside the namespace.
+        cluster_allowed = granted(one(objects, "ClusterRole")["rules"])
+        assert cluster_allowed == {("get", "", "nodes")}
         role = one(objects, "Role")
         assert role["metadata"]["namespace"] == k8s.namespace
-        allowed = granted(role["rules"])
+        allowed = granted(role["rules"]) | cluster_allowed
         denied = [str(a) for a in accesses
-                  if a.namespace != k8s.namespace or (a.verb, a.group, a.resource) not in allowed]
+                  if (a.verb, a.group, a.resource) not in (cluster_allowed if a.namespace is None else allowed)
+                  or a.namespace not in (None, k8s.namespace)]
     assert sorted(denied) == [], f"the operator would be forbidden: {sorted(denied)}"
 
     used = {(a.verb, a.group, a.resource) for a in accesses} | NOT_OBSERVABLE

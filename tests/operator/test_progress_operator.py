@@ -4,12 +4,14 @@ import datetime
 
 from ddpjob_operator import constants as C
 from tests.support.kubelet import (
+    bind,
     condition,
     ddpjob,
     events,
     pod_names,
     progress_message,
     set_disruption_target,
+    set_node,
     set_running,
     set_terminated_with_message,
     status,
@@ -86,3 +88,26 @@ def test_a_disruption_target_does_not_consume_the_budget(k8s, operator):
     assert [(f["cause"], f["reason"], f["message"]) for f in final["failures"]] == [
         ("Disrupted", "PreemptionByScheduler", "preempted by team-a/big")] * 2
     assert any(r == C.REASON_NODE_DISRUPTED for _, r, _ in events(k8s))
+
+
+def test_a_pod_stuck_terminating_on_a_not_ready_node_is_force_deleted_and_replaced(cluster, k8s, operator):
+    cluster.emulator.graceful_pod_deletion = True  # deletions wait for a kubelet that never answers
+    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={
+        "maxRestarts": 0, "forceDeleteTerminatingAfterSeconds": 1}))
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
+    set_node(k8s, "gpu-a", ready=False)
+    bind(k8s, "mlp-node-1", "gpu-a")
+    set_running(k8s, "mlp-node-1")
+    old = uid(k8s, "mlp-node-1")
+    # The taint manager evicts the pod from the unreachable node: marked, never confirmed.
+    set_disruption_target(k8s, "mlp-node-1", reason="DeletionByTaintManager",
+                          message="Taint manager: deleting due to NoExecute taint", exit_code=None)
+    k8s.delete("pods", "mlp-node-1", gracePeriodSeconds=1)
+    assert k8s.find("pods", "mlp-node-1")["metadata"]["deletionTimestamp"]
+    k8s.wait_for(lambda: uid(k8s, "mlp-node-1") not in (None, old), timeout=20,
+                 what="the stuck pod force-deleted and replaced")
+    forced = [m for _, r, m in events(k8s) if r == C.REASON_FORCE_DELETED]
+    assert len(forced) == 1 and "on node gpu-a (NotReady)" in forced[0]
+    final = status(k8s)
+    assert final.get("restarts", 0) == 0 and final["phase"] != C.PHASE_FAILED
+    assert [(f["cause"], f["reason"]) for f in final["failures"]] == [("NodeLost", "DeletionByTaintManager")]

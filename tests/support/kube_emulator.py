@@ -99,6 +99,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # etcd), so that tests can stop a client in the middle of a series of writes. Tests may
     # change it while serving.
     write_latency: float = 0.0
+    # Pod grace periods, off unless a test turns them on: DELETE of a pod bound to a node
+    # (spec.nodeName) only marks it (deletionTimestamp = now + grace period), as the API server
+    # does while it waits for the kubelet; the pod goes on a second DELETE with
+    # gracePeriodSeconds 0 (the kubelet's confirmation, or a force delete).
+    graceful_pod_deletion: bool = False
     _write_queue: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # reads do not wait on it
 
     def __attrs_post_init__(self) -> None:
@@ -223,7 +228,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if method == "DELETE":
             options = request.data if isinstance(request.data, dict) else {}
             policy = request.params.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
-            return 200, self._delete(key, options.get("preconditions") or {}, policy)
+            grace = request.params.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
+            return 200, self._delete(key, options.get("preconditions") or {}, policy,
+                                     None if grace is None else int(grace))
         if request.subresource == "scale":
             return 200, self._write_scale(key, request, method)
         return 200, self._update(key, request, method)
@@ -386,14 +393,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new["metadata"]["resourceVersion"] = changed.get("metadata", {}).get("resourceVersion")
         return self._scale_of(key[0], self._replace(key, old, new))
 
-    def _delete(self, key: tuple, preconditions: Mapping[str, Any], policy: str) -> dict:
+    def _delete(self, key: tuple, preconditions: Mapping[str, Any], policy: str, grace: int | None = None) -> dict:
         obj = self._live(key)
         for field in ("uid", "resourceVersion"):
             if preconditions.get(field) not in (None, obj["metadata"].get(field)):
                 raise api_error(409, "Conflict", f"Precondition failed: {field} in precondition: "
                                 f"{preconditions[field]}, {field} in object meta: {obj['metadata'].get(field)}")
         if obj["metadata"].get("deletionTimestamp"):
+            if grace == 0 and not obj["metadata"].get("finalizers") and self._kind(key[0]) == "Pod":
+                return self._remove(key, policy)  # a force delete ends the wait for the kubelet
             return obj
+        wait = self._pod_grace(key, obj, grace)
+        if wait:
+            new = copy.deepcopy(obj)
+            deadline = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=wait)
+            new["metadata"].update(deletionTimestamp=deadline.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                   deletionGracePeriodSeconds=wait, resourceVersion=self._next_revision())
+            self.objects[key].history.append(new)
+            self._emit(key[0], "MODIFIED", new)
+            return new
         if obj["metadata"].get("finalizers"):
             # Finalizers hold the object: it is only marked, and goes when they are all removed.
             new = copy.deepcopy(obj)
@@ -403,6 +421,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._emit(key[0], "MODIFIED", new)
             return new
         return self._remove(key, policy)
+
+    def _pod_grace(self, key: tuple, obj: dict, grace: int | None) -> int:
+        """Seconds a graceful pod deletion waits (0: remove at once, as for an unscheduled pod)."""
+        if not self.graceful_pod_deletion or self._kind(key[0]) != "Pod" or not obj.get("spec", {}).get("nodeName"):
+            return 0
+        return int(obj["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace)
 
     def _remove(self, key: tuple, policy: str) -> dict:
         last = copy.deepcopy(self.objects[key].last.raw)

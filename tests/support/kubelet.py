@@ -105,3 +105,16 @@ def set_disruption_target(k8s, pod: str, reason: str = "PreemptionByScheduler",
         "containerStatuses": [{"name": C.CONTAINER_NAME, "ready": False, "restartCount": 0, "state": {
             "terminated": {"exitCode": exit_code, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}},
         subresource="status")
+
+
+def set_node(k8s, name: str, ready: bool) -> dict:
+    """A Node whose Ready condition is True or False (the node controller's view of its kubelet)."""
+    if k8s.find("nodes", name) is None:
+        k8s.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    return k8s.patch("nodes", name, {"status": {"conditions": [
+        {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now()}]}}, subresource="status")
+
+
+def bind(k8s, pod: str, node: str) -> dict:
+    """The scheduler placed the pod on `node` (spec.nodeName)."""
+    return k8s.patch("pods", pod, {"spec": {"nodeName": node}})

@@ -44,6 +44,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "events": ("/api/v1", True),
     "configmaps": ("/api/v1", True),
     "namespaces": ("/api/v1", False),
+    "nodes": ("/api/v1", False),
     "events.k8s.io": ("/apis/events.k8s.io/v1", True),
     "ddpjobs": ("/apis/ddpjob.io/v1alpha1", True),
     "customresourcedefinitions": ("/apis/apiextensions.k8s.io/v1", False),

@@ -1,0 +1,117 @@
+"""Pods stuck terminating on a node that is down: force-delete them so a replacement can start (pure).
+
+A pod is deleted gracefully: the API server sets ``deletionTimestamp`` (the request time plus
+the grace period) and waits for the kubelet to confirm the containers stopped. A kubelet on
+a NotReady or vanished node never confirms, so the pod stays Terminating forever and its name
+(which the replacement needs, pod names are stable per index) stays taken. Once
+``failurePolicy.forceDeleteTerminatingAfterSeconds`` passed after ``deletionTimestamp`` and the
+pod's node is NotReady, Unknown or gone, the operator deletes it with grace period 0, as
+``kubectl delete --force --grace-period=0`` would. On a Ready node the kubelet will finish
+the deletion itself, so the pod is left alone however long it takes.
+
+The risk that makes Kubernetes itself wait is a partitioned node whose containers still run.
+Its workers cannot pass a collective without the rest of the group, so they stop training; at
+worst an old rank 0 finishes a snapshot it was writing (atomically, under its own name). The
+timeout gives a node that is only briefly NotReady time to come back first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from . import constants as C
+from .clock import parse_time, seconds_between
+from .plan import Action, DeletePod, Requeue
+from .pods import pod_name_of
+from .spec import DDPJobSpec
+from .status import Event
+
+Node = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class StuckPod:
+    """A pod to force-delete, and why."""
+
+    name: str
+    uid: str
+    node: str
+    node_state: str  # "NotReady", "Unknown" or "gone"
+    seconds: float  # how long past its deletionTimestamp
+
+
+def node_of(pod: Mapping[str, Any]) -> str:
+    """spec.nodeName ('' while unscheduled: such a pod is deleted at once by the API server)."""
+    return (pod.get("spec") or {}).get("nodeName") or ""
+
+
+def overdue_seconds(pod: Mapping[str, Any], now: datetime) -> float | None:
+    """Seconds since the pod's deletionTimestamp; None when it is not being deleted."""
+    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return None if deadline is None else seconds_between(deadline, now)
+
+
+def nodes_to_read(pods: Iterable[Mapping[str, Any]], now: datetime) -> list[str]:
+    """Nodes of pods still there after their deletionTimestamp: only these need a look."""
+    return sorted({node_of(p) for p in pods if node_of(p) and (overdue_seconds(p, now) or -1) > 0})
+
+
+def node_state(node: Node | None) -> str:
+    """'Ready', 'NotReady', 'Unknown' (the node controller lost its heartbeats) or 'gone'."""
+    if node is None:
+        return "gone"
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+    return {"True": "Ready", "False": "NotReady"}.get(ready.get("status"), "Unknown")
+
+
+def stuck_pods(pods: Iterable[Mapping[str, Any]], nodes: Mapping[str, Node | None], now: datetime,
+               timeout_seconds: float | None) -> tuple[list[StuckPod], float | None]:
+    """The pods to force-delete now, and when to look again for one that will be due.
+
+    Args:
+        pods: the job's pods.
+        nodes: node name -> Node object (None: the node does not exist). A node missing from
+            the mapping is unknown (not read, or reading was forbidden): its pods are left alone.
+        now: the current time.
+        timeout_seconds: failurePolicy.forceDeleteTerminatingAfterSeconds; None turns this off.
+    """
+    if timeout_seconds is None:
+        return [], None
+    due, wait = [], None
+    for pod in pods:
+        overdue, node = overdue_seconds(pod, now), node_of(pod)
+        if overdue is None or not node:
+            continue
+        if overdue < timeout_seconds:
+            left = timeout_seconds - overdue
+            wait = left if wait is None else min(wait, left)
+            continue
+        if node not in nodes:
+            continue
+        state = node_state(nodes[node])
+        if state != "Ready":
+            due.append(StuckPod(pod_name_of(pod), (pod.get("metadata") or {}).get("uid") or "", node, state, overdue))
+    return due, wait
+
+
+def message(pod: StuckPod, timeout_seconds: float) -> str:
+    return C.MSG_FORCE_DELETED.format(pod=pod.name, seconds=pod.seconds, node=pod.node, node_state=pod.node_state,
+                                      timeout=timeout_seconds)
+
+
+def with_force_deletions(spec: DDPJobSpec | None, pods: Iterable[Mapping[str, Any]], nodes: Mapping[str, Node | None],
+                         now: datetime, actions: list[Action]) -> tuple[list[Action], list[Event]]:
+    """`actions` plus a grace-period-0 DeletePod per stuck pod (replacing a plain delete of the
+    same pod), with the Requeue moved earlier when a pod will be due sooner; and their Events."""
+    if spec is None:
+        return actions, []
+    timeout = spec.failure_policy.force_delete_terminating_after_seconds
+    due, wait = stuck_pods(pods, nodes, now, timeout)
+    forced = {p.name for p in due}
+    result: list[Action] = [a for a in actions if not (isinstance(a, DeletePod) and a.name in forced)]
+    result += [DeletePod(p.name, message(p, timeout), grace_period_seconds=0) for p in due]
+    requeues = [a.after for a in result if isinstance(a, Requeue)] + ([wait] if wait is not None else [])
+    result = [a for a in result if not isinstance(a, Requeue)] + ([Requeue(min(requeues))] if requeues else [])
+    return result, [Event(C.EVENT_WARNING, C.REASON_FORCE_DELETED, message(p, timeout)) for p in due]
