@@ -111,3 +111,24 @@ def test_a_pod_stuck_terminating_on_a_not_ready_node_is_force_deleted_and_replac
     final = status(k8s)
     assert final.get("restarts", 0) == 0 and final["phase"] != C.PHASE_FAILED
     assert [(f["cause"], f["reason"]) for f in final["failures"]] == [("NodeLost", "DeletionByTaintManager")]
+
+
+def test_a_failed_job_stops_its_running_pods_but_never_touches_the_snapshot_claim(k8s, operator):
+    claims = f"/api/v1/namespaces/{k8s.namespace}/persistentvolumeclaims"
+    k8s.request("POST", claims, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                 "metadata": {"name": "mlp-snapshots"},
+                                 "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    k8s.create("ddpjobs", ddpjob(replicas=2, snapshot={"volume": {"persistentVolumeClaim": {"claimName": "mlp-snapshots"}}},
+                                 runPolicy={"ttlSecondsAfterFinished": 1}))  # cleanPodPolicy Running (default)
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
+    set_running(k8s, "mlp-node-0")
+    set_running(k8s, "mlp-node-1")
+    set_terminated_with_message(k8s, "mlp-node-1", 127, "torchrun: not found")  # permanent: fails the job
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=20, what="phase Failed")
+    assert status(k8s)["failures"][0]["cause"] == "PermanentExitCode"
+    k8s.wait_for(lambda: k8s.find("pods", "mlp-node-0") is None, timeout=20,
+                 what="the still running node pod deleted (quota released)")
+    k8s.wait_for(lambda: k8s.find("ddpjobs", "mlp") is None, timeout=20, what="the TTL to delete the job")
+    k8s.wait_for(lambda: pod_names(k8s) == [], timeout=20, what="the garbage collector to remove the failed pod")
+    claim = k8s.request("GET", f"{claims}/mlp-snapshots")
+    assert claim["metadata"]["name"] == "mlp-snapshots" and not claim["metadata"].get("deletionTimestamp")
