@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
+from datetime import timedelta
 
 import pytest
 
 from ddpjob_rdzv import delete_rendezvous
+from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import CREDENTIAL_FILES, settings_from_conf, with_credentials_dir
+from ddpjob_trainer.rendezvous import store as store_module
+from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
+from ddpjob_trainer.rendezvous.store import EtcdV3Store
 from tests.rendezvous.test_backend import etcd_with_auth, make_backend  # noqa: F401  (fixture)
 from tests.rendezvous.test_tls import backend_for, tls_etcd  # noqa: F401  (fixture)
 
@@ -97,3 +104,30 @@ def test_username_and_password_from_a_secret_directory(etcd_with_auth, tmp_path)
     backend.set_state(b"v1")
 
     assert delete_rendezvous(etcd_with_auth.endpoint, backend.run_id, credentials_dir=str(directory)) == 1
+
+
+
+def test_store_watches_work_over_mutual_tls(tls_etcd, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(store_module, "_WATCHED_POLL_INTERVAL_S", 30.0)  # only the watch can wake it in time
+    monkeypatch.setattr(store_module, "_MIN_POLL_INTERVAL_S", 30.0)
+    endpoint, certs = tls_etcd
+    directory = tmp_path / "secret"
+    directory.mkdir()
+    for source, name in (("ca.crt", "ca.crt"), ("client.crt", "tls.crt"), ("client.key", "tls.key")):
+        shutil.copy(certs / source, directory / name)
+    conf = {"credentials_dir": str(directory)}
+    reader = backend_for(f"https://{endpoint}", conf)
+    reader.set_state(b"v1")
+    writer = EtcdV3RendezvousBackend(EtcdConnection(settings_from_conf(f"https://{endpoint}", conf)), reader.run_id)
+    writer.get_state()
+    done = threading.Event()
+
+    def wait():
+        EtcdV3Store(reader._connection, reader).wait(["MASTER_PORT"], timedelta(seconds=20))
+        done.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    time.sleep(1.0)  # the reader is asleep on its watch
+    EtcdV3Store(writer._connection, writer).set("MASTER_PORT", "29500")
+
+    assert done.wait(3), "the write over TLS did not wake the reader"
