@@ -1,13 +1,15 @@
 """End to end in the sandbox with `elasticPolicy.rdzvStore: pod`: the real operator creates
 the store pod (`python -m ddpjob_trainer.rdzv_store`), real torchrun agents join it with
 is_host=false, and losing node 0 costs only node 0: the other agent keeps running,
-re-rendezvouses, resumes from the snapshot and the replacement joins under the same id."""
+re-rendezvouses, resumes from the snapshot and the replacement joins under the same id;
+losing the store pod restarts the whole group under the next rendezvous generation."""
 from __future__ import annotations
 
 import pytest
 
 from ddpjob_operator import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
+from tests.support.kubelet import events
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 from tests.support.procs import free_port
 from tests.support.sandbox import JobProgress, example_job, kubectl_apply, node_agent, trainer_args  # noqa: F401
@@ -18,17 +20,20 @@ SNAPSHOT_EVERY = 10
 START_TIMEOUT = 150  # store + 2 agents + 2 workers importing torch on 2 shared cores
 
 
-@pytest.mark.slow  # ~70 s of real training on two shared cores
-def test_with_a_store_pod_losing_node_0_keeps_the_other_agent_and_resumes_to_success(k8s, operator, node_agent,
-                                                                                     tmp_path):
+def start_store_pod_job(k8s, node_agent, tmp_path) -> tuple[JobProgress, int]:
     port = free_port()
     args = trainer_args(epochs=EPOCHS, samples=2048, step_sleep=0.1, snapshot_every_steps=SNAPSHOT_EVERY)
     body = example_job(args=args, rdzv_port=port)
     body["spec"]["elasticPolicy"]["rdzvStore"] = "pod"
     kubectl_apply(k8s, body, tmp_path)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    progress = JobProgress(k8s, node_agent, "mlp", node_agent.claim_dir(claim) / "metrics.jsonl")
+    return JobProgress(k8s, node_agent, "mlp", node_agent.claim_dir(claim) / "metrics.jsonl"), port
 
+
+@pytest.mark.slow  # ~70 s of real training on two shared cores
+def test_with_a_store_pod_losing_node_0_keeps_the_other_agent_and_resumes_to_success(k8s, operator, node_agent,
+                                                                                     tmp_path):
+    progress, port = start_store_pod_job(k8s, node_agent, tmp_path)
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training through the store pod")
     assert node_agent.pod_listening_on(port) == "mlp-rdzv", "the store pod, not a node, must hold the store"
     snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60, "a mid-epoch snapshot")
@@ -46,3 +51,30 @@ def test_with_a_store_pod_losing_node_0_keeps_the_other_agent_and_resumes_to_suc
     assert node_agent.current("mlp-node-1").uid == survivor.uid and survivor.exit_code == 0
     assert replacement.exit_code == 0
     assert status["restarts"] == 1 and status.get("rendezvousGeneration") is None
+
+
+@pytest.mark.slow  # ~90 s: the whole group starts again
+def test_losing_the_store_pod_restarts_the_group_under_a_new_id_and_resumes_to_success(k8s, operator, node_agent,
+                                                                                       tmp_path):
+    progress, port = start_store_pod_job(k8s, node_agent, tmp_path)
+    progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training through the store pod")
+    snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60, "a mid-epoch snapshot")
+    old_store = node_agent.kill("mlp-rdzv")
+
+    node_agent.wait_for_container("mlp-rdzv", 60, other_than=old_store.uid)
+    resumed = progress.wait(is_event("start", world_size=2), START_TIMEOUT, "the new group training")
+    status = progress.wait_phase(C.PHASE_SUCCEEDED, 150)
+
+    raw = assert_ran_exactly_once(progress.metrics_path, EPOCHS)
+    assert assert_resumed_from_snapshots(raw), "no restart after the store's loss"
+    assert resumed["resume_step"] >= snapshot["step"]
+    assert (status["rendezvousGeneration"], status["restarts"]) == (1, 1)
+    uid = k8s.get("ddpjobs", "mlp")["metadata"]["uid"]
+    nodes = [node_agent.current(f"mlp-node-{i}") for i in range(2)]
+    assert all(n.exit_code == 0 for n in nodes)
+    warnings = [(r, m) for kind, r, m in events(k8s) if kind == C.EVENT_WARNING]
+    assert [r for r, _ in warnings].count(C.REASON_GROUP_RESTART) == 1, warnings
+    for name in ("mlp-node-0", "mlp-node-1"):
+        pod = k8s.get("pods", name)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert (env["PET_RDZV_ID"], pod["metadata"]["labels"][C.LABEL_RDZV_GENERATION]) == (f"{uid}-1", "1")
