@@ -16,8 +16,8 @@ def test_death_by_signal_reads_as_a_container_exit_code(returncode, code):
 
 
 def test_exit_descriptions_name_the_node_the_code_and_the_signal():
-    assert describe_exit(1, 137) == "node 1 failed (exit code 137, SIGKILL)"
-    assert describe_exit(0, 1) == "node 0 failed (exit code 1)"
+    assert describe_exit("node 1", 137) == "node 1 failed (exit code 137, SIGKILL)"
+    assert describe_exit("node 0", 1) == "node 0 failed (exit code 1)"
 
 
 def test_exit_0_finishes():
@@ -78,3 +78,10 @@ def test_a_failure_after_training_finished_is_not_replaced_nor_counted():
     b = budget()
     decision = b.node_exited(1, 143, started_at=at(0), failed_at=at(100), finished=True)
     assert decision.action == Action.NONE and b.restarts == 0
+
+
+def test_any_exit_of_the_rendezvous_store_is_a_failure_that_restarts_the_group():
+    b = budget(backoff_seconds=10)
+    decision = b.store_exited(0, started_at=at(0), failed_at=at(50))
+    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 10.0, 1)
+    assert decision.what == "the rendezvous store failed (exit code 0)"

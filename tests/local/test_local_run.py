@@ -134,3 +134,39 @@ def test_ctrl_c_stops_every_process_of_every_node(tmp_path):
     phases = [e.get("phase") for e in events(run_dir) if e["event"] == "phase"]
     assert phases[-1] == "Interrupted"
     assert any(e["event"] == "stopped" and e["node"] == 0 for e in events(run_dir))
+
+
+def test_losing_node_0_restarts_the_whole_group_under_the_next_rendezvous_generation(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = cli.main(["run", job_file(tmp_path), "--workdir", str(run_dir), "--port", "0", "--plain",
+                     "--kill-node-after", "2", "--kill-node", "0"])
+    out = capsys.readouterr().out
+    assert code == 0, out + logs(run_dir)
+    log = events(run_dir)
+    restart = next(e for e in log if e["event"] == "group_restart")
+    assert restart["generation"] == 1
+    assert restart["message"].startswith("node 0 (the c10d store host) failed (exit code 137, SIGKILL): "
+                                         "restarting all nodes together under rendezvous generation 1")
+    assert any(e["event"] == "stopped" and e["node"] == 1 for e in log), "node 1 is stopped, not left to time out"
+    restarted = [e for e in log if e["event"] == "started" and e["t"] > restart["t"]]
+    assert sorted(e["node"] for e in restarted) == [0, 1]
+    assert {e["rdzv_id"] for e in restarted} == {log[0]["rdzv_id"] + "-1"}
+    assert "1 failure incident(s) recovered from" in out
+    assert_ran_exactly_once(run_dir / "snapshots" / "metrics.jsonl", epochs=4)
+    assert leftovers(run_dir) == []
+
+
+@pytest.mark.slow  # ~40 s alone, ~65 s on a loaded machine: a third process kind (the store) starts
+def test_with_a_store_process_losing_node_0_replaces_only_node_0(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = cli.main(["run", job_file(tmp_path, elastic={"rdzvStore": "pod"}), "--workdir", str(run_dir),
+                     "--port", "0", "--plain", "--kill-node-after", "2", "--kill-node", "0"])
+    out = capsys.readouterr().out
+    assert code == 0, out + logs(run_dir)
+    log = events(run_dir)
+    assert [e["event"] for e in log if e["event"].startswith("store")] == ["store_started", "store_stopped"]
+    assert not any(e["event"] == "group_restart" for e in log)
+    assert [e["event"] for e in log if e.get("node") == 1] == ["started", "exited"], "node 1 kept running"
+    assert [e["event"] for e in log if e.get("node") == 0][:4] == ["started", "killed", "exited", "started"]
+    assert_ran_exactly_once(run_dir / "snapshots" / "metrics.jsonl", epochs=4)
+    assert leftovers(run_dir) == []

@@ -8,7 +8,9 @@ and args) is rewritten to the run's local snapshot directory.
 c10d: in a cluster only node 0's hostname matches the endpoint, so node 0 hosts
 the rendezvous store. On loopback every agent matches it and whichever binds
 the port first becomes the host (then killing "node 1" can take the store
-down with it); `is_host` in PET_RDZV_CONF restores the Pods' rule.
+down with it); `is_host` in PET_RDZV_CONF restores the Pods' rule. With
+`rdzvStore: pod` the store is a local process instead (the store pod's command,
+listening on loopback) and every agent is a client, as in the Pods.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import constants as C
 from ..launch import launch_plan, merged_env
+from ..rdzv_store import uses_store_pod
 from ..spec import DDPJobSpec
 
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
@@ -50,6 +54,7 @@ class LocalPlan:
     snapshot_dir: Path | None
     metrics_file: Path
     notes: list[str] = field(default_factory=list)
+    store: LocalNode | None = None  # the rendezvous store process (rdzvStore: pod), index -1
 
 
 def localize(value: str, mount_path: str | None, local_dir: Path | None) -> str:
@@ -131,7 +136,8 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
     nodes = []
     for index in range(spec.desired_replicas):
         launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
-                             rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None)
+                             rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None,
+                             external_store=uses_store_pod(spec))
         env = {name: localize(value, mount, snapshot_dir) for name, value in merged_env(launch, spec.env).items()}
         if spec.elastic_policy.rdzv_backend == "c10d" and "is_host=" not in env["PET_RDZV_CONF"]:
             env["PET_RDZV_CONF"] += f",is_host={'true' if index == 0 else 'false'}"
@@ -141,7 +147,16 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         argv = [torchrun, *(localize(arg, mount, snapshot_dir) for arg in launch.args)]
         nodes.append(LocalNode(index, argv, env))
     metrics = nodes[0].env.get(ENV_METRICS_FILE) or str(snapshot_dir / METRICS_NAME)
-    return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes)
+    return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes, _store(spec, torchrun))
+
+
+def _store(spec: DDPJobSpec, torchrun: str) -> LocalNode | None:
+    """The store pod's command (render_store_pod) on loopback, with the nodes' Python."""
+    if not uses_store_pod(spec):
+        return None
+    python = str(Path(torchrun).parent / "python")
+    argv = [python, "-m", C.RDZV_STORE_MODULE, "--host", LOOPBACK, "--port", str(spec.elastic_policy.rdzv_port)]
+    return LocalNode(-1, argv, {"PYTHONUNBUFFERED": "1"})
 
 
 def inherited_env(environ: dict[str, str]) -> dict[str, str]:

@@ -34,6 +34,7 @@ class Decision:
     action: Action
     message: str
     delay: float = 0.0
+    what: str = ""  # what failed, e.g. "node 1 failed (exit code 137, SIGKILL)"
 
 
 def container_exit_code(returncode: int) -> int:
@@ -41,7 +42,7 @@ def container_exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def describe_exit(index: int, code: int) -> str:
+def describe_exit(who: str, code: int) -> str:
     """'node 1 failed (exit code 137, SIGKILL)', the local twin of status._describe."""
     detail = f"exit code {code}"
     if code > 128:
@@ -49,7 +50,7 @@ def describe_exit(index: int, code: int) -> str:
             detail += f", {signal.Signals(code - 128).name}"
         except ValueError:
             pass
-    return f"node {index} failed ({detail})"
+    return f"{who} failed ({detail})"
 
 
 class FailureBudget:
@@ -72,19 +73,31 @@ class FailureBudget:
         outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
         if outcome == Outcome.SUCCEEDED:
             return Decision(Action.FINISHED, f"node {index} finished (exit code 0)")
-        what = describe_exit(index, code)
+        return self._failed(describe_exit(f"node {index}", code), outcome, started_at, failed_at, finished)
+
+    def store_exited(self, code: int, *, started_at: datetime, failed_at: datetime,
+                     finished: bool = False) -> Decision:
+        """The decision when the rendezvous store process exited: any exit loses the state."""
+        outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
+        what = describe_exit("the rendezvous store", code)
+        if outcome == Outcome.SUCCEEDED:
+            outcome = Outcome.RETRYABLE  # a store never finishes while nodes train
+        return self._failed(what, outcome, started_at, failed_at, finished)
+
+    def _failed(self, what: str, outcome: Outcome, started_at: datetime, failed_at: datetime,
+                finished: bool) -> Decision:
         if outcome == Outcome.PERMANENT:
-            return Decision(Action.FAIL, C.MSG_PERMANENT_ERROR.format(what=what))
+            return Decision(Action.FAIL, C.MSG_PERMANENT_ERROR.format(what=what), what=what)
         if finished:
-            return Decision(Action.NONE, f"{what} after training finished; not replaced")
+            return Decision(Action.NONE, f"{what} after training finished; not replaced", what=what)
         if starts_new_incident(failed_at, started_at, self.incident_start):
             self.restarts += 1
             self.incident_start = failed_at
         if budget_exhausted(self.restarts, self.policy.max_restarts):
             return Decision(Action.FAIL, C.MSG_RESTARTS_EXHAUSTED.format(
-                restarts=self.restarts, max=self.policy.max_restarts))
+                restarts=self.restarts, max=self.policy.max_restarts), what=what)
         message = C.MSG_NODE_FAILED.format(what=what, restarts=self.restarts, max=self.policy.max_restarts)
-        return Decision(Action.REPLACE, message, self.replacement_delay(failed_at))
+        return Decision(Action.REPLACE, message, self.replacement_delay(failed_at), what)
 
     def replacement_delay(self, now: datetime) -> float:
         """Seconds until a replacement may start: the backoff counted from the incident's start."""

@@ -11,7 +11,15 @@ run clock `t` in seconds, `event`, and `node` where one is concerned):
     killed   {node, pid, why}                   the injected failure (SIGKILL of the node's tree)
     exited   {node, code, action, message, incidents, replace_at}
     stopped  {node, why}                        stopped by the runner
+    group_restart {generation, message}         the rendezvous store was lost: every node restarts
+    store_started / store_exited {pid | code, message}   the rendezvous store process (rdzvStore: pod)
     phase    {phase, message}                   Running, Restarting, Succeeded, Failed, Interrupted
+
+Losing the rendezvous store (node 0 with the store on the node, or the store
+process with rdzvStore: pod) restarts the whole group under the next
+rendezvous generation, as the operator does (topology.py): the other nodes
+are stopped, one incident is counted, and every node starts again after the
+backoff with PET_RDZV_ID `<id>-<generation>`.
 
 Run directory: `snapshots/` (spec.snapshot.mountPath of the Pods), `logs/node-<i>.log`
 (every incarnation of node i, appended), `launch.json` (each node's argv and the
@@ -30,8 +38,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from .plan import LocalPlan, inherited_env
-from .policy import Action, FailureBudget
+from .. import constants as C
+from ..launch import rdzv_id
+from ..topology import store_on_node
+from .plan import LocalNode, LocalPlan, inherited_env
+from .policy import Action, Decision, FailureBudget
 from .procs import NodeProcess, stop_all
 from .state import RunState, apply_metric, apply_node_event, parse_lines
 from .summary import Summary, summarize
@@ -114,6 +125,8 @@ class Runner:
         self.base_env = inherited_env(dict(os.environ))
         self.procs: dict[int, NodeProcess] = {}  # running incarnations by node index
         self.due: dict[int, float] = {}  # node index -> run-clock second its replacement starts
+        self.store: NodeProcess | None = None  # the rendezvous store process (rdzvStore: pod)
+        self.generation = 0  # whole-group restarts so far (status.rendezvousGeneration)
         self.first_step: float | None = None
         self.killed = False
         self.finished_at: float | None = None
@@ -127,6 +140,7 @@ class Runner:
         self._write_launch()
         phase, message = PHASE_INTERRUPTED, "interrupted (Ctrl-C or SIGTERM): every node was stopped"
         try:
+            self._start_store()
             for node in self.plan.nodes:
                 self._start(node.index)
             phase, message = self._loop()
@@ -147,6 +161,7 @@ class Runner:
         while True:
             self._read_metrics()
             self._maybe_kill()
+            self._reap_store()
             self._reap()
             if self.failure:
                 return "Failed", self.failure
@@ -188,7 +203,7 @@ class Runner:
     def _reap(self) -> None:
         for index, proc in list(self.procs.items()):
             code = proc.poll()
-            if code is None:
+            if code is None or self.procs.get(index) is not proc:  # running, or stopped by a group restart
                 continue
             del self.procs[index]
             proc.kill()  # workers an agent left behind, if any
@@ -196,6 +211,11 @@ class Runner:
                                                failed_at=datetime.now(timezone.utc),
                                                finished=self.finished_at is not None)
             message, replace_at = decision.message, None
+            if decision.action == Action.REPLACE and self._hosts_store(index):
+                self._event("exited", node=index, code=code, action=decision.action.value, message=decision.what,
+                            incidents=self.budget.restarts, replace_at=self.clock() + decision.delay)
+                self._group_restart(decision, f"{decision.what.replace('node 0', 'node 0 (the c10d store host)', 1)}")
+                continue
             if decision.action == Action.REPLACE:
                 replace_at = self.clock() + decision.delay
                 self.due[index] = replace_at
@@ -208,6 +228,49 @@ class Runner:
                 self.failure = decision.message
             self._event("exited", node=index, code=code, action=decision.action.value, message=message,
                         incidents=self.budget.restarts, replace_at=replace_at)
+
+    def _hosts_store(self, index: int) -> bool:
+        """Node `index` took the rendezvous down with it (node 0 hosting the c10d store)."""
+        return (index == 0 and store_on_node(self.plan.spec) and len(self.plan.nodes) > 1
+                and self.finished_at is None)
+
+    def _group_restart(self, decision: Decision, what: str) -> None:
+        """Every node restarts after the backoff under the next rendezvous generation."""
+        self.generation += 1
+        budget = (f"failure incident {self.budget.restarts} of spec.failurePolicy.maxRestarts "
+                  f"({self.plan.spec.failure_policy.max_restarts})")
+        message = C.MSG_GROUP_RESTART.format(what=what, generation=self.generation, budget=budget)
+        self._event("group_restart", generation=self.generation,
+                    message=message.replace("node pods", "nodes") + f"; in {decision.delay:.0f} s")
+        for index, proc in list(self.procs.items()):
+            stop_all([proc])
+            del self.procs[index]
+            self._event("stopped", node=index, why=f"rendezvous generation {self.generation - 1} is gone")
+        replace_at = self.clock() + decision.delay
+        for node in self.plan.nodes:
+            self.due[node.index] = replace_at
+        self._set_phase("Restarting")
+
+    def _start_store(self) -> None:
+        if self.plan.store is None:
+            return
+        log_path = self.run_dir / "logs" / "rdzv-store.log"
+        self.store = NodeProcess.start(self.plan.store, self.base_env, log_path, f"{self.plan.rdzv_id}.store")
+        self._event("store_started", pid=self.store.pid)
+
+    def _reap_store(self) -> None:
+        code = self.store.poll() if self.store else None
+        if code is None:
+            return
+        proc, self.store = self.store, None
+        decision = self.budget.store_exited(code, started_at=proc.started_at, failed_at=datetime.now(timezone.utc),
+                                            finished=self.finished_at is not None)
+        self._event("store_exited", code=code, action=decision.action.value, message=decision.message)
+        if decision.action == Action.FAIL:
+            self.failure = decision.message
+        elif decision.action == Action.REPLACE:
+            self._start_store()  # the state is gone anyway; the nodes wait for the backoff
+            self._group_restart(decision, decision.what)
 
     def _start_due(self) -> None:
         for index, at in list(self.due.items()):
@@ -227,6 +290,9 @@ class Runner:
 
     def _start(self, index: int) -> None:
         node = self.plan.nodes[index]
+        if self.generation:
+            env = {**node.env, "PET_RDZV_ID": rdzv_id(self.plan.rdzv_id, self.generation)}
+            node = LocalNode(node.index, node.argv, env)
         start = self.state.nodes[index].starts + 1
         log_path = self.run_dir / "logs" / f"node-{index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +301,7 @@ class Runner:
         marker = f"{self.plan.rdzv_id}.node-{index}.{start}"
         proc = NodeProcess.start(node, self.base_env, log_path, marker)
         self.procs[index] = proc
-        self._event("started", node=index, pid=proc.pid, start=start)
+        self._event("started", node=index, pid=proc.pid, start=start, rdzv_id=node.env["PET_RDZV_ID"])
 
     def _stop_everything(self) -> None:
         """Stops every node; a second Ctrl-C cannot cut this short and leave orphans."""
@@ -248,6 +314,10 @@ class Runner:
                 self._event("stopped", node=proc.index, why="the run ended")
             self.procs.clear()
             self.due.clear()
+            if self.store is not None:  # after the nodes: agents still shutting down talk to it
+                stop_all([self.store])
+                self._event("store_stopped", why="the run ended")
+                self.store = None
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)

@@ -126,6 +126,13 @@ def apply_node_event(state: RunState, event: dict[str, Any]) -> str | None:
     if kind == "stopped" and node:
         node.state, node.pid = STOPPED, None
         return None
+    if kind == "group_restart":
+        state.message = event["message"]
+        return event["message"]
+    if kind == "store_started":
+        return f"rendezvous store started (pid {event.get('pid')})"
+    if kind == "store_exited":
+        return event.get("message")
     if kind == "phase":
         state.phase, state.message = event["phase"], event.get("message", state.message)
         return f"job {state.phase.lower()}: {state.message}" if state.message else f"job {state.phase.lower()}"
