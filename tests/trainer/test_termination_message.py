@@ -26,6 +26,13 @@ from tests.support.procs import free_port
 DATA = make_dataset(96, seed=5)
 
 
+def kubelet_file(directory):
+    """The kubelet creates the (empty) file before the container starts."""
+    path = directory / "termination-log"
+    path.touch()
+    return path
+
+
 def record_in(path):
     return read_record(path.read_text())
 
@@ -39,7 +46,7 @@ def write_progress(directory, step, epoch=0):
 
 
 def test_a_refresh_copies_progress_json_verbatim_into_the_record(tmp_path):
-    message = tmp_path / "termination-log"
+    message = kubelet_file(tmp_path)
     progress = write_progress(tmp_path, 12, epoch=1)
     report = ProgressReport(message, tmp_path / "progress.json", node="3")
     report.resumed(8, "2026-11-23T00:59:00Z")
@@ -51,7 +58,7 @@ def test_a_refresh_copies_progress_json_verbatim_into_the_record(tmp_path):
 
 
 def test_the_first_step_time_is_recorded_once(tmp_path):
-    message = tmp_path / "termination-log"
+    message = kubelet_file(tmp_path)
     report = ProgressReport(message, None)
     report.resumed(None, None)
     report.stepped()
@@ -62,7 +69,7 @@ def test_the_first_step_time_is_recorded_once(tmp_path):
 
 
 def test_a_newer_snapshot_is_picked_up_by_a_forced_refresh_but_polls_are_rate_limited(tmp_path):
-    message = tmp_path / "termination-log"
+    message = kubelet_file(tmp_path)
     write_progress(tmp_path, 4)
     report = ProgressReport(message, tmp_path / "progress.json")
     report.resumed(None, None)
@@ -74,7 +81,7 @@ def test_a_newer_snapshot_is_picked_up_by_a_forced_refresh_but_polls_are_rate_li
 
 
 def test_the_file_is_never_truncated_so_a_shorter_record_leaves_valid_json(tmp_path):
-    message = tmp_path / "termination-log"
+    message = kubelet_file(tmp_path)
     message.write_text(json.dumps({"kind": "ddpjob.progress", "error": "x" * 3000}))  # a predecessor's record
     report = ProgressReport(message, None)
     report.resumed(None, None)
@@ -86,7 +93,7 @@ def test_the_file_is_never_truncated_so_a_shorter_record_leaves_valid_json(tmp_p
 
 def test_a_record_is_one_write_at_offset_zero(tmp_path, monkeypatch):
     """A kill can only land before or after the single pwrite: the file holds one whole record."""
-    message = tmp_path / "termination-log"
+    message = kubelet_file(tmp_path)
     report = ProgressReport(message, None)
     report.resumed(None, None)
     before = message.read_bytes()
@@ -105,6 +112,12 @@ def test_an_unwritable_path_turns_reporting_off_silently(tmp_path):
     report.resumed(None, None)
     report.stepped()
     assert not report.enabled and not (tmp_path / "missing-dir").exists()
+
+
+def test_a_missing_file_is_never_created_only_a_kubelet_makes_it(tmp_path):
+    report = ProgressReport(tmp_path / "termination-log", None)
+    report.resumed(None, None)
+    assert not report.enabled and not (tmp_path / "termination-log").exists()
 
 
 def test_the_env_variable_names_the_path_and_the_default_is_used_only_when_the_kubelet_made_it(tmp_path):
@@ -150,7 +163,7 @@ def train(env, directory, message, monkeypatch, restart_count=0, **overrides):
 
 
 def test_the_trainer_reports_each_complete_snapshot_and_its_resume(env, tmp_path, monkeypatch):
-    message = tmp_path / "termination-log"
+    message = kubelet_file(tmp_path)
     with pytest.raises(RuntimeError, match="fail_at_step=7"):
         train(env, tmp_path, message, monkeypatch, fail_at_step=7)
     failed = record_in(message)
@@ -170,14 +183,15 @@ def test_the_trainer_reports_each_complete_snapshot_and_its_resume(env, tmp_path
 
 
 def test_only_local_rank_0_reports(env, tmp_path, monkeypatch):
-    message = tmp_path / "termination-log"
+    message = kubelet_file(tmp_path)
     train(dataclasses.replace(env, local_rank=0), tmp_path / "a", message, monkeypatch, epochs=1)
-    assert message.exists()
+    assert record_in(message)["snapshot"] is not None
     other = tmp_path / "other-log"
+    other.touch()
     monkeypatch.setenv(ENV_PATH, str(other))
     # A second local rank needs a second process; the choice itself is made in _make_report.
     fake = dataclasses.replace(env, local_rank=1, local_world_size=2)
     trainer = object.__new__(Trainer)
     trainer.env, trainer.config, trainer.resumed_from = fake, TrainerConfig(epochs=1, snapshot_dir=str(tmp_path)), None
     trainer._make_report().stepped()
-    assert not other.exists()
+    assert other.read_bytes() == b""

@@ -54,8 +54,8 @@ POLL_SECONDS = 5.0  # how often nodes other than rank 0's copy progress.json fro
 def default_path(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
     """The termination message path: $DDPJOB_TERMINATION_LOG, else /dev/termination-log when it exists.
 
-    The default is used only when the file exists (the kubelet creates it), so a local run
-    never creates /dev/termination-log.
+    Records are only ever written into an existing file (the kubelet creates it), never a
+    new one, so a local run or a sandbox without a kubelet writes nothing.
     """
     explicit = environ.get(ENV_PATH)
     if explicit:
@@ -71,7 +71,7 @@ class ProgressReport:
     """The record of one node, rewritten whenever it changes.
 
     Args:
-        path: the termination message file; None (or unwritable) turns reporting off silently.
+        path: the termination message file; None, missing or unwritable turns reporting off silently.
         progress_file: ``<snapshot dir>/progress.json``; None without snapshots.
         node: this node's index (DDPJOB_NODE_INDEX), for people reading the message.
     """
@@ -141,7 +141,10 @@ class ProgressReport:
             data = json.dumps(self.record, sort_keys=True).encode()
             padded = data.ljust(max(RECORD_BYTES, self._size))
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+                # Never O_CREAT: the kubelet creates the file before the container starts; a
+                # missing one means no kubelet (a local run or a sandbox), and creating
+                # /dev/termination-log on a host would leak records between runs.
+                fd = os.open(self.path, os.O_WRONLY)
                 try:
                     # A worker restarted in the same container finds its predecessor's record.
                     padded = padded.ljust(os.fstat(fd).st_size)
