@@ -102,3 +102,15 @@ def test_the_command_line_loads_without_torch():
     code = ("import sys, ddpjob_operator.cli, ddpjob_operator.local.runner, ddpjob_operator.local.command; "
             "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["127.0.0.1:2379"], "rdzvSecretName": "etcd-client"}},
+     "ddpjob: spec.elasticPolicy.rdzvSecretName (etcd-client) names a Secret, which only a cluster can mount"),
+    ({"elasticPolicy": {"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}},
+     "ddpjob: spec.elasticPolicy.managedEtcd.enabled (true) asks the operator to run etcd"),
+    ({"runPolicy": {"suspend": True}}, "ddpjob: spec.runPolicy.suspend (true) means no node runs"),
+])
+def test_fields_that_need_a_cluster_are_refused_by_name(capsys, tmp_path, changes, message):
+    code, err = run_cli(capsys, tmp_path, example(tmp_path, **changes), "--port", "0")
+    assert code == cli.EXIT_BAD_INPUT and len(err) == 1 and err[0].startswith(message), err

@@ -170,3 +170,17 @@ def test_with_a_store_process_losing_node_0_replaces_only_node_0(tmp_path, capsy
     assert [e["event"] for e in log if e.get("node") == 0][:4] == ["started", "killed", "exited", "started"]
     assert_ran_exactly_once(run_dir / "snapshots" / "metrics.jsonl", epochs=4)
     assert leftovers(run_dir) == []
+
+
+def test_the_active_deadline_fails_the_run_and_stops_the_nodes(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    path = job_file(tmp_path, replicas=1, args=["--epochs", "50", "--samples", "512", "--step-sleep", "0.05"])
+    job = yaml.safe_load(Path(path).read_text())
+    job["spec"]["runPolicy"]["activeDeadlineSeconds"] = 4
+    Path(path).write_text(yaml.safe_dump(job))
+    code = cli.main(["run", path, "--workdir", str(run_dir), "--port", "0", "--plain"])
+    out = capsys.readouterr().out
+    assert code == EXIT_JOB_FAILED, out
+    assert out.rstrip().endswith("Failed: the job ran longer than spec.runPolicy.activeDeadlineSeconds (4)")
+    assert [e["event"] for e in events(run_dir) if e.get("node") == 0] == ["started", "stopped"]
+    assert leftovers(run_dir) == []

@@ -68,6 +68,19 @@ def check_code(spec: DDPJobSpec) -> None:
                             f"{spec.module.split('.')[0]!r} is not installed in {sys.prefix}")
 
 
+def check_cluster_only(spec: DDPJobSpec) -> None:
+    """Fields that need a cluster (a Secret, an operator-run etcd) or mean "do not run"."""
+    ep = spec.elastic_policy
+    if ep.rdzv_secret_name is not None:
+        raise LocalRunError(f"spec.elasticPolicy.rdzvSecretName ({ep.rdzv_secret_name}) names a Secret, which only a "
+                            "cluster can mount: remove it for a local run and use an etcd that needs no credentials")
+    if ep.managed_etcd.enabled:
+        raise LocalRunError("spec.elasticPolicy.managedEtcd.enabled (true) asks the operator to run etcd, which a "
+                            "local run does not: start etcd yourself, list it in rdzvEndpoints and disable managedEtcd")
+    if spec.run_policy.suspend:
+        raise LocalRunError("spec.runPolicy.suspend (true) means no node runs: set it to false to run the job")
+
+
 def choose_port(spec: DDPJobSpec, port: int | None) -> int | None:
     """The c10d port to use; refuses a busy one (node 0's store could not listen on it)."""
     if spec.elastic_policy.rdzv_backend != "c10d":
@@ -89,6 +102,7 @@ def prepare(job: str, spec: DDPJobSpec, args: argparse.Namespace) -> tuple[Local
                             f"(spec.replicas is {spec.desired_replicas})")
     if args.kill_node_after is not None and args.kill_node_after < 0:
         raise LocalRunError(f"--kill-node-after ({args.kill_node_after:g}) must be >= 0 seconds")
+    check_cluster_only(spec)
     torchrun = torchrun_path()
     check_code(spec)
     port = choose_port(spec, args.port)

@@ -163,6 +163,9 @@ class Runner:
             self._maybe_kill()
             self._reap_store()
             self._reap()
+            deadline = self.plan.spec.run_policy.active_deadline_seconds
+            if deadline and self.clock() >= deadline and self.finished_at is None:
+                self.failure = C.MSG_DEADLINE.format(deadline=deadline)
             if self.failure:
                 return "Failed", self.failure
             self._start_due()
