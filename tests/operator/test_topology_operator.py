@@ -145,3 +145,22 @@ def test_a_queue_name_gives_every_node_pod_the_kueue_pod_group_labels(k8s, opera
         labels, annotations = pod["metadata"]["labels"], pod["metadata"].get("annotations", {})
         assert (labels["kueue.x-k8s.io/queue-name"], labels["kueue.x-k8s.io/pod-group-name"]) == ("team-a", "mlp")
         assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"
+
+
+def test_a_preempted_node_shrinks_the_job_to_min_and_its_replacement_waits_for_capacity(k8s, operator):
+    body = ddpjob(replicas=3, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
+                  failurePolicy={"maxRestarts": 0, "backoffSeconds": 0}, scheduling={"pendingTimeoutSeconds": 1})
+    old = start_running(k8s, NODES, body)
+    k8s.patch("pods", "mlp-node-2", {"status": {"phase": "Failed", "reason": "Preempted", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+        "containerStatuses": [{"name": C.CONTAINER_NAME, "state": {"terminated": {"exitCode": 137}}}]}},
+        subresource="status")
+    k8s.wait_for(lambda: (p := pods_by_name(k8s).get("mlp-node-2")) and p["metadata"]["uid"] != old["mlp-node-2"]["metadata"]["uid"],
+                 timeout=30, what="the preempted node's replacement")
+    set_unschedulable(k8s, "mlp-node-2", message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu. "
+                      "preemption: 0/3 nodes are available: 3 No preemption victims found.")
+    k8s.wait_for(lambda: (condition(k8s, C.COND_NODES_UNSCHEDULABLE) or {}).get("status") == "True", timeout=20,
+                 what="the replacement reported as waiting for capacity")
+    current = status(k8s)
+    assert (current["phase"], current["runningReplicas"], current.get("restarts", 0)) == (C.PHASE_RUNNING, 2, 0)
+    assert "No preemption victims found" in current["unschedulable"][0]
