@@ -318,3 +318,14 @@ def backoff_exponent(budget: RestartBudget, progress_known: bool) -> int:
     if budget.restarts <= 0:
         return 0
     return budget.without_progress + 1 if progress_known else max(budget.charged, 1)
+
+
+def image_pull_check_in(pods: Iterable[Mapping[str, Any]], now: datetime, timeout_seconds: float) -> float | None:
+    """Seconds until a pod now failing to pull its image passes the timeout (None: none is),
+    so the job fails on time even if the kubelet reports nothing new meanwhile."""
+    waits = []
+    for pod in pods:
+        created = parse_time(pod_created_at(pod))
+        if pod_waiting(pod).get("reason") in IMAGE_PULL_REASONS and created is not None:
+            waits.append(max(timeout_seconds - (now - created).total_seconds(), 0.0))
+    return min(waits) if waits else None

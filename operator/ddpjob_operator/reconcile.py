@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
+from . import constants as C
+from .failure import image_pull_check_in
 from .managed_etcd import ObservedEtcd, plan_managed_etcd
-from .plan import Action, plan_actions
+from .plan import Action, Requeue, plan_actions
 from .spec import DDPJobSpec, FieldError, JobRef, validate_job
 from .status import Event, compute_status
 from .stuck import with_force_deletions
@@ -50,4 +52,14 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
     actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), managed_etcd) + actions
     actions, forced = with_force_deletions(spec, pods, nodes or {}, now, actions)
+    if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES:
+        actions = _requeue_by(actions, image_pull_check_in(pods, now, spec.failure_policy.image_pull_timeout_seconds))
     return Reconciliation(update.status, update.events + forced, actions, spec, errors)
+
+
+def _requeue_by(actions: list[Action], after: float | None) -> list[Action]:
+    """`actions` with their one Requeue no later than `after` seconds."""
+    if after is None:
+        return actions
+    current = [a.after for a in actions if isinstance(a, Requeue)]
+    return [a for a in actions if not isinstance(a, Requeue)] + [Requeue(min(current + [after]))]

@@ -9,6 +9,8 @@ import pytest
 
 from ddpjob_operator import constants as C
 from ddpjob_operator.clock import format_time
+from ddpjob_operator.plan import Requeue
+from ddpjob_operator.reconcile import reconcile
 from ddpjob_operator.spec import parse_spec
 from ddpjob_operator.status import replacement_delay
 from tests.operator.builders import T0, at, make_ddpjob, make_pod, running_pods
@@ -197,3 +199,12 @@ def test_backoff_starts_over_after_progress():
     assert replacement_delay(spec, job["status"], at(601)) == pytest.approx(40 - 1)  # 3rd in a row: 4x
     fail_node_1(job, 800, snap(8, 790), 4)
     assert replacement_delay(spec, job["status"], at(801)) == pytest.approx(10 - 1)
+
+
+def test_a_pass_looks_again_when_an_image_pull_error_reaches_the_timeout():
+    job = etcd_job(failurePolicy={"imagePullTimeoutSeconds": 120})
+    pod = make_pod(job, 0, phase="Pending", created_at=at(0))
+    pod["status"]["containerStatuses"] = [{"name": C.CONTAINER_NAME, "state": {"waiting": {"reason": "ErrImagePull"}}}]
+    result = reconcile(job, [pod, make_pod(job, 1, phase="Pending", created_at=at(0))], at(100), service_exists=True)
+    assert [a for a in result.actions if isinstance(a, Requeue)] == [Requeue(20.0)]
+    assert result.status["phase"] == "Pending"
