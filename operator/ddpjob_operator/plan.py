@@ -91,7 +91,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
         ref: the job's identity.
         spec: the parsed spec; None when invalid (no actions).
         status: the status computed for this pass by status.compute_status (phase,
-            restarts, lastFailureTime, completionTime, startTime).
+            restarts, lastFailureTime, completionTime, startTime, rendezvousGeneration).
         pods: the job's observed pods.
         now: the current time.
         service_exists: whether the job's Service was observed.

@@ -12,6 +12,9 @@ nodes that were running when an incident began and fail within a minute join it;
 a replacement that fails again always opens a new one),
 `lastFailureTime` is when the current incident began; plan.py waits
 `backoff_seconds(restarts)` after it before creating replacements.
+`rendezvousGeneration` counts whole-group restarts (topology.py: the c10d store was lost);
+node pods of older generations are left out of every count and decision here.
+The node counts and `unschedulable`, and the NodesUnschedulable condition, come from capacity.py.
 """
 
 from __future__ import annotations
