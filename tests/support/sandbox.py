@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import ipaddress
 import json
 import os
 import re
@@ -201,12 +202,62 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
         if "valueFrom" in entry:
             raise UnsupportedPodError(f"env {entry['name']} uses valueFrom; the sandbox node takes literal values only")
         env[entry["name"]] = local(entry.get("value") or "")
+    if not hosts_c10d_store(pod):
+        env["PET_RDZV_CONF"] = c10d_client_conf(env["PET_RDZV_CONF"])
     command = list(container.get("command") or [])
     if not command:
         raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")
     argv = [resolve_command(command[0]), *map(local, command[1:]), *map(local, container.get("args") or [])]
     cwd = Path(localize(container["workingDir"], pairs)) if container.get("workingDir") else pod_dir(root, meta) / "cwd"
     return ContainerLaunch(argv, env, cwd)
+
+
+def pod_dns_names(pod: Mapping[str, Any]) -> set[str]:
+    """The names cluster DNS gives a pod with hostname + subdomain (a headless Service)."""
+    spec, meta = pod["spec"], pod["metadata"]
+    if not spec.get("subdomain"):
+        return set()
+    short = f"{spec.get('hostname') or meta['name']}.{spec['subdomain']}"
+    namespaced = f"{short}.{meta['namespace']}"
+    return {short, namespaced, f"{namespaced}.svc", f"{namespaced}.svc.cluster.local"}
+
+
+def c10d_store_host(env: Mapping[str, str]) -> str | None:
+    """The host of a c10d rendezvous endpoint in a container's env (before mapping), else None."""
+    if env.get("PET_RDZV_BACKEND") != "c10d" or "PET_RDZV_ENDPOINT" not in env:
+        return None
+    return env["PET_RDZV_ENDPOINT"].rsplit(":", 1)[0]
+
+
+def hosts_c10d_store(pod: Mapping[str, Any]) -> bool:
+    """Whether this pod's torchrun may host the c10d store, as torch decides it in a cluster.
+
+    torch hosts the store in the agent whose own hostname or address matches the endpoint's
+    host (c10d_rendezvous_backend._matches_machine_hostname): in a cluster only the pod the
+    endpoint names. On loopback every pod matches and whichever binds the port first would
+    host, so every other pod is told so explicitly (``is_host=false``), keeping the
+    operator's assumption (node 0 hosts) true in the sandbox too.
+    """
+    container = (pod["spec"].get("containers") or [{}])[0]
+    env = {e["name"]: e.get("value") or "" for e in container.get("env") or [] if "valueFrom" not in e}
+    host = c10d_store_host(env)
+    return host is None or host in pod_dns_names(pod) or not is_cluster_name(host)
+
+
+def is_cluster_name(host: str) -> bool:
+    """A name only cluster DNS resolves: neither an IP address nor localhost."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host.strip("[]"))
+        return False
+    return host != "localhost"
+
+
+def c10d_client_conf(conf: str) -> str:
+    """PET_RDZV_CONF with ``is_host=false`` added, unless it already decides ``is_host``."""
+    items = [item for item in conf.split(",") if item]
+    if any(item.split("=", 1)[0] == "is_host" for item in items):
+        return conf
+    return ",".join([*items, "is_host=false"])
 
 
 def exit_code_of(returncode: int) -> int:
@@ -374,7 +425,7 @@ class NodeAgent:
         self.node_id = uuid.uuid4().hex[:12]
         self.pods: dict[str, PodProcess] = {}  # uid -> container, finished ones kept for tests
         self.rejected: dict[str, str] = {}  # uid -> why the pod could not start
-        self.errors: list[str] = []  # API errors of the loop (tests may assert none)
+        self.errors: list[str] = []  # exceptions the loop survived (API down, a write racing a deletion)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sandbox-node-agent", daemon=True)
@@ -459,8 +510,8 @@ class NodeAgent:
         while not self._stop.is_set():
             try:
                 self._tick()
-            except (ApiError, OSError) as e:  # the API went away or a write raced a deletion
-                self.errors.append(repr(e))
+            except Exception as e:  # noqa: BLE001  a dead loop would leave tests waiting blind:
+                self.errors.append(repr(e))  # keep serving; the fixture prints what went wrong
             self._stop.wait(self.poll_seconds)
 
     def _tick(self) -> None:
