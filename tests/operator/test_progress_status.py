@@ -208,3 +208,22 @@ def test_a_pass_looks_again_when_an_image_pull_error_reaches_the_timeout():
     result = reconcile(job, [pod, make_pod(job, 1, phase="Pending", created_at=at(0))], at(100), service_exists=True)
     assert [a for a in result.actions if isinstance(a, Requeue)] == [Requeue(20.0)]
     assert result.status["phase"] == "Pending"
+
+
+def test_whole_group_restarts_are_judged_by_progress_too():
+    # c10d with the store on node 0: node 0 failing restarts the whole group (topology.py),
+    # which counts the incident itself; the budget by progress still judges it.
+    job = make_ddpjob(replicas=2, failurePolicy={"maxRestarts": 10, "maxRestartsWithoutProgress": 1})
+    step(job, running_pods(job), 0)
+    phases = []
+    for n in (1, 2, 3):
+        generation = job["status"].get("rendezvousGeneration", 0)
+        host = make_pod(job, 0, phase="Failed", exit_code=1, finished_at=at(200 * n), uid=f"host-{n}",
+                        created_at=at(200 * n - 5))
+        host["metadata"]["labels"][C.LABEL_RDZV_GENERATION] = str(generation)
+        other = make_pod(job, 1, uid=f"other-{n}", created_at=at(200 * n - 5))
+        other["metadata"]["labels"][C.LABEL_RDZV_GENERATION] = str(generation)
+        phases.append(step(job, [with_record(host, snap(30, 100)), other], 200 * n + 1).status["phase"])
+    assert phases == ["Restarting", "Restarting", "Failed"]
+    assert (job["status"]["restarts"], job["status"]["restartsWithProgress"], job["status"]["restartsWithoutProgress"]) == (3, 1, 2)
+    assert next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["reason"] == "NoProgress"
