@@ -10,6 +10,7 @@ Node failures go through the operator's failure policy (`ddpjob_operator.failure
     state    metrics lines and runner events -> what the view shows (pure)
     view     the state -> a table (pure), drawn live on a TTY or as plain lines
     procs    starting, killing and stopping a node's whole process tree
+    journal  events.jsonl (what the runner did) and following the metrics file
     runner   the loop that ties them together, and the run directory
     summary  what the metrics prove at the end (via ddpjob_trainer.metrics.read_metrics)
 

@@ -41,10 +41,11 @@ from typing import Any, TextIO
 from .. import constants as C
 from ..launch import rdzv_id
 from ..topology import store_on_node
+from .journal import Journal, MetricsFollower
 from .plan import LocalNode, LocalPlan, inherited_env
 from .policy import Action, Decision, FailureBudget
 from .procs import NodeProcess, stop_all
-from .state import RunState, apply_metric, apply_node_event, parse_lines
+from .state import RunState, apply_metric, apply_node_event
 from .summary import Summary, summarize
 from .view import LiveView, PlainView
 
@@ -73,42 +74,6 @@ class RunResult:
     phase: str  # Succeeded, Failed or Interrupted
     message: str
     summary: Summary
-
-
-class Journal:
-    """events.jsonl: the runner's events with wall time and run clock."""
-
-    def __init__(self, path: Path, clock):
-        self.path, self.clock = path, clock
-        self._handle = open(path, "a", encoding="utf-8")
-
-    def write(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                  "t": round(self.clock(), 3), "event": event, **fields}
-        self._handle.write(json.dumps(record) + "\n")
-        self._handle.flush()
-        return record
-
-    def close(self) -> None:
-        self._handle.close()
-
-
-class MetricsFollower:
-    """Reads the lines appended to the metrics file since the last call."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.rest = path, 0, ""
-
-    def new_events(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, encoding="utf-8", errors="replace") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-                self.offset = handle.tell()
-        except FileNotFoundError:
-            return []
-        events, self.rest = parse_lines(self.rest + chunk)
-        return events
 
 
 class Runner:

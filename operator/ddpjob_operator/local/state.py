@@ -8,7 +8,7 @@ event; both return the log line worth printing for it, if any.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Node states shown in the view.
