@@ -114,3 +114,12 @@ def test_the_command_line_loads_without_torch():
 def test_fields_that_need_a_cluster_are_refused_by_name(capsys, tmp_path, changes, message):
     code, err = run_cli(capsys, tmp_path, example(tmp_path, **changes), "--port", "0")
     assert code == cli.EXIT_BAD_INPUT and len(err) == 1 and err[0].startswith(message), err
+
+
+def test_a_run_directory_that_cannot_be_created_is_named(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = cli.main(["run", str(EXAMPLE), "--port", "0", "--workdir", str(blocker / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == cli.EXIT_BAD_INPUT
+    assert err == [f"ddpjob: cannot create the run directory {blocker / 'run'}: Not a directory; pass --workdir DIR"]

@@ -2,6 +2,7 @@
 import io
 import json
 
+from ddpjob_operator.local.journal import MetricsFollower
 from ddpjob_operator.local.state import (
     BACKOFF, RUNNING, STARTING, SUCCEEDED, RunState, apply_metric, apply_node_event, parse_lines,
 )
@@ -127,3 +128,15 @@ def test_live_view_cuts_lines_to_the_terminal_width_so_the_erase_count_holds(mon
     state.message = "x" * 100
     LiveView(out).refresh(state, 1.0)
     assert max(len(line) for line in out.getvalue().splitlines()) == 29
+
+
+def test_the_metrics_follower_reads_only_lines_appended_since_the_run_began(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"event": "done", "step": 9}) + "\n")  # an earlier run in a reused directory
+    follower = MetricsFollower(path)
+    with open(path, "a") as handle:
+        handle.write(json.dumps(START) + "\n" + '{"event": "step", "st')
+    assert follower.new_events() == [START]
+    with open(path, "a") as handle:
+        handle.write('ep": 1}\n')
+    assert follower.new_events() == [{"event": "step", "step": 1}]

@@ -114,7 +114,10 @@ def prepare(job: str, spec: DDPJobSpec, args: argparse.Namespace) -> tuple[Local
                           port=port, fast_rendezvous=not args.spec_rdzv_timeouts)
     except UnsupportedLocalEnvError as e:
         raise LocalRunError(str(e)) from None
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LocalRunError(f"cannot create the run directory {run_dir}: {e.strerror}; pass --workdir DIR") from None
     return plan, run_dir.resolve()
 
 

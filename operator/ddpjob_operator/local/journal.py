@@ -32,7 +32,10 @@ class MetricsFollower:
     """Reads the lines appended to the metrics file since the last call."""
 
     def __init__(self, path: Path):
-        self.path, self.offset, self.rest = path, 0, ""
+        # Start at the end: in a reused run directory the earlier runs' lines are history,
+        # not news (the summary still reads the whole file).
+        self.path, self.rest = path, ""
+        self.offset = path.stat().st_size if path.exists() else 0
 
     def new_events(self) -> list[dict[str, Any]]:
         try:
