@@ -136,6 +136,7 @@ def test_ctrl_c_stops_every_process_of_every_node(tmp_path):
     assert any(e["event"] == "stopped" and e["node"] == 0 for e in events(run_dir))
 
 
+@pytest.mark.slow  # ~45 s alone, ~65 s on a loaded machine: every node restarts
 def test_losing_node_0_restarts_the_whole_group_under_the_next_rendezvous_generation(tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = cli.main(["run", job_file(tmp_path), "--workdir", str(run_dir), "--port", "0", "--plain",
