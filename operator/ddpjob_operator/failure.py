@@ -203,6 +203,15 @@ def pod_waiting(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return _trainer_state(pod).get("waiting") or {}
 
 
+def diagnose_image_pull(pod: Mapping[str, Any], now: datetime, timeout_seconds: float) -> Diagnosis | None:
+    """A pod whose image cannot be pulled (see image_pull_stuck): permanent, cause ImagePull."""
+    if not image_pull_stuck(pod, now, timeout_seconds):
+        return None
+    waiting = pod_waiting(pod)
+    return Diagnosis(Outcome.PERMANENT, C.CAUSE_IMAGE_PULL, None, waiting.get("reason") or "",
+                     waiting.get("message") or "")
+
+
 def image_pull_stuck(pod: Mapping[str, Any], now: datetime, timeout_seconds: float) -> bool:
     """The trainer image cannot be pulled: a name that can never work, or pull errors for
     longer than `timeout_seconds` after the pod was created (a registry outage may pass)."""

@@ -105,22 +105,21 @@ def note_failures(pods: Iterable[Mapping[str, Any]], status: dict[str, Any], now
                   permanent_exit_codes: Iterable[int] = ()) -> list[tuple[Mapping[str, Any], Diagnosis]]:
     """Add failed and disrupted pods not listed yet to status.failures (newest last, at most
     C.MAX_FAILURES_KEPT); returns the new ones."""
-    failures = list(status.get("failures") or [])
-    known = {f.get("podUID") for f in failures}
     new = []
     for pod in pods:
-        uid = pod_uid(pod)
-        if uid in known:
-            continue
         diagnosis = diagnose_pod(pod, permanent_exit_codes) or diagnose_deleted(pod)
-        if diagnosis is None:
-            continue
-        known.add(uid)
-        new.append((pod, diagnosis))
-        failures.append(failure_entry(pod, diagnosis, now))
-    if new:
-        status["failures"] = failures[-C.MAX_FAILURES_KEPT:]
+        if diagnosis is not None and add_failure(status, pod, diagnosis, now):
+            new.append((pod, diagnosis))
     return new
+
+
+def add_failure(status: dict[str, Any], pod: Mapping[str, Any], diagnosis: Diagnosis, now: datetime) -> bool:
+    """List `pod` in status.failures unless it is there already (by uid); True when added."""
+    failures = list(status.get("failures") or [])
+    if pod_uid(pod) in {f.get("podUID") for f in failures}:
+        return False
+    status["failures"] = (failures + [failure_entry(pod, diagnosis, now)])[-C.MAX_FAILURES_KEPT:]
+    return True
 
 
 def failure_entry(pod: Mapping[str, Any], diagnosis: Diagnosis, now: datetime) -> dict[str, Any]:

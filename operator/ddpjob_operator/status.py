@@ -27,14 +27,15 @@ from . import capacity, progress, topology
 from . import constants as C
 from .clock import format_time, parse_time, seconds_between
 from .failure import (
+    INVALID_IMAGE_REASONS,
     Outcome,
+    RestartBudget,
     backoff_exponent,
     backoff_seconds,
     budget_limit_passed,
-    diagnose_pod,
-    image_pull_stuck,
-    pod_waiting,
     classify_pod,
+    diagnose_image_pull,
+    diagnose_pod,
     pod_created_at,
     pod_exit_code,
     pod_finished_at,
@@ -234,7 +235,7 @@ def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: di
     if verdict.phase != C.PHASE_FAILED:
         _check_budget(spec, budget, status, verdict)
     if verdict.phase != C.PHASE_FAILED:
-        _check_image_pull(spec, pods, now, verdict)
+        _check_image_pull(spec, pods, status, now, verdict)
     return verdict
 
 
@@ -250,7 +251,7 @@ def _note_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict
     return events
 
 
-def _check_budget(spec: DDPJobSpec, budget: Any, status: Mapping[str, Any], verdict: _Verdict) -> None:
+def _check_budget(spec: DDPJobSpec, budget: RestartBudget, status: Mapping[str, Any], verdict: _Verdict) -> None:
     fp = spec.failure_policy
     limit = budget_limit_passed(budget, fp.max_restarts, fp.max_restarts_without_progress)
     if limit is None:
@@ -279,17 +280,18 @@ def _last_failure(status: Mapping[str, Any]) -> str:
     return f"node pod {last['pod']} ({detail}){': ' + last['message'] if last.get('message') else ''}"
 
 
-def _check_image_pull(spec: DDPJobSpec, pods: list[Mapping[str, Any]], now: datetime, verdict: _Verdict) -> None:
+def _check_image_pull(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any], now: datetime,
+                      verdict: _Verdict) -> None:
     timeout = spec.failure_policy.image_pull_timeout_seconds
     for pod in current_pods(pods, spec.desired_replicas):
-        if not image_pull_stuck(pod, now, timeout):
+        diagnosis = diagnose_image_pull(pod, now, timeout)
+        if diagnosis is None:
             continue
-        waiting = pod_waiting(pod)
-        invalid = waiting.get("reason") not in ("ErrImagePull", "ImagePullBackOff")
+        progress.add_failure(status, pod, diagnosis, now)
+        invalid = diagnosis.reason in INVALID_IMAGE_REASONS
         verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_IMAGE_PULL
         verdict.message = C.MSG_IMAGE_PULL.format(
-            pod=pod_name_of(pod), image=spec.image, reason=waiting.get("reason"),
-            message=waiting.get("message") or "no message",
+            pod=pod_name_of(pod), image=spec.image, reason=diagnosis.reason, message=diagnosis.message or "no message",
             rule=C.MSG_IMAGE_INVALID if invalid else C.MSG_IMAGE_PULL_TIMEOUT.format(timeout=timeout))
         return
 

@@ -13,7 +13,7 @@ from ddpjob_operator.plan import Requeue
 from ddpjob_operator.reconcile import reconcile
 from ddpjob_operator.spec import parse_spec
 from ddpjob_operator.status import replacement_delay
-from tests.operator.builders import T0, at, make_ddpjob, make_pod, running_pods
+from tests.operator.builders import at, make_ddpjob, make_pod, running_pods
 from tests.operator.test_status import step
 
 
@@ -167,6 +167,8 @@ def test_an_image_that_cannot_be_pulled_fails_the_job_with_a_clear_reason(reason
                 "still failing spec.failurePolicy.imagePullTimeoutSeconds (300s) after the pod was created")
         assert (failed["reason"], failed["message"]) == ("ImagePullFailed", (
             f"node pod mlp-node-0 cannot pull image ghcr.io/ddpjob/trainer:0.1.0 ({reason}: manifest unknown); {rule}"))
+        assert [(f["pod"], f["cause"], f["reason"], f["message"]) for f in update.status["failures"]] == [
+            ("mlp-node-0", "ImagePull", reason, "manifest unknown")]
 
 
 def test_time_to_recover_and_lost_time_come_from_the_next_record():
