@@ -1,0 +1,45 @@
+"""Progress-aware recovery end to end: real torchrun and trainer pods on the sandbox node,
+whose kubelet stand-in reports termination messages; the real operator reads them."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ddpjob_operator import constants as C
+from ddpjob_trainer.termination import POLL_SECONDS
+from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
+from tests.support.procs import free_port
+from tests.support.sandbox import JobProgress, example_job, kubectl_apply, trainer_args
+from tests.support.sandbox_termination import termination_node_agent  # noqa: F401  (fixture)
+from tests.support.torchrun import is_event
+
+START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
+
+
+@pytest.mark.slow  # ~80 s of real training on two shared cores
+def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progress(
+        k8s, operator, termination_node_agent, tmp_path):
+    agent = termination_node_agent
+    body = example_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
+                       rdzv_port=free_port())
+    body["spec"]["failurePolicy"]["maxRestarts"] = 0  # without progress the first failure would end the job
+    kubectl_apply(k8s, body, tmp_path)
+    claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
+    progress = JobProgress(k8s, agent, "mlp", agent.claim_dir(claim) / "metrics.jsonl")
+    progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
+    progress.wait(is_event("snapshot", step=lambda s: s >= 10), 60, "a snapshot")
+    time.sleep(POLL_SECONDS + 2)  # node 1 copies progress.json from the shared claim at most this often
+    killed = agent.kill("mlp-node-1")
+    agent.wait_for_container("mlp-node-1", 60, other_than=killed.uid)
+    status = progress.wait_phase(C.PHASE_SUCCEEDED, 180)
+
+    snapshots = [e for e in progress.events() if e["event"] == "snapshot"]
+    assert (status["restarts"], status["restartsWithProgress"]) == (1, 1), status
+    assert status["lastSnapshot"]["step"] == snapshots[-1]["step"] and status["lastSnapshot"]["path"].endswith(
+        snapshots[-1]["path"].rsplit("/", 1)[-1])
+    failure = status["failures"][0]
+    assert (failure["pod"], failure["cause"], failure["exitCode"]) == ("mlp-node-1", "Error", 137)
+    recovery = status["recovery"]
+    assert 0 < recovery["lastRecoverySeconds"] < 120 and recovery["lostSeconds"] > 0
+    print(f"time to recover {recovery['lastRecoverySeconds']:.1f} s, lost {recovery['lostSeconds']:.1f} s")
