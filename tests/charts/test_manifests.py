@@ -14,7 +14,7 @@ from tests.charts.support import (
     cel_rules, evaluate_cel, load_crd, load_yaml_documents, schema_errors, served_schema, validate_k8s,
 )
 
-JOB_EXAMPLES = ["ddpjob-c10d.yaml", "ddpjob-etcd.yaml"]
+JOB_EXAMPLES = ["ddpjob-c10d.yaml", "ddpjob-etcd.yaml", "ddpjob-managed-etcd.yaml"]
 OTHER_EXAMPLES = ["snapshot-pvc.yaml", "etcd.yaml"]
 # The trainer example's command line (brief: "Trainer example CLI").
 TRAINER_FLAGS = {"--epochs", "--samples", "--batch-size", "--accumulation-steps", "--snapshot-dir",
@@ -157,6 +157,12 @@ def test_etcd_job_points_at_the_example_etcd_service():
     args = workload["spec"]["template"]["spec"]["containers"][0]["args"]
     # torch's own `etcd` backend speaks the v2 API, which etcd serves only with --enable-v2.
     assert job["rdzvBackend"] == "etcd-v3" or "--enable-v2=true" in args
+
+
+def test_managed_etcd_job_asks_the_operator_for_its_etcd_and_names_no_endpoints():
+    job = example_job("ddpjob-managed-etcd.yaml")["spec"]["elasticPolicy"]
+    assert job["rdzvBackend"] == "etcd-v3" and job["managedEtcd"]["enabled"] is True
+    assert not job.get("rdzvEndpoints")
 
 
 def test_c10d_job_needs_no_endpoints():
