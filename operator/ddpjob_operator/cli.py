@@ -19,6 +19,7 @@ import yaml
 
 from ddpjob_operator import constants
 from ddpjob_operator.local import command as local_run
+from ddpjob_operator.managed_etcd import render_etcd_pod, render_etcd_service
 from ddpjob_operator.rdzv_store import render_store_pod, render_store_service, uses_store_pod
 from ddpjob_operator.render import render_pod, render_service
 from ddpjob_operator.spec import InvalidSpecError, parse_job, validate_job
@@ -82,6 +83,8 @@ def render(path: str, namespace: str | None) -> int:
     objects = [render_service(ref, spec)] + [render_pod(ref, spec, i) for i in range(spec.desired_replicas)]
     if uses_store_pod(spec):  # the operator creates the store before the nodes
         objects[1:1] = [render_store_service(ref, spec), render_store_pod(ref, spec)]
+    if spec.elastic_policy.managed_etcd.enabled:  # the job's own etcd, created with the nodes
+        objects[1:1] = [render_etcd_service(ref), render_etcd_pod(ref, spec)]
     text = yaml.safe_dump_all(objects, sort_keys=False)
     try:
         sys.stdout.write(text)

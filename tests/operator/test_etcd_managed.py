@@ -104,3 +104,19 @@ def test_the_image_can_be_overridden_and_the_pod_runs_non_root():
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert pod["spec"]["restartPolicy"] == "Always"
 
+
+
+def test_ddpjob_render_shows_the_managed_etcd_next_to_the_nodes(tmp_path, capsys):
+    import yaml
+
+    from ddpjob_operator import cli
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": "mlp"},
+                                    "spec": job()["spec"]}))
+
+    assert cli.main(["render", str(path)]) == 0
+
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("Service", "mlp"), ("Service", "mlp-etcd"), ("Pod", "mlp-etcd"), ("Pod", "mlp-node-0"), ("Pod", "mlp-node-1")]
