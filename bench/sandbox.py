@@ -5,20 +5,25 @@ Run with ``python -m bench sandbox``. In each round, on the same machine:
 * sandbox: the c10d example DDPJob (the scenario tests' test-speed copy, see
   ``tests.support.sandbox.example_job``) applied with kubectl to the API emulator, the real
   operator creating its pods and the sandbox node agent running them as local torchrun
-  agents; after the snapshot at step 20 the pod that does not host the c10d store (found by
-  who listens on the port) is SIGKILLed as a whole (agent and workers). The operator then
-  replaces it after the failure policy's 1 s backoff.
+  agents; after the snapshot at step 20 node 1 (node 0 hosts the c10d store, as in a
+  cluster) is SIGKILLed as a whole (agent and workers). The operator replaces it after the
+  failure policy's 1 s backoff.
 * bare torchrun: two torchrun agents (``tests.support.torchrun.AgentGroup``) with the same
-  trainer args, the same rendezvous settings (checked against the pods' PET_RDZV_CONF) and
-  the same fault: the non-host agent's whole process tree is SIGKILLed after step 20's
-  snapshot. Nobody replaces it.
+  trainer args, the same rendezvous settings (checked against the pods' PET_RDZV_CONF, and
+  ``is_host=false`` on node 1 as the sandbox gives it) and the same fault: node 1's whole
+  process tree SIGKILLed after step 20's snapshot. Nobody replaces it.
+* bare torchrun, replaced by hand: the same, and a new node-1 agent started 1 s after the
+  kill (the sandbox's backoff): what a perfect supervisor without an API server would do.
 
 Measured: seconds from the kill to the first training step after it (timestamps from the
-trainer's metrics), and that step's world size: 1 when the survivor went on alone, 2 in the
-sandbox when the replacement joined before the survivor's group re-formed. For the sandbox
-also the seconds until a step with the full world size again (the replacement training).
-The configurations alternate in ROUNDS rounds; the ratio is taken within each round
-(neighbouring runs share the machine's load) and its median is reported with the range.
+trainer's metrics) with that step's world size (1 when the survivor went on alone, 2 when
+the replacement joined before the survivor's group re-formed), and, where a replacement
+exists, seconds until the first step with two nodes again. The three configurations run in
+ROUNDS rounds in rotating order; ratios are taken within each round (neighbouring runs share
+the machine's load) and their median is reported with the range.
+
+The sandbox's backoff counts from the pod's finishedAt, which (like a kubelet's) has second
+precision, so its replacement may start up to 1 s sooner than the by-hand one.
 """
 from __future__ import annotations
 
@@ -45,8 +50,9 @@ from tests.support.sandbox import (
 )
 from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events, unique_run_id
 
-ROUNDS = int(os.environ.get("BENCH_SANDBOX_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_SANDBOX_ROUNDS", "3"))  # one round is ~3 minutes here
 KILL_AFTER_STEP = 20  # the kill follows the snapshot at this step
+BACKOFF_SECONDS = 1  # example_job's failurePolicy.backoffSeconds: the sandbox's replacement delay
 EVENT_TIMEOUT = 120.0
 NAMESPACE = "bench-sandbox"
 # Long enough that training still runs well after the kill, the resume and the replacement.
@@ -120,7 +126,7 @@ class Sandbox:
 
     def recovery(self, round_: int) -> Recovery:
         name, port = f"mlp-{round_}", free_port()
-        body = example_job(args=ARGS, rdzv_port=port)
+        body = example_job(args=ARGS, rdzv_port=port, backoff_seconds=BACKOFF_SECONDS)
         body["metadata"]["name"] = name
         body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = f"{name}-snapshots"
         kubectl_apply(self.k8s, body, self.workdir)
@@ -131,7 +137,8 @@ class Sandbox:
             assert pod_conf == RDZV_CONF, f"the pods' PET_RDZV_CONF {pod_conf} is not the bare agents' {RDZV_CONF}"
             progress.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")
             host = self.agent.pod_listening_on(port)
-            victim = f"{name}-node-1" if host == f"{name}-node-0" else f"{name}-node-0"
+            assert host == f"{name}-node-0", f"the c10d store is hosted by {host}, not node 0"
+            victim = f"{name}-node-1"
             killed_at = time.time()
             self.agent.kill(victim)
             first = wait_for(lambda: first_step_after(progress.metrics_path, killed_at), "the first resumed step")
@@ -146,58 +153,79 @@ class Sandbox:
         return {e["name"]: e.get("value", "") for e in self.k8s.get("pods", pod)["spec"]["containers"][0]["env"]}
 
 
-def torchrun_recovery(workdir: pathlib.Path) -> Recovery:
-    """Two bare torchrun agents, the non-host one killed as a whole after the snapshot at step 20."""
+def torchrun_recovery(workdir: pathlib.Path, replace_after: float | None = None) -> Recovery:
+    """Two bare torchrun agents; node 1 killed as a whole after the snapshot at step 20 and,
+    with ``replace_after``, a new node-1 agent started that many seconds after the kill."""
     snapshots = workdir / "snapshots"
     target = ["-m", "ddpjob_trainer.examples.mlp", *ARGS, "--snapshot-dir", str(snapshots)]
     rdzv = Rendezvous("c10d", f"127.0.0.1:{free_port()}", unique_run_id(), "1:4", dict(RDZV_CONF))
     port = int(rdzv.endpoint.rsplit(":", 1)[1])
     metrics = snapshots / "metrics.jsonl"
     with AgentGroup(workdir, rdzv, target, max_restarts=3) as group:
-        agents = [group.start("node0"), group.start("node1")]
+        host = group.start("node0")
+        victim = group.start("node1", rdzv_conf_extra={"is_host": False})
         watcher = MetricsWatcher(metrics, group)
         watcher.wait(is_event("start", world_size=2), EVENT_TIMEOUT, "both agents training")
         watcher.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")
-        inodes = listening_socket_inodes(port)
-        victim = next(a for a in agents if not holds_socket(a.pid, inodes))
+        assert holds_socket(host.pid, listening_socket_inodes(port)), "node 0 does not host the c10d store"
         killed_at = time.time()
         victim.kill()
+        if replace_after is not None:
+            time.sleep(replace_after)
+            group.start("node1-replacement", rdzv_conf_extra={"is_host": False})
         first = wait_for(lambda: first_step_after(metrics, killed_at), "the first resumed step")
-    return Recovery(event_time(first) - killed_at, first["world_size"])
+        full = None
+        if replace_after is not None:
+            full = event_time(wait_for(lambda: first_step_after(metrics, killed_at, world_size=2),
+                                       "a step with the replacement")) - killed_at
+    return Recovery(event_time(first) - killed_at, first["world_size"], full)
+
+
+CONFIGS = ("sandbox", "torchrun", "torchrun+replacement")
 
 
 def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp, Sandbox(pathlib.Path(tmp)) as sandbox:
         for round_ in range(ROUNDS):
-            order = ["sandbox", "torchrun"] if round_ % 2 == 0 else ["torchrun", "sandbox"]
+            order = CONFIGS[round_ % 3:] + CONFIGS[:round_ % 3]
             row = {}
             for kind in order:
+                workdir = pathlib.Path(tmp) / f"{kind}-{round_}"
+                workdir.mkdir()
                 if kind == "sandbox":
                     row[kind] = sandbox.recovery(round_)
                 else:
-                    workdir = pathlib.Path(tmp) / f"torchrun-{round_}"
-                    workdir.mkdir()
-                    row[kind] = torchrun_recovery(workdir)
+                    row[kind] = torchrun_recovery(workdir, BACKOFF_SECONDS if kind.endswith("replacement") else None)
             rows.append(row)
-            s, t = row["sandbox"], row["torchrun"]
-            print(f"round {round_ + 1}: sandbox {s.seconds:.2f} s (world size {s.world_size}; full world again after "
-                  f"{s.full_world_seconds:.2f} s), bare torchrun {t.seconds:.2f} s (world size {t.world_size})",
-                  flush=True)
+            print(f"round {round_ + 1}: " + "; ".join(f"{kind} {_describe(row[kind])}" for kind in CONFIGS), flush=True)
     _print_table(rows)
 
 
+def _describe(r: Recovery) -> str:
+    full = f", two nodes again after {r.full_world_seconds:.2f} s" if r.full_world_seconds is not None else ""
+    return f"{r.seconds:.2f} s (world size {r.world_size}{full})"
+
+
+def _ratio(rows: list[dict[str, Recovery]], field: str, base: str) -> str:
+    ratios = [getattr(row["sandbox"], field) / getattr(row[base], field) for row in rows]
+    return f"{statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})"
+
+
 def _print_table(rows: list[dict[str, Recovery]]) -> None:
-    ratios = [row["sandbox"].seconds / row["torchrun"].seconds for row in rows]
-    median = lambda kind: statistics.median(row[kind].seconds for row in rows)  # noqa: E731
-    full = statistics.median(row["sandbox"].full_world_seconds for row in rows)
+    def median(kind: str, field: str) -> str:
+        return f"{statistics.median(getattr(row[kind], field) for row in rows):.2f} s"
+
     print()
-    print("| kill of a non-host node -> first resumed step | sandbox (operator + node agent) | bare torchrun | ratio |")
-    print("|---|---|---|---|")
-    print(f"| median of {len(rows)} rounds | {median('sandbox'):.2f} s | {median('torchrun'):.2f} s "
-          f"| {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}) |")
-    print(f"\nsandbox, kill -> first step with the replacement (world size 2): median {full:.2f} s "
-          "(bare torchrun has no replacement)")
+    print(f"| median of {len(rows)} rounds | sandbox (operator + node agent) | bare torchrun | "
+          "bare torchrun, replaced by hand after 1 s | sandbox / bare | sandbox / replaced by hand |")
+    print("|---|---|---|---|---|---|")
+    print(f"| kill of node 1 -> first resumed step | {median('sandbox', 'seconds')} | {median('torchrun', 'seconds')} "
+          f"| {median('torchrun+replacement', 'seconds')} | {_ratio(rows, 'seconds', 'torchrun')} "
+          f"| {_ratio(rows, 'seconds', 'torchrun+replacement')} |")
+    print(f"| kill of node 1 -> first step with two nodes | {median('sandbox', 'full_world_seconds')} | (never) "
+          f"| {median('torchrun+replacement', 'full_world_seconds')} | - "
+          f"| {_ratio(rows, 'full_world_seconds', 'torchrun+replacement')} |")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ What it maps, and why:
   are rewritten to those directories (there is no mount namespace).
 * DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names become
   127.0.0.1, so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
-  Every pod is on loopback, so every c10d agent believes it may host the store and whichever
-  binds the port first hosts it: :meth:`NodeAgent.pod_listening_on` finds the real host.
+  On loopback every c10d agent would find its own address in the endpoint and try to host
+  the store (whichever bound the port first would win); in a cluster only the pod the
+  endpoint names does, so every other pod gets ``is_host=false`` (see hosts_c10d_store).
+  :meth:`NodeAgent.pod_listening_on` tells which pod really listens.
 * the image: ``torchrun``/``python`` resolve to this interpreter's virtualenv; the process
   inherits this machine's environment (PATH, HOME) minus torchrun and ddpjob variables, then
   gets the pod's env on top, like an image's env under a container's.
@@ -203,7 +205,7 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
             raise UnsupportedPodError(f"env {entry['name']} uses valueFrom; the sandbox node takes literal values only")
         env[entry["name"]] = local(entry.get("value") or "")
     if not hosts_c10d_store(pod):
-        env["PET_RDZV_CONF"] = c10d_client_conf(env["PET_RDZV_CONF"])
+        env["PET_RDZV_CONF"] = c10d_client_conf(env.get("PET_RDZV_CONF", ""))
     command = list(container.get("command") or [])
     if not command:
         raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")
