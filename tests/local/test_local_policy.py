@@ -1,7 +1,9 @@
 """A local node's exit goes through the operator's failure policy, with the operator's messages."""
 import pytest
 
-from ddpjob_operator.local.policy import Action, FailureBudget, container_exit_code, describe_exit
+from ddpjob_operator.local.policy import (
+    HOLD_FOR_SURVIVORS_SECONDS, Action, FailureBudget, container_exit_code, describe_exit, hold_replacements,
+)
 from ddpjob_operator.spec import FailurePolicy
 from tests.operator.builders import at
 
@@ -85,3 +87,19 @@ def test_any_exit_of_the_rendezvous_store_is_a_failure_that_restarts_the_group()
     decision = b.store_exited(0, started_at=at(0), failed_at=at(50))
     assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 10.0, 1)
     assert decision.what == "the rendezvous store failed (exit code 0)"
+
+
+HOLD = dict(now=20.0, failed_at=10.0, first_step=5.0, last_step=9.0, running=1, min_replicas=1)
+
+
+@pytest.mark.parametrize("change, held", [
+    ({}, True),  # the survivor has not stepped since the failure: it is re-forming the group
+    ({"last_step": 15.0}, False),  # it resumed: the replacement joins a training group
+    ({"running": 0}, False),  # nobody survived (a group restart): nothing to wait for
+    ({"running": 1, "min_replicas": 2}, False),  # the survivors cannot train without it
+    ({"first_step": None, "last_step": None}, False),  # no metrics at all: never wait
+    ({"failed_at": None}, False),
+    ({"now": 10.0 + HOLD_FOR_SURVIVORS_SECONDS}, False),  # waited long enough
+])
+def test_due_replacements_wait_only_for_survivors_that_are_re_forming(change, held):
+    assert hold_replacements(**{**HOLD, **change}) is held

@@ -76,9 +76,14 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_its_snapshot(tmp_pa
     assert by_kind[("started", 1, 2)]["t"] - exited["t"] >= 2.0, "the replacement waited for the backoff"
     assert exited["message"].startswith("node 1 failed (exit code 137, SIGKILL); failure incident 1 of")
 
+    held = next(e for e in events(run_dir) if e["event"] == "held")
+    assert held["nodes"] == [1] and by_kind[("started", 1, 2)]["t"] > held["t"]
+
     metrics = run_dir / "snapshots" / "metrics.jsonl"
     raw = assert_ran_exactly_once(metrics, epochs=4)
     assert assert_resumed_from_snapshots(raw), "the run must have resumed at least once"
+    # The survivor resumed alone before the replacement started; then the two trained together.
+    assert [e["world_size"] for e in raw if e["event"] == "start"] == [2, 1, 2]
     assert "each trained exactly once in the effective history: yes" in out
     assert "training resumed from the snapshot at epoch" in out and "as a replacement" in out
     assert out.rstrip().endswith("Succeeded: training finished; 1 failure incident(s) recovered from")

@@ -11,6 +11,7 @@ run clock `t` in seconds, `event`, and `node` where one is concerned):
     killed   {node, pid, why}                   the injected failure (SIGKILL of the node's tree)
     exited   {node, code, action, message, incidents, replace_at}
     stopped  {node, why}                        stopped by the runner
+    held     {nodes, message}                   due replacements wait for the survivors' first step
     group_restart {generation, message}         the rendezvous store was lost: every node restarts
     store_started / store_exited {pid | code, message}   the rendezvous store process (rdzvStore: pod)
     phase    {phase, message}                   Running, Restarting, Succeeded, Failed, Interrupted
@@ -43,7 +44,7 @@ from ..launch import rdzv_id
 from ..topology import store_on_node
 from .journal import Journal, MetricsFollower
 from .plan import LocalNode, LocalPlan, inherited_env
-from .policy import Action, Decision, FailureBudget
+from .policy import Action, Decision, FailureBudget, hold_replacements
 from .procs import NodeProcess, stop_all
 from .state import RunState, apply_metric, apply_node_event
 from .summary import Summary, summarize
@@ -93,6 +94,9 @@ class Runner:
         self.store: NodeProcess | None = None  # the rendezvous store process (rdzvStore: pod)
         self.generation = 0  # whole-group restarts so far (status.rendezvousGeneration)
         self.first_step: float | None = None
+        self.last_step: float | None = None  # run clock of the latest step event read
+        self.failed_at: float | None = None  # run clock of the latest node failure (a replacement came due)
+        self.holding = False
         self.killed = False
         self.finished_at: float | None = None
         self.failure: str | None = None
@@ -144,9 +148,11 @@ class Runner:
 
     def _read_metrics(self) -> None:
         for event in self.metrics.new_events():
-            if event.get("event") == "step" and self.first_step is None:
-                self.first_step = self.clock()
-                self._set_phase("Running")
+            if event.get("event") == "step":
+                self.last_step = self.clock()
+                if self.first_step is None:
+                    self.first_step = self.last_step
+                    self._set_phase("Running")
             line = apply_metric(self.state, event)
             if line:
                 self.view.log(self.clock(), line)
@@ -187,6 +193,7 @@ class Runner:
             if decision.action == Action.REPLACE:
                 replace_at = self.clock() + decision.delay
                 self.due[index] = replace_at
+                self.failed_at = self.clock()
                 message += f"; replacing it in {decision.delay:.0f} s"
                 self._set_phase("Restarting")
             elif decision.action == Action.FINISHED and self.finished_at is None:
@@ -241,10 +248,26 @@ class Runner:
             self._group_restart(decision, decision.what)
 
     def _start_due(self) -> None:
-        for index, at in list(self.due.items()):
-            if self.clock() >= at:
-                del self.due[index]
-                self._start(index)
+        due = [index for index, at in self.due.items() if self.clock() >= at]
+        if not due or self._survivors_reforming(due):
+            return
+        self.holding = False
+        for index in due:
+            del self.due[index]
+            self._start(index)
+
+    def _survivors_reforming(self, due: list[int]) -> bool:
+        """Whether due replacements wait for the survivors (see policy.hold_replacements)."""
+        if not hold_replacements(now=self.clock(), failed_at=self.failed_at, first_step=self.first_step,
+                                 last_step=self.last_step, running=len(self.procs),
+                                 min_replicas=self.plan.spec.min_replicas):
+            return False
+        if not self.holding:
+            self.holding = True
+            nodes = ", ".join(str(i) for i in sorted(due))
+            self._event("held", nodes=sorted(due),
+                        message=f"replacement of node {nodes} waits until the surviving nodes resume training")
+        return True
 
     def _stop_stragglers(self) -> None:
         if self.finished_at is None or self.clock() < self.finished_at + self.options.finish_grace:

@@ -126,6 +126,8 @@ def apply_node_event(state: RunState, event: dict[str, Any]) -> str | None:
     if kind == "stopped" and node:
         node.state, node.pid = STOPPED, None
         return None
+    if kind == "held":
+        return event["message"]
     if kind == "group_restart":
         state.message = event["message"]
         return event["message"]
