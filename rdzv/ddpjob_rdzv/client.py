@@ -152,7 +152,10 @@ class EtcdConnection:
             )
             if not self._client.uses_secure_channel:
                 # grpc refuses call credentials on plaintext channels; etcd3 also sends the token as metadata.
+                # Its watcher copied them when the client was built, so it needs the same fix, or every
+                # watch with a username fails (and the store falls back to polling).
                 self._client.call_credentials = None
+                self._client.watcher._credentials = None
         return self._client
 
     def _drop_client(self) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from ddpjob_trainer.rendezvous import store as store_module
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
-from tests.rendezvous.test_backend import etcd, make_backend  # noqa: F401  (fixture)
+from tests.rendezvous.test_backend import etcd, etcd_with_auth, make_backend  # noqa: F401  (fixtures)
 
 
 def two_stores(etcd):  # noqa: F811
@@ -79,3 +79,21 @@ def test_multi_set_and_multi_get_cover_any_number_of_keys(etcd, count):  # noqa:
     writer.multi_set(keys, [f"info-{i}" for i in range(count)])
 
     assert reader.multi_get(keys) == [f"info-{i}".encode() for i in range(count)]
+
+
+def test_watches_work_with_username_and_password_on_a_plaintext_etcd(etcd_with_auth, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(store_module, "_WATCHED_POLL_INTERVAL_S", 30.0)  # only the watch can wake it in time
+    monkeypatch.setattr(store_module, "_MIN_POLL_INTERVAL_S", 30.0)
+    auth = {"username": "trainer", "password": "s3cret"}
+    first = make_backend(etcd_with_auth, **auth)
+    first.set_state(b"v1")
+    second = make_backend(etcd_with_auth, run_id=first.run_id, **auth)
+    second.get_state()
+    reader, writer = EtcdV3Store(first._connection, first), EtcdV3Store(second._connection, second)
+    thread, woke = wait_in_thread(reader, "MASTER_PORT")
+    time.sleep(1.0)
+
+    writer.set("MASTER_PORT", "29500")
+    thread.join(10)
+
+    assert "at" in woke, "the write did not wake the reader: the watch failed with auth"
