@@ -12,9 +12,10 @@ it) and once as two bare torchrun agents (``tests.support.torchrun.AgentGroup``)
 alternating in ROUNDS rounds. The ratio is taken within each round (neighbouring
 runs share the machine's load) and its median reported with the range.
 Each round also prints the world size of that first step: 1 when the survivor
-went on alone; 2 under `ddpjob run` when the replacement (started after the
-failure policy's backoff) joined before the survivor's group had re-formed,
-so the first step came from the two-node group.
+went on alone. Before `ddpjob run` held replacements until the survivors resumed
+(runner/policy.hold_replacements) it was 2 in 3 of 4 rounds on a loaded machine:
+the replacement, due after the 10 s backoff, joined while the survivor was still
+re-forming the group, which cost one more restart (1.87x bare torchrun).
 """
 from __future__ import annotations
 
