@@ -107,6 +107,12 @@ def test_what_one_machine_cannot_provide_is_refused_by_name(tmp_path, change, me
         container_launch(pod, tmp_path, [], {})
 
 
+def test_env_naming_the_termination_message_path_points_at_the_pods_own_file(tmp_path):
+    launch = container_launch(pod_object(env={"DDPJOB_TERMINATION_LOG": "/dev/termination-log"}), tmp_path, [], {})
+    assert launch.termination_log == tmp_path / "pods" / "ns_mlp-node-1_u-1" / "termination-log"
+    assert launch.env["DDPJOB_TERMINATION_LOG"] == str(launch.termination_log)
+
+
 def test_a_signal_death_reads_as_a_container_runtime_exit_code():
     assert (exit_code_of(-signal.SIGKILL), exit_code_of(-signal.SIGTERM), exit_code_of(0), exit_code_of(3)) == \
         (137, 143, 0, 3)
@@ -278,3 +284,27 @@ def test_a_c10d_conf_that_already_decides_the_host_is_kept(tmp_path):
     assert container_launch(store_pod_topology, tmp_path, [], {}).env["PET_RDZV_CONF"] == "is_host=false,join_timeout=60"
     on_loopback = c10d_pod(1, endpoint_host="127.0.0.1")
     assert container_launch(on_loopback, tmp_path, [], {}).env["PET_RDZV_CONF"] == "last_call_timeout=3"
+
+
+def test_the_termination_message_file_reaches_the_terminated_state(k8s, node_agent):
+    script = """
+        import os
+        with open(os.environ["REPORT"], "w") as f:
+            f.write('{"kind": "report", "step": 42}  ')
+    """
+    k8s.create("pods", make_pod("reporter", script, env={"REPORT": "/dev/termination-log"}))
+    done = wait_phase(k8s, "reporter", ("Succeeded", "Failed"))
+    assert terminated(done)["message"] == '{"kind": "report", "step": 42}'
+
+
+@pytest.mark.parametrize("code, expected", [(2, "line 99"), (0, None)])
+def test_fallback_to_logs_puts_the_log_tail_in_the_message_only_after_a_failure(k8s, node_agent, code, expected):
+    pod = make_pod("chatty", f"for i in range(100): print('line', i)\nraise SystemExit({code})")
+    pod["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    k8s.create("pods", pod)
+    message = terminated(wait_phase(k8s, "chatty", ("Succeeded", "Failed"))).get("message")
+    if expected is None:
+        assert message is None
+    else:
+        lines = message.splitlines()
+        assert lines[-1] == expected and len(lines) == 80, "the kubelet keeps the last 80 lines"

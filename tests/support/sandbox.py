@@ -26,6 +26,9 @@ What it maps, and why:
   (they start sessions of their own), carries a marker in its environment. The container
   "dies" as a whole: when its main process exits, or is killed, whatever is left is killed,
   and SIGKILL reads as exit code 137 (128 + 9) with reason ``Error``, as from a runtime.
+* termination messages: the file at ``terminationMessagePath`` is a per-pod file (env values
+  naming the path point there); on exit its content, or with ``FallbackToLogsOnError`` after
+  a failure the log's tail, becomes ``terminated.message``, as a kubelet reports it.
 * deletion: a finalizer held while the process runs makes deletion graceful, as a kubelet
   does: DELETE marks the pod, the agent sends SIGTERM to the main process, SIGKILLs the rest
   after the grace period (capped by ``max_grace_seconds`` to keep tests fast), reports the
@@ -66,6 +69,9 @@ FINALIZER = "sandbox.ddpjob.io/node-agent"  # held while the pod's processes run
 NODE_ENV = "SANDBOX_NODE"  # marks every process this agent started (teardown safety net)
 POD_ENV = "SANDBOX_POD_UID"  # marks every process of one pod (the container's boundary)
 DEFAULT_GRACE_SECONDS = 30  # the API's default terminationGracePeriodSeconds
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"  # the API's default terminationMessagePath
+MESSAGE_BYTES = 4096  # the kubelet keeps at most this much of a termination message
+FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048  # FallbackToLogsOnError: the log's tail, capped
 # Variables of this machine that would fight the pod's own: torchrun flags, ddpjob settings.
 DROPPED_ENV_PREFIXES = ("PET_", "DDPJOB_", "TORCHELASTIC_", "KUBECONFIG", POD_ENV, NODE_ENV)
 VENV_COMMANDS = ("torchrun", "python", "python3")  # found next to sys.executable, not on PATH
@@ -93,6 +99,7 @@ class ContainerLaunch:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+    termination_log: Path | None = None  # the local file behind terminationMessagePath
 
 
 def volume_dirs(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
@@ -193,7 +200,10 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
     if len(containers) != 1:
         raise UnsupportedPodError(f"pod has {len(containers)} containers; the sandbox node runs exactly one")
     container = containers[0]
-    pairs = mounts(container, volume_dirs(pod, root))
+    termination_log = pod_dir(root, meta) / "termination-log"
+    # The kubelet bind-mounts one file at terminationMessagePath; here paths naming it move.
+    pairs = [(container.get("terminationMessagePath", DEFAULT_TERMINATION_PATH), termination_log),
+             *mounts(container, volume_dirs(pod, root))]
 
     def local(value: str) -> str:
         return map_hosts(localize(value, pairs), meta["namespace"], services)
@@ -211,7 +221,7 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
         raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")
     argv = [resolve_command(command[0]), *map(local, command[1:]), *map(local, container.get("args") or [])]
     cwd = Path(localize(container["workingDir"], pairs)) if container.get("workingDir") else pod_dir(root, meta) / "cwd"
-    return ContainerLaunch(argv, env, cwd)
+    return ContainerLaunch(argv, env, cwd, termination_log)
 
 
 def pod_dns_names(pod: Mapping[str, Any]) -> set[str]:
@@ -336,6 +346,8 @@ class PodProcess:
     finished_at: str | None = None
     term_sent_at: float | None = None  # monotonic time of the SIGTERM of a graceful deletion
     reported: bool = False  # the terminated status was written
+    termination_log: Path | None = None  # the file the kubelet would copy into terminated.message
+    fallback_to_logs: bool = False  # terminationMessagePolicy FallbackToLogsOnError
 
     def pids(self) -> list[int]:
         return marked_pids(POD_ENV, self.uid)
@@ -365,6 +377,18 @@ class PodProcess:
         elif time.monotonic() - self.term_sent_at >= self.grace_seconds:
             self.kill()
 
+    def termination_message(self) -> str | None:
+        """What a kubelet puts in ``terminated.message``: the file, else (by policy, after a
+        failure) the last lines of the log."""
+        message = ""
+        if self.termination_log is not None:
+            with contextlib.suppress(OSError):
+                message = self.termination_log.read_bytes()[:MESSAGE_BYTES].decode(errors="replace").strip()
+        if not message and self.fallback_to_logs and self.exit_code:
+            tail = "\n".join(self.log(chars=64 * 1024).splitlines()[-FALLBACK_LOG_LINES:])
+            message = tail.encode()[-FALLBACK_LOG_BYTES:].decode(errors="replace").strip()
+        return message or None
+
     def log(self, chars: int = 4000) -> str:
         with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")[-chars:]
@@ -385,17 +409,18 @@ def running_status(container: str, started_at: str) -> dict:
                                "image": "sandbox", "imageID": "", "state": {"running": {"startedAt": started_at}}}]}}
 
 
-def terminated_status(container: str, started_at: str, finished_at: str, exit_code: int) -> dict:
+def terminated_status(container: str, started_at: str, finished_at: str, exit_code: int,
+                      message: str | None = None) -> dict:
     """What a kubelet reports when the container exited (restartPolicy Never: the phase follows)."""
     reason = "Completed" if exit_code == 0 else "Error"
+    terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started_at, "finishedAt": finished_at,
+                  **({"message": message} if message else {})}
     conditions = [{"type": t, "status": "False", "lastTransitionTime": finished_at, "reason": "PodCompleted"}
                   for t in ("ContainersReady", "Ready")]
     return {"status": {
         "phase": "Succeeded" if exit_code == 0 else "Failed", "conditions": conditions,
         "containerStatuses": [{"name": container, "ready": False, "started": False, "restartCount": 0,
-                               "image": "sandbox", "imageID": "", "state": {"terminated": {
-                                   "exitCode": exit_code, "reason": reason,
-                                   "startedAt": started_at, "finishedAt": finished_at}}}]}}
+                               "image": "sandbox", "imageID": "", "state": {"terminated": terminated}}]}}
 
 
 def waiting_status(container: str, message: str) -> dict:
@@ -447,10 +472,16 @@ class NodeAgent:
             containers = list(self.pods.values())
         for container in containers:
             container.kill()
-        kill_marked(NODE_ENV, self.node_id)
         for container in containers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 container.process.wait(timeout=10)
+        # Signals land asynchronously: return only once nothing marked is left (or say so).
+        deadline = time.monotonic() + 10
+        while kill_marked(NODE_ENV, self.node_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = marked_pids(NODE_ENV, self.node_id)
+        if left:
+            raise RuntimeError(f"sandbox node {self.node_id}: processes {left} survived SIGKILL for 10 s")
 
     def __enter__(self) -> "NodeAgent":
         return self.start()
@@ -540,6 +571,7 @@ class NodeAgent:
             return  # deleted before it could start
         for directory in (launch.cwd, *volume_dirs(pod, self.root).values()):
             directory.mkdir(parents=True, exist_ok=True)
+        launch.termination_log.touch()  # the kubelet creates it before the container starts
         log_path = pod_dir(self.root, meta) / "container.log"
         env = {**launch.env, POD_ENV: meta["uid"], NODE_ENV: self.node_id}
         grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)),
@@ -547,7 +579,10 @@ class NodeAgent:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(launch.argv, env=env, cwd=launch.cwd, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
-        container = PodProcess(meta["namespace"], meta["name"], meta["uid"], process, log_path, now_rfc3339(), grace)
+        spec = pod["spec"]["containers"][0]
+        container = PodProcess(meta["namespace"], meta["name"], meta["uid"], process, log_path, now_rfc3339(), grace,
+                               termination_log=launch.termination_log,
+                               fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError")
         with self._lock:
             self.pods[meta["uid"]] = container
         self._patch_status(meta["name"], running_status(container_name, container.started_at), uid=meta["uid"])
@@ -562,7 +597,8 @@ class NodeAgent:
         if not container.reported and pod is not None:
             name = pod["spec"]["containers"][0]["name"]
             self._patch_status(container.name, terminated_status(
-                name, container.started_at, container.finished_at, container.exit_code), uid=container.uid)
+                name, container.started_at, container.finished_at, container.exit_code,
+                container.termination_message()), uid=container.uid)
             container.reported = True
         if deleting and pod is not None:
             self._release(pod)
