@@ -103,3 +103,29 @@ HOLD = dict(now=20.0, failed_at=10.0, first_step=5.0, last_step=9.0, running=1, 
 ])
 def test_due_replacements_wait_only_for_survivors_that_are_re_forming(change, held):
     assert hold_replacements(**{**HOLD, **change}) is held
+
+
+def snap(step, second):
+    return {"step": step, "epoch": 0, "time": f"2026-01-01T12:00:{second:02d}Z"}
+
+
+def test_a_failure_after_a_newer_snapshot_is_not_charged_and_restarts_the_backoff():
+    b = budget(max_restarts=1, backoff_seconds=10)
+    first = b.node_exited(1, 137, started_at=at(0), failed_at=at(20), snapshot=snap(40, 10))
+    second = b.node_exited(1, 137, started_at=at(40), failed_at=at(50), snapshot=snap(80, 45))
+    assert (first.action, second.action) == (Action.REPLACE, Action.REPLACE)
+    assert (b.restarts, b.charged) == (2, 0)
+    assert second.message == ("node 1 failed (exit code 137, SIGKILL); failure incident 0 of "
+                              "spec.failurePolicy.maxRestarts (1); not charged: a newer snapshot (step 80) was complete")
+    assert second.delay == 10.0  # progress: the first delay again, not 20 s
+
+
+def test_failures_in_a_row_without_a_newer_snapshot_fail_with_no_progress():
+    b = budget(max_restarts=10, max_restarts_without_progress=1)
+    b.node_exited(1, 1, started_at=at(0), failed_at=at(20), snapshot=snap(40, 10))  # progress: free
+    b.node_exited(1, 1, started_at=at(30), failed_at=at(100), snapshot=snap(40, 10))  # none: 1 in a row
+    decision = b.node_exited(1, 1, started_at=at(110), failed_at=at(200), snapshot=snap(40, 10))
+    assert decision.action == Action.FAIL
+    assert decision.message == ("2 failure incidents in a row without a newer snapshot (still at step 40, epoch 0) "
+                                "exceed spec.failurePolicy.maxRestartsWithoutProgress (1); "
+                                "last: node 1 failed (exit code 1)")

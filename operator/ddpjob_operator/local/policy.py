@@ -1,9 +1,12 @@
 """What a local node's exit means for the run: the operator's failure policy, applied to processes.
 
 Pure: the decisions come from `ddpjob_operator.failure` (classify, starts_new_incident,
-budget_exhausted, backoff_seconds) exactly as status.py applies them to Pods, and the
+the progress-aware RestartBudget with account_incidents / budget_limit_passed /
+backoff_exponent, backoff_seconds) exactly as status.py applies them to Pods, and the
 messages are the operator's (constants.MSG_*), so a local run fails for the same
-reasons, with the same words, as the job would on a cluster.
+reasons, with the same words, as the job would on a cluster. Progress is the newest
+complete snapshot, which a local run reads from the trainer's metrics (a Pod reports
+it in its termination message).
 """
 
 from __future__ import annotations
@@ -14,7 +17,17 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .. import constants as C
-from ..failure import Outcome, backoff_seconds, budget_exhausted, classify, starts_new_incident
+from ..failure import (
+    Outcome,
+    RestartBudget,
+    account_incidents,
+    backoff_exponent,
+    backoff_seconds,
+    budget_limit_passed,
+    classify,
+    newer_snapshot,
+    starts_new_incident,
+)
 from ..spec import FailurePolicy
 
 
@@ -78,54 +91,96 @@ def describe_exit(who: str, code: int) -> str:
 
 
 class FailureBudget:
-    """The run's failure incidents, counted as the operator counts them in the job status."""
+    """The run's failure incidents, counted and charged as the operator does in the job status."""
 
     def __init__(self, policy: FailurePolicy):
         self.policy = policy
-        self.restarts = 0  # failure incidents so far (status.restarts)
+        self.budget = RestartBudget()  # restarts, with_progress, without_progress
         self.incident_start: datetime | None = None  # status.lastFailureTime
+        self.snapshot_at_last_failure: dict | None = None  # status.recovery.snapshotAtLastFailure
+        self.progress_known = False  # a snapshot was ever reported (status.lastSnapshot is set)
+
+    @property
+    def restarts(self) -> int:
+        """Every failure incident so far (status.restarts)."""
+        return self.budget.restarts
+
+    @property
+    def charged(self) -> int:
+        """Incidents charged to failurePolicy.maxRestarts (those after a newer snapshot are free)."""
+        return self.budget.charged
 
     def node_exited(self, index: int, code: int, *, started_at: datetime, failed_at: datetime,
-                    finished: bool = False) -> Decision:
+                    finished: bool = False, snapshot: dict | None = None) -> Decision:
         """The decision for node `index` that exited with `code` (container convention).
 
         Args:
             started_at: when this incarnation of the node was started.
             failed_at: when it exited.
             finished: another node already exited 0 (training is over; nothing is replaced).
+            snapshot: the newest complete snapshot so far ({step, epoch, time}), None if none.
         """
         outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
         if outcome == Outcome.SUCCEEDED:
             return Decision(Action.FINISHED, f"node {index} finished (exit code 0)")
-        return self._failed(describe_exit(f"node {index}", code), outcome, started_at, failed_at, finished)
+        return self._failed(describe_exit(f"node {index}", code), outcome, started_at, failed_at, finished, snapshot)
 
     def store_exited(self, code: int, *, started_at: datetime, failed_at: datetime,
-                     finished: bool = False) -> Decision:
+                     finished: bool = False, snapshot: dict | None = None) -> Decision:
         """The decision when the rendezvous store process exited: any exit loses the state."""
         outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
-        what = describe_exit("the rendezvous store", code)
         if outcome == Outcome.SUCCEEDED:
             outcome = Outcome.RETRYABLE  # a store never finishes while nodes train
-        return self._failed(what, outcome, started_at, failed_at, finished)
+        return self._failed(describe_exit("the rendezvous store", code), outcome, started_at, failed_at,
+                            finished, snapshot)
 
     def _failed(self, what: str, outcome: Outcome, started_at: datetime, failed_at: datetime,
-                finished: bool) -> Decision:
+                finished: bool, snapshot: dict | None) -> Decision:
         if outcome == Outcome.PERMANENT:
             return Decision(Action.FAIL, C.MSG_PERMANENT_ERROR.format(what=what), what=what)
         if finished:
             return Decision(Action.NONE, f"{what} after training finished; not replaced", what=what)
+        free = False
         if starts_new_incident(failed_at, started_at, self.incident_start):
-            self.restarts += 1
             self.incident_start = failed_at
-        if budget_exhausted(self.restarts, self.policy.max_restarts):
-            return Decision(Action.FAIL, C.MSG_RESTARTS_EXHAUSTED.format(
-                restarts=self.restarts, max=self.policy.max_restarts), what=what)
-        message = C.MSG_NODE_FAILED.format(what=what, restarts=self.restarts, max=self.policy.max_restarts)
+            free = self._account(snapshot)
+        limit = budget_limit_passed(self.budget, self.policy.max_restarts, self.policy.max_restarts_without_progress)
+        if limit is not None:
+            return Decision(Action.FAIL, self._limit_message(limit, what, snapshot), what=what)
+        message = C.MSG_NODE_FAILED.format(what=what, restarts=self.charged, max=self.policy.max_restarts)
+        if free:
+            message += f"; not charged: a newer snapshot (step {snapshot.get('step')}) was complete"
         return Decision(Action.REPLACE, message, self.replacement_delay(failed_at), what)
 
+    def _account(self, snapshot: dict | None) -> bool:
+        """One more incident (progress.account's rule); True when it is free."""
+        progressed = None if not snapshot else newer_snapshot(snapshot, self.snapshot_at_last_failure)
+        before = self.budget.with_progress
+        raised = RestartBudget(self.budget.restarts + 1, self.budget.with_progress, self.budget.without_progress)
+        self.budget = account_incidents(raised, 1, progressed)
+        if progressed is not None:
+            self.progress_known = True
+            self.snapshot_at_last_failure = {"step": snapshot.get("step"), "time": snapshot.get("time")}
+        return self.budget.with_progress > before
+
+    def _limit_message(self, limit: str, what: str, snapshot: dict | None) -> str:
+        fp = self.policy
+        if limit == "maxRestartsWithoutProgress":
+            snapshot = snapshot or {}
+            return C.MSG_NO_PROGRESS.format(count=self.budget.without_progress, step=snapshot.get("step"),
+                                            epoch=snapshot.get("epoch"), max=fp.max_restarts_without_progress,
+                                            what=what)
+        message = C.MSG_RESTARTS_EXHAUSTED.format(restarts=self.charged, max=fp.max_restarts)
+        if self.budget.with_progress:
+            message += C.MSG_PROGRESS_NOT_CHARGED.format(count=self.budget.with_progress)
+        return message
+
     def replacement_delay(self, now: datetime) -> float:
-        """Seconds until a replacement may start: the backoff counted from the incident's start."""
-        if self.restarts == 0 or self.incident_start is None:
+        """Seconds until a replacement may start: the backoff counted from the incident's start.
+
+        A failure after progress starts over at the first delay; a crash loop doubles it."""
+        nth = backoff_exponent(self.budget, self.progress_known)
+        if nth == 0 or self.incident_start is None:
             return 0.0
-        wait = backoff_seconds(self.restarts, self.policy.backoff_seconds, self.policy.max_backoff_seconds)
+        wait = backoff_seconds(nth, self.policy.backoff_seconds, self.policy.max_backoff_seconds)
         return max(0.0, wait - (now - self.incident_start).total_seconds())

@@ -94,6 +94,7 @@ class Runner:
         self.store: NodeProcess | None = None  # the rendezvous store process (rdzvStore: pod)
         self.generation = 0  # whole-group restarts so far (status.rendezvousGeneration)
         self.first_step: float | None = None
+        self.snapshot: dict | None = None  # newest complete snapshot in the metrics {step, epoch, time}
         self.last_step: float | None = None  # run clock of the latest step event read
         self.failed_at: float | None = None  # run clock of the latest node failure (a replacement came due)
         self.holding = False
@@ -148,6 +149,8 @@ class Runner:
 
     def _read_metrics(self) -> None:
         for event in self.metrics.new_events():
+            if event.get("event") == "snapshot":
+                self.snapshot = {k: event.get(k) for k in ("step", "epoch", "time")}
             if event.get("event") == "step":
                 self.last_step = self.clock()
                 if self.first_step is None:
@@ -183,11 +186,11 @@ class Runner:
             proc.kill()  # workers an agent left behind, if any
             decision = self.budget.node_exited(index, code, started_at=proc.started_at,
                                                failed_at=datetime.now(timezone.utc),
-                                               finished=self.finished_at is not None)
+                                               finished=self.finished_at is not None, snapshot=self.snapshot)
             message, replace_at = decision.message, None
             if decision.action == Action.REPLACE and self._hosts_store(index):
                 self._event("exited", node=index, code=code, action=decision.action.value, message=decision.what,
-                            incidents=self.budget.restarts, replace_at=self.clock() + decision.delay)
+                            incidents=self.budget.charged, replace_at=self.clock() + decision.delay)
                 self._group_restart(decision, f"{decision.what.replace('node 0', 'node 0 (the c10d store host)', 1)}")
                 continue
             if decision.action == Action.REPLACE:
@@ -202,7 +205,7 @@ class Runner:
             elif decision.action == Action.FAIL:
                 self.failure = decision.message
             self._event("exited", node=index, code=code, action=decision.action.value, message=message,
-                        incidents=self.budget.restarts, replace_at=replace_at)
+                        incidents=self.budget.charged, replace_at=replace_at)
 
     def _hosts_store(self, index: int) -> bool:
         """Node `index` took the rendezvous down with it (node 0 hosting the c10d store)."""
@@ -212,7 +215,7 @@ class Runner:
     def _group_restart(self, decision: Decision, what: str) -> None:
         """Every node restarts after the backoff under the next rendezvous generation."""
         self.generation += 1
-        budget = (f"failure incident {self.budget.restarts} of spec.failurePolicy.maxRestarts "
+        budget = (f"failure incident {self.budget.charged} of spec.failurePolicy.maxRestarts "
                   f"({self.plan.spec.failure_policy.max_restarts})")
         message = C.MSG_GROUP_RESTART.format(what=what, generation=self.generation, budget=budget)
         self._event("group_restart", generation=self.generation,
@@ -239,7 +242,7 @@ class Runner:
             return
         proc, self.store = self.store, None
         decision = self.budget.store_exited(code, started_at=proc.started_at, failed_at=datetime.now(timezone.utc),
-                                            finished=self.finished_at is not None)
+                                            finished=self.finished_at is not None, snapshot=self.snapshot)
         self._event("store_exited", code=code, action=decision.action.value, message=decision.message)
         if decision.action == Action.FAIL:
             self.failure = decision.message
