@@ -40,10 +40,10 @@ def torchrun_args(spec: DDPJobSpec) -> list[str]:
 
 
 def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None,
-              external_store: bool = False) -> str:
+              is_host: bool | None = None) -> str:
     """PET_RDZV_CONF, with torch's key names (dynamic_rendezvous.py), plus where the
     etcd credentials are mounted (paths only: a password never appears in env or args),
-    and is_host=false when a dedicated store pod serves c10d (no agent may host it)."""
+    and, for c10d, whether this agent hosts the store (see hosts_c10d_store)."""
     conf = {
         "join_timeout": timeouts.join_seconds,
         "last_call_timeout": timeouts.last_call_seconds,
@@ -55,10 +55,8 @@ def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None 
         # torch's v2 etcd backend (etcd_rendezvous.py) calls its join timeout "timeout".
         conf["timeout"] = timeouts.join_seconds
     conf.update(credential_conf(backend, credentials_dir))
-    if external_store and backend == "c10d":
-        # c10d_rendezvous_backend.py reads is_host from the conf; without it the agent whose
-        # hostname matches the endpoint would try to host the store itself.
-        conf["is_host"] = "false"
+    if is_host is not None and backend == "c10d":
+        conf["is_host"] = "true" if is_host else "false"
     return ",".join(f"{key}={value}" for key, value in conf.items())
 
 
@@ -84,6 +82,18 @@ def rdzv_endpoint_for(spec: DDPJobSpec, rdzv_host: str) -> str:
         return f"{rdzv_host}:{C.DEFAULT_ETCD_PORT}"
     # etcd takes exactly one endpoint (validated); the etcd-v3 backend splits on commas.
     return ",".join(ep.rdzv_endpoints)
+
+
+def hosts_c10d_store(node_index: int, external_store: bool) -> bool:
+    """Whether this node's agent hosts the c10d store: node 0, unless a dedicated store runs.
+
+    Said explicitly (is_host in the conf) rather than left to torch, which lets every agent
+    whose address matches the endpoint try to bind the port and the first one win: on one
+    host (ddpjob run, hostNetwork pods on one machine) that can be any node, while the
+    operator's whole-group restart rule relies on the store living on node 0. With is_host
+    set, node 0 fails loudly if it cannot bind instead of silently becoming a client.
+    """
+    return node_index == 0 and not external_store
 
 
 def rdzv_id(uid: str, generation: int = 0) -> str:
@@ -116,7 +126,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         "PET_RDZV_BACKEND": ep.rdzv_backend,
         "PET_RDZV_ENDPOINT": rdzv_endpoint_for(spec, rdzv_host),
         "PET_RDZV_ID": rdzv_id(uid, rdzv_generation),
-        "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir, external_store),
+        "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir,
+                                   hosts_c10d_store(node_index, external_store)),
         "PET_MAX_RESTARTS": str(ep.max_restarts),
         # Measured: sharing the rendezvous TCP store with the workers made gloo worker
         # restarts fail or hang in 4 of 6 runs, 0 of 9 without sharing.

@@ -28,7 +28,7 @@ def test_local_launch_of_a_c10d_job():
         "PET_RDZV_ENDPOINT": "127.0.0.1:29400",
         "PET_RDZV_ID": "uid-1",
         "PET_RDZV_CONF": "join_timeout=600,last_call_timeout=30,close_timeout=30,"
-                         "keep_alive_interval=5,keep_alive_max_attempt=3",
+                         "keep_alive_interval=5,keep_alive_max_attempt=3,is_host=false",
         "PET_MAX_RESTARTS": "3",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONUNBUFFERED": "1",
@@ -42,6 +42,20 @@ def test_local_launch_of_a_c10d_job():
 def test_etcd_v3_uses_all_endpoints_and_ignores_the_rdzv_host():
     launch = plan({"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e1:2379", "e2:2379"]}})
     assert (launch.env["PET_RDZV_BACKEND"], launch.env["PET_RDZV_ENDPOINT"]) == ("etcd-v3", "e1:2379,e2:2379")
+
+
+@pytest.mark.parametrize("external_store, hosts", [(False, ["true", "false", "false"]),
+                                                   (True, ["false", "false", "false"])])
+def test_only_node_0_hosts_the_c10d_store_unless_a_store_pod_does(external_store, hosts):
+    # Said explicitly: on one host (ddpjob run, hostNetwork) torch would let any agent host it.
+    confs = [plan({"replicas": 3}, node_index=i, external_store=external_store).env["PET_RDZV_CONF"]
+             for i in range(3)]
+    assert [conf.split("is_host=")[1] for conf in confs] == hosts
+
+
+def test_etcd_backends_have_no_store_host():
+    launch = plan({"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e1:2379"]}}, node_index=0)
+    assert "is_host" not in launch.env["PET_RDZV_CONF"]
 
 
 def test_torchs_v2_etcd_backend_also_gets_its_own_join_timeout_key():

@@ -68,12 +68,13 @@ def test_node_pods_join_the_store_service_as_clients_and_open_no_store_port():
     assert "ports" not in pod["spec"]["containers"][0]
 
 
-def test_with_the_store_on_node_0_nothing_changes_for_node_pods():
+def test_with_the_store_on_node_0_node_0_hosts_and_the_others_join_it():
     job = make_ddpjob(replicas=2)
     pod = render_pod(job_ref(job), parse_spec(job["spec"]), 1)
     env = env_of(pod)
     assert env["PET_RDZV_ENDPOINT"] == "mlp-node-0.mlp.default.svc.cluster.local:29400"
-    assert "is_host" not in env["PET_RDZV_CONF"]
+    assert env["PET_RDZV_CONF"].endswith(",is_host=false")
+    assert env_of(render_pod(job_ref(job), parse_spec(job["spec"]), 0))["PET_RDZV_CONF"].endswith(",is_host=true")
     assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 29400
 
 

@@ -263,29 +263,6 @@ def test_stopping_the_agent_kills_every_process_it_started(k8s, tmp_path):
     assert marked_pids(POD_ENV, container.uid) == []
 
 
-def c10d_pod(index: int, conf: str = "last_call_timeout=3", endpoint_host: str = "mlp-node-0.mlp.ns.svc.cluster.local"):
-    body = pod_object(env={"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": f"{endpoint_host}:29400",
-                           "PET_RDZV_CONF": conf})
-    body["metadata"]["name"] = f"mlp-node-{index}"
-    body["spec"].update(hostname=f"mlp-node-{index}", subdomain="mlp")
-    return body
-
-
-def test_only_the_pod_the_c10d_endpoint_names_may_host_the_store_as_in_a_cluster(tmp_path):
-    host = container_launch(c10d_pod(0), tmp_path, ["mlp"], {}).env
-    other = container_launch(c10d_pod(1), tmp_path, ["mlp"], {}).env
-    assert host["PET_RDZV_CONF"] == "last_call_timeout=3", "node 0 is left to torch, which finds its own name"
-    assert other["PET_RDZV_CONF"] == "last_call_timeout=3,is_host=false"
-    assert host["PET_RDZV_ENDPOINT"] == other["PET_RDZV_ENDPOINT"] == "127.0.0.1:29400"
-
-
-def test_a_c10d_conf_that_already_decides_the_host_is_kept(tmp_path):
-    store_pod_topology = c10d_pod(0, conf="is_host=false,join_timeout=60", endpoint_host="mlp-rdzv.ns.svc")
-    assert container_launch(store_pod_topology, tmp_path, [], {}).env["PET_RDZV_CONF"] == "is_host=false,join_timeout=60"
-    on_loopback = c10d_pod(1, endpoint_host="127.0.0.1")
-    assert container_launch(on_loopback, tmp_path, [], {}).env["PET_RDZV_CONF"] == "last_call_timeout=3"
-
-
 def test_the_termination_message_file_reaches_the_terminated_state(k8s, node_agent):
     script = """
         import os

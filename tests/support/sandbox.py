@@ -15,9 +15,8 @@ What it maps, and why:
   are rewritten to those directories (there is no mount namespace).
 * DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names become
   127.0.0.1, so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
-  On loopback every c10d agent would find its own address in the endpoint and try to host
-  the store (whichever bound the port first would win); in a cluster only the pod the
-  endpoint names does, so every other pod gets ``is_host=false`` (see hosts_c10d_store).
+  On loopback every c10d agent would find its own address in the endpoint; the rendered
+  ``is_host`` in PET_RDZV_CONF (launch.hosts_c10d_store) keeps the store on node 0.
   :meth:`NodeAgent.pod_listening_on` tells which pod really listens.
 * the image: ``torchrun``/``python`` resolve to this interpreter's virtualenv; the process
   inherits this machine's environment (PATH, HOME) minus torchrun and ddpjob variables, then
@@ -43,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import ipaddress
 import json
 import os
 import re
@@ -214,62 +212,12 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
         if "valueFrom" in entry:
             raise UnsupportedPodError(f"env {entry['name']} uses valueFrom; the sandbox node takes literal values only")
         env[entry["name"]] = local(entry.get("value") or "")
-    if not hosts_c10d_store(pod):
-        env["PET_RDZV_CONF"] = c10d_client_conf(env.get("PET_RDZV_CONF", ""))
     command = list(container.get("command") or [])
     if not command:
         raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")
     argv = [resolve_command(command[0]), *map(local, command[1:]), *map(local, container.get("args") or [])]
     cwd = Path(localize(container["workingDir"], pairs)) if container.get("workingDir") else pod_dir(root, meta) / "cwd"
     return ContainerLaunch(argv, env, cwd, termination_log)
-
-
-def pod_dns_names(pod: Mapping[str, Any]) -> set[str]:
-    """The names cluster DNS gives a pod with hostname + subdomain (a headless Service)."""
-    spec, meta = pod["spec"], pod["metadata"]
-    if not spec.get("subdomain"):
-        return set()
-    short = f"{spec.get('hostname') or meta['name']}.{spec['subdomain']}"
-    namespaced = f"{short}.{meta['namespace']}"
-    return {short, namespaced, f"{namespaced}.svc", f"{namespaced}.svc.cluster.local"}
-
-
-def c10d_store_host(env: Mapping[str, str]) -> str | None:
-    """The host of a c10d rendezvous endpoint in a container's env (before mapping), else None."""
-    if env.get("PET_RDZV_BACKEND") != "c10d" or "PET_RDZV_ENDPOINT" not in env:
-        return None
-    return env["PET_RDZV_ENDPOINT"].rsplit(":", 1)[0]
-
-
-def hosts_c10d_store(pod: Mapping[str, Any]) -> bool:
-    """Whether this pod's torchrun may host the c10d store, as torch decides it in a cluster.
-
-    torch hosts the store in the agent whose own hostname or address matches the endpoint's
-    host (c10d_rendezvous_backend._matches_machine_hostname): in a cluster only the pod the
-    endpoint names. On loopback every pod matches and whichever binds the port first would
-    host, so every other pod is told so explicitly (``is_host=false``), keeping the
-    operator's assumption (node 0 hosts) true in the sandbox too.
-    """
-    container = (pod["spec"].get("containers") or [{}])[0]
-    env = {e["name"]: e.get("value") or "" for e in container.get("env") or [] if "valueFrom" not in e}
-    host = c10d_store_host(env)
-    return host is None or host in pod_dns_names(pod) or not is_cluster_name(host)
-
-
-def is_cluster_name(host: str) -> bool:
-    """A name only cluster DNS resolves: neither an IP address nor localhost."""
-    with contextlib.suppress(ValueError):
-        ipaddress.ip_address(host.strip("[]"))
-        return False
-    return host != "localhost"
-
-
-def c10d_client_conf(conf: str) -> str:
-    """PET_RDZV_CONF with ``is_host=false`` added, unless it already decides ``is_host``."""
-    items = [item for item in conf.split(",") if item]
-    if any(item.split("=", 1)[0] == "is_host" for item in items):
-        return conf
-    return ",".join([*items, "is_host=false"])
 
 
 def exit_code_of(returncode: int) -> int:

@@ -8,7 +8,7 @@ and args) is rewritten to the run's local snapshot directory.
 c10d: in a cluster only node 0's hostname matches the endpoint, so node 0 hosts
 the rendezvous store. On loopback every agent matches it and whichever binds
 the port first becomes the host (then killing "node 1" can take the store
-down with it); `is_host` in PET_RDZV_CONF restores the Pods' rule. With
+down with it); the launch plan's `is_host` (as in the Pods) keeps it on node 0. With
 `rdzvStore: pod` the store is a local process instead (the store pod's command,
 listening on loopback) and every agent is a client, as in the Pods.
 """
@@ -139,8 +139,6 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
                              rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None,
                              external_store=uses_store_pod(spec))
         env = {name: localize(value, mount, snapshot_dir) for name, value in merged_env(launch, spec.env).items()}
-        if spec.elastic_policy.rdzv_backend == "c10d" and "is_host=" not in env["PET_RDZV_CONF"]:
-            env["PET_RDZV_CONF"] += f",is_host={'true' if index == 0 else 'false'}"
         if snapshot_dir is None:
             # Without a snapshot volume the trainer has no default metrics path; the view needs one.
             env.setdefault(ENV_METRICS_FILE, str(run_dir / METRICS_NAME))
