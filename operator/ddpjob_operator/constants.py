@@ -97,7 +97,7 @@ MSG_RUNNING = MSG_NODE_COUNTS  # REASON_RUNNING
 MSG_WAITING_FOR_REPLACEMENTS = "waiting for replacement nodes: " + MSG_NODE_COUNTS  # REASON_NODE_FAILED
 MSG_RESTARTING = ("replacing failed node pods {when}; {restarts} of "  # REASON_NODE_FAILED / REASON_BACKOFF
                   "spec.failurePolicy.maxRestarts ({max}) incidents used")
-MSG_NODE_FAILED = "{what}; failure incident {restarts} of spec.failurePolicy.maxRestarts ({max})"  # REASON_NODE_FAILED
+MSG_NODE_FAILED = "{what}; {restarts} of spec.failurePolicy.maxRestarts ({max}) used"  # REASON_NODE_FAILED
 MSG_NODE_DISRUPTED = "{what}; disruptions do not use the restart budget"  # REASON_NODE_DISRUPTED
 MSG_PERMANENT_ERROR = "{what}; the code is in spec.failurePolicy.permanentExitCodes"  # REASON_PERMANENT_ERROR
 MSG_RESTARTS_EXHAUSTED = ("{restarts} failure incidents exceed "  # REASON_RESTARTS_EXHAUSTED

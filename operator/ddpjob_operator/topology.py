@@ -153,8 +153,10 @@ def begin_group_restart(job: str, spec: DDPJobSpec, pods: list[Pod], status: dic
     status["handledFailures"] = sorted(set(status.get("handledFailures") or []) | {
         pod_uid(p) for p in pods if pod_phase(p) == "Failed" and pod_generation(p) <= generation})
     status["rendezvousGeneration"] = generation + 1
-    budget = (f"failure incident {status['restarts']} of spec.failurePolicy.maxRestarts "
-              f"({spec.failure_policy.max_restarts})" if counted else "this does not use the restart budget")
+    # Whether this incident is charged is decided afterwards, from the failed pods' progress
+    # records (status.progress.account); the message must not promise either way.
+    budget = (f"one failure incident, charged to spec.failurePolicy.maxRestarts ({spec.failure_policy.max_restarts}) "
+              "unless a newer snapshot was complete" if counted else "this does not use the restart budget")
     return GroupRestart(C.MSG_GROUP_RESTART.format(what=loss.what, generation=generation + 1, budget=budget),
                         counted)
 

@@ -41,7 +41,7 @@ def test_a_retryable_failure_is_replaced_after_the_backoff_and_counted():
     decision = b.node_exited(1, 137, started_at=at(0), failed_at=at(30))
     assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 10.0, 1)
     assert decision.message == ("node 1 failed (exit code 137, SIGKILL); "
-                                "failure incident 1 of spec.failurePolicy.maxRestarts (5)")
+                                "1 of spec.failurePolicy.maxRestarts (5) used")
 
 
 def test_the_backoff_doubles_with_each_new_incident_and_is_capped():
@@ -115,8 +115,8 @@ def test_a_failure_after_a_newer_snapshot_is_not_charged_and_restarts_the_backof
     second = b.node_exited(1, 137, started_at=at(40), failed_at=at(50), snapshot=snap(80, 45))
     assert (first.action, second.action) == (Action.REPLACE, Action.REPLACE)
     assert (b.restarts, b.charged) == (2, 0)
-    assert second.message == ("node 1 failed (exit code 137, SIGKILL); failure incident 0 of "
-                              "spec.failurePolicy.maxRestarts (1); not charged: a newer snapshot (step 80) was complete")
+    assert second.message == ("node 1 failed (exit code 137, SIGKILL); 0 of "
+                              "spec.failurePolicy.maxRestarts (1) used; not charged: a newer snapshot (step 80) was complete")
     assert second.delay == 10.0  # progress: the first delay again, not 20 s
 
 

@@ -79,11 +79,11 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_its_snapshot(tmp_pa
     snapshots = [e for e in read_events(run_dir / "snapshots" / "metrics.jsonl")
                  if e["event"] == "snapshot" and e["time"] < killed["time"]]
     if snapshots:  # as in the operator: a failure after a newer snapshot is not charged
-        assert exited["message"] == ("node 1 failed (exit code 137, SIGKILL); failure incident 0 of "
-                                     "spec.failurePolicy.maxRestarts (5); not charged: a newer snapshot "
+        assert exited["message"] == ("node 1 failed (exit code 137, SIGKILL); 0 of "
+                                     "spec.failurePolicy.maxRestarts (5) used; not charged: a newer snapshot "
                                      f"(step {snapshots[-1]['step']}) was complete; replacing it in 2 s")
     else:
-        assert exited["message"].startswith("node 1 failed (exit code 137, SIGKILL); failure incident 1 of")
+        assert exited["message"].startswith("node 1 failed (exit code 137, SIGKILL); 1 of spec.failurePolicy.maxRestarts")
 
     held = next(e for e in events(run_dir) if e["event"] == "held")
     assert held["nodes"] == [1] and by_kind[("started", 1, 2)]["t"] > held["t"]

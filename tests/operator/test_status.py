@@ -71,7 +71,7 @@ def test_a_failed_node_starts_an_incident_counted_once_across_passes():
     assert (update.status["restarts"], update.status["lastFailureTime"]) == (1, "2026-01-01T12:00:20Z")
     assert update.status["handledFailures"] == ["mlp-node-1-uid"]
     assert update.events[0] == Event("Warning", "NodeFailed", (
-        "node pod mlp-node-1 failed (exit code 1); failure incident 1 of spec.failurePolicy.maxRestarts (5)"))
+        "node pod mlp-node-1 failed (exit code 1); 1 of spec.failurePolicy.maxRestarts (5) used"))
     again = step(job, pods, 22)
     assert again.status["restarts"] == 1 and again.events == []
 

@@ -42,8 +42,8 @@ def test_losing_the_store_host_restarts_the_whole_group_as_one_incident_under_a_
     assert (result.status["phase"], reasons(result)) == ("Restarting", [C.REASON_GROUP_RESTART])
     assert result.events[0].message == (
         "node pod mlp-node-0 (the c10d store host) failed (exit code 1): restarting all node pods together "
-        "under rendezvous generation 1 from the last snapshot; failure incident 1 of "
-        "spec.failurePolicy.maxRestarts (5)")
+        "under rendezvous generation 1 from the last snapshot; one failure incident, charged to "
+        "spec.failurePolicy.maxRestarts (5) unless a newer snapshot was complete")
     assert deleted(result) == ["mlp-node-0", "mlp-node-1", "mlp-node-2"]  # the survivors too, at once
     assert created(result) == []
 

@@ -215,8 +215,8 @@ class Runner:
     def _group_restart(self, decision: Decision, what: str) -> None:
         """Every node restarts after the backoff under the next rendezvous generation."""
         self.generation += 1
-        budget = (f"failure incident {self.budget.charged} of spec.failurePolicy.maxRestarts "
-                  f"({self.plan.spec.failure_policy.max_restarts})")
+        budget = (f"{self.budget.charged} of spec.failurePolicy.maxRestarts "
+                  f"({self.plan.spec.failure_policy.max_restarts}) used")
         message = C.MSG_GROUP_RESTART.format(what=what, generation=self.generation, budget=budget)
         self._event("group_restart", generation=self.generation,
                     message=message.replace("node pods", "nodes") + f"; in {decision.delay:.0f} s")
