@@ -19,7 +19,6 @@ re-forming the group, which cost one more restart (1.87x bare torchrun).
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -35,22 +34,17 @@ import yaml
 from ddpjob_operator.local.plan import local_plan
 from ddpjob_operator.spec import parse_job
 from tests.support.procs import free_port
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events, unique_run_id
+from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
+from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
 
 ROUNDS = 4
 TARGET = 1.2  # ddpjob run may take at most this many times bare torchrun's recovery
 KILL_AFTER = 3.0  # seconds after the first training step
-EVENT_TIMEOUT = 120.0
 EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "ddpjob-c10d.yaml"
 # Long enough that training is still running well after the kill and the resume.
 BENCH_ARGS = ["--epochs", "50", "--samples", "512", "--batch-size", "32", "--snapshot-every-epochs", "1",
               "--step-sleep", "0.05", "--val-samples", "0", "--no-progress-bar"]
 DDPJOB = Path(sys.executable).parent / "ddpjob"
-
-
-def event_time(event: dict) -> float:
-    """Wall time (seconds since the epoch) of a metrics or events.jsonl record."""
-    return datetime.datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp()
 
 
 def bench_job(workdir: Path) -> Path:
@@ -60,28 +54,6 @@ def bench_job(workdir: Path) -> Path:
     path = workdir / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
-
-
-def first_step_after(metrics: Path, killed_at: float) -> dict | None:
-    """The first step logged after a trainer start that came after the kill."""
-    restarted = False
-    for event in read_events(metrics):
-        if event_time(event) <= killed_at:
-            continue
-        restarted = restarted or event["event"] == "start"
-        if restarted and event["event"] == "step":
-            return event
-    return None
-
-
-def wait_for(condition, what: str, timeout: float = EVENT_TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"waiting for {what}: timed out after {timeout} s")
 
 
 def ddpjob_recovery(workdir: Path) -> tuple[float, int]:

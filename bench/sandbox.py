@@ -27,7 +27,6 @@ precision, so its replacement may start up to 1 s sooner than the by-hand one.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import pathlib
 import statistics
@@ -48,12 +47,12 @@ from tests.support.sandbox import (
     running_node_agent,
     trainer_args,
 )
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events, unique_run_id
+from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
+from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
 
 ROUNDS = int(os.environ.get("BENCH_SANDBOX_ROUNDS", "3"))  # one round is ~3 minutes here
 KILL_AFTER_STEP = 20  # the kill follows the snapshot at this step
 BACKOFF_SECONDS = 1  # example_job's failurePolicy.backoffSeconds: the sandbox's replacement delay
-EVENT_TIMEOUT = 120.0
 NAMESPACE = "bench-sandbox"
 # Long enough that training still runs well after the kill, the resume and the replacement.
 ARGS = trainer_args(epochs=30, samples=2048, step_sleep=0.1, snapshot_every_steps=10)
@@ -71,33 +70,6 @@ class Recovery:
     seconds: float
     world_size: int
     full_world_seconds: float | None = None
-
-
-def event_time(event: dict) -> float:
-    """Wall time (seconds since the epoch) of a metrics record."""
-    return datetime.datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp()
-
-
-def first_step_after(metrics: pathlib.Path, killed_at: float, world_size: int | None = None) -> dict | None:
-    """The first step (of ``world_size`` if given) after a trainer start that came after the kill."""
-    restarted = False
-    for event in read_events(metrics):
-        if event_time(event) <= killed_at:
-            continue
-        restarted = restarted or event["event"] == "start"
-        if restarted and event["event"] == "step" and world_size in (None, event["world_size"]):
-            return event
-    return None
-
-
-def wait_for(condition, what: str, timeout: float = EVENT_TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"waiting for {what}: timed out after {timeout} s")
 
 
 def conf_of(text: str) -> dict[str, str]:
