@@ -22,7 +22,7 @@ from ddpjob_operator.local import command as local_run
 from ddpjob_operator.managed_etcd import render_etcd_pod, render_etcd_service
 from ddpjob_operator.rdzv_store import render_store_pod, render_store_service, uses_store_pod
 from ddpjob_operator.render import render_pod, render_service
-from ddpjob_operator.spec import InvalidSpecError, parse_job, validate_job
+from ddpjob_operator.spec import DDPJobSpec, InvalidSpecError, JobRef, parse_job, validate_job
 
 # Exit codes: 1 = the job is invalid, 2 = the input could not be read at all.
 EXIT_INVALID = 1
@@ -68,18 +68,26 @@ def validate(path: str) -> int:
     return EXIT_INVALID if errors else 0
 
 
+def parse_or_report(job: dict[str, Any], path: str) -> tuple[JobRef, DDPJobSpec] | None:
+    """The parsed job, or None after printing every invalid field (one line each, prefixed by the file)."""
+    try:
+        return parse_job(job)
+    except InvalidSpecError as e:
+        for error in e.errors:
+            print(f"{path}: {error.message}", file=sys.stderr)
+        return None
+
+
 def render(path: str, namespace: str | None) -> int:
     job = load_job(path)
     metadata = job.setdefault("metadata", {})
     metadata.setdefault("uid", DRY_RUN_UID)
     if namespace:
         metadata["namespace"] = namespace
-    try:
-        ref, spec = parse_job(job)
-    except InvalidSpecError as e:
-        for error in e.errors:
-            print(f"{path}: {error.message}", file=sys.stderr)
+    parsed = parse_or_report(job, path)
+    if parsed is None:
         return EXIT_INVALID
+    ref, spec = parsed
     objects = [render_service(ref, spec)] + [render_pod(ref, spec, i) for i in range(spec.desired_replicas)]
     if uses_store_pod(spec):  # the operator creates the store before the nodes
         objects[1:1] = [render_store_service(ref, spec), render_store_pod(ref, spec)]
@@ -96,12 +104,10 @@ def render(path: str, namespace: str | None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.job)
-    try:
-        ref, spec = parse_job(job)
-    except InvalidSpecError as e:
-        for error in e.errors:
-            print(f"{args.job}: {error.message}", file=sys.stderr)
+    parsed = parse_or_report(job, args.job)
+    if parsed is None:
         return EXIT_INVALID
+    ref, spec = parsed
     try:
         return local_run.execute(ref.name, spec, args, sys.stdout)
     except local_run.LocalRunError as e:
