@@ -33,6 +33,12 @@ What it maps, and why:
   after the grace period (capped by ``max_grace_seconds`` to keep tests fast), reports the
   exit and only then lets the pod go. The pod name stays taken until its processes are gone.
 
+Opt-in, for capacity and node faults: :meth:`NodeAgent.hold_unscheduled` keeps a pod Pending
+with the scheduler's PodScheduled False / Unschedulable until :meth:`NodeAgent.release`;
+``bind_nodes=True`` gives each pod a Node of its own and :meth:`NodeAgent.node_down` kills that
+machine (Node NotReady, processes gone, the kubelet silent). Conditions others set on a pod
+(DisruptionTarget) survive the agent's status writes, as they do a kubelet's.
+
 Only ``restartPolicy: Never`` (what the operator renders), one container, literal env
 values and claim/emptyDir volumes are supported; anything else leaves the pod Pending with a
 ``CreateContainerConfigError`` waiting reason naming what is unsupported.
@@ -60,6 +66,7 @@ import pytest
 import yaml
 
 from tests.support.operator_harness import ApiError, KubeClient
+from tests.support.procs import free_port
 from tests.support.torchrun import read_events
 
 LOOPBACK = "127.0.0.1"
@@ -73,6 +80,7 @@ FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048  # FallbackToLogsOnError: the 
 # Variables of this machine that would fight the pod's own: torchrun flags, ddpjob settings.
 DROPPED_ENV_PREFIXES = ("PET_", "DDPJOB_", "TORCHELASTIC_", "KUBECONFIG", POD_ENV, NODE_ENV)
 VENV_COMMANDS = ("torchrun", "python", "python3")  # found next to sys.executable, not on PATH
+INSUFFICIENT_GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."  # kube-scheduler's words
 
 # A DNS name that only cluster DNS resolves: anything under .svc / .svc.cluster.local.
 _SVC_NAME = re.compile(r"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -371,6 +379,32 @@ def terminated_status(container: str, started_at: str, finished_at: str, exit_co
                                "image": "sandbox", "imageID": "", "state": {"terminated": terminated}}]}}
 
 
+def unschedulable_status(message: str) -> dict:
+    """What kube-scheduler reports for a pod it cannot place: Pending, PodScheduled False."""
+    return {"status": {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+        "lastTransitionTime": now_rfc3339()}]}}
+
+
+def node_ready_condition(ready: bool) -> dict:
+    """A Node's Ready condition as the node controller sets it."""
+    return {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339(),
+            "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+            "message": "kubelet is posting ready status" if ready else "Kubelet stopped posting node status."}
+
+
+def keep_foreign_conditions(body: dict, pod: Mapping[str, Any]) -> dict:
+    """``body`` with the pod's conditions of types it does not set kept, as a kubelet keeps
+    those others own (DisruptionTarget from the scheduler or the eviction API); a merge
+    patch would otherwise replace the whole list."""
+    new = (body.get("status") or {}).get("conditions")
+    if new is None:
+        return body
+    types = {c["type"] for c in new}
+    kept = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") not in types]
+    return {**body, "status": {**body["status"], "conditions": [*new, *kept]}}
+
+
 def waiting_status(container: str, message: str) -> dict:
     """A container that cannot be created (stays Pending), as a kubelet reports a config error."""
     return {"status": {"phase": "Pending", "containerStatuses": [{
@@ -389,14 +423,20 @@ class NodeAgent:
         root: the node's directory (claims, per-pod dirs and container logs).
         poll_seconds: how often pods and processes are looked at.
         max_grace_seconds: cap on a pod's terminationGracePeriodSeconds (tests stay fast).
+        bind_nodes: give each started pod a Node of its own (``<pod>-<uid[:5]>``, Ready) and
+            bind it there (spec.nodeName), so a test can take one pod's node down
+            (:meth:`node_down`); off, pods have no node, as before.
     """
 
     def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
-                 max_grace_seconds: float = 5.0):
+                 max_grace_seconds: float = 5.0, bind_nodes: bool = False):
         self.client = client
         self.root = Path(root)
         self.poll_seconds = poll_seconds
         self.max_grace_seconds = max_grace_seconds
+        self.bind_nodes = bind_nodes  # opt-in: each started pod gets a Node object of its own (spec.nodeName)
+        self.unschedulable: dict[str, str] = {}  # pod name -> scheduler message while the test holds it
+        self.dead: set[str] = set()  # uids of pods whose node went down: their kubelet answers no more
         self.node_id = uuid.uuid4().hex[:12]
         self.pods: dict[str, PodProcess] = {}  # uid -> container, finished ones kept for tests
         self.rejected: dict[str, str] = {}  # uid -> why the pod could not start
@@ -464,6 +504,40 @@ class NodeAgent:
         container.kill(sig)
         return container
 
+    def hold_unscheduled(self, name: str, message: str = INSUFFICIENT_GPU) -> None:
+        """Plays a scheduler without capacity: pod ``name`` (and any pod of that name created
+        later) stays Pending with PodScheduled False, reason Unschedulable and ``message``."""
+        self.unschedulable[name] = message
+
+    def release(self, name: str) -> None:
+        """Capacity arrived: pod ``name`` is scheduled and started on the next poll."""
+        self.unschedulable.pop(name, None)
+
+    def node_down(self, name: str) -> PodProcess:
+        """The node of pod ``name`` dies: its Node turns NotReady, its processes are killed, and
+        its kubelet answers no more (no status, no deletion handling: the pod would stay
+        Terminating). The agent's finalizer is dropped, as a dead kubelet holds nothing; with
+        the emulator's ``graceful_pod_deletion`` a deletion then waits for a force delete.
+
+        Raises:
+            AssertionError: the agent was made without ``bind_nodes`` or the pod runs nothing.
+        """
+        if not self.bind_nodes:
+            raise AssertionError("node_down needs NodeAgent(bind_nodes=True): without it pods have no node")
+        container = self.kill(name)
+        with self._lock:
+            self.dead.add(container.uid)
+        pod = self.client.get("pods", name)
+        node = pod["spec"]["nodeName"]
+        self.client.patch("nodes", node, {"status": {"conditions": [node_ready_condition(False)]}},
+                          subresource="status")
+        self._release(pod)
+        return container
+
+    def node_of(self, name: str) -> str:
+        """spec.nodeName of pod ``name`` ('' when unbound)."""
+        return (self.client.get("pods", name)["spec"].get("nodeName") or "")
+
     def pod_listening_on(self, port: int) -> str | None:
         """The pod whose process listens on TCP ``port`` (the c10d store host), if any."""
         inodes = listening_socket_inodes(port)
@@ -499,7 +573,9 @@ class NodeAgent:
         observed = {p["metadata"]["uid"]: p for p in self.client.list("pods")}
         for uid, pod in observed.items():
             if uid not in self.pods and uid not in self.rejected and not pod["metadata"].get("deletionTimestamp"):
-                if (pod.get("status") or {}).get("phase") in (None, "Pending"):
+                if pod["metadata"]["name"] in self.unschedulable:
+                    self._report_unschedulable(pod)
+                elif (pod.get("status") or {}).get("phase") in (None, "Pending"):
                     self._start(pod)
         with self._lock:
             containers = list(self.pods.values())
@@ -537,6 +613,9 @@ class NodeAgent:
 
     def _follow(self, container: PodProcess, pod: dict | None) -> None:
         """Moves one container on: report its exit, stop it when its pod is deleted or gone."""
+        if container.uid in self.dead:
+            container.poll()  # reaped, but a dead kubelet reports nothing and stops nothing
+            return
         deleting = pod is None or bool(pod["metadata"].get("deletionTimestamp"))
         if deleting:
             container.terminate()
@@ -551,17 +630,36 @@ class NodeAgent:
         if deleting and pod is not None:
             self._release(pod)
 
+    def _report_unschedulable(self, pod: dict) -> None:
+        """PodScheduled False with the scheduler's reason and message, written once per pod."""
+        message = self.unschedulable[pod["metadata"]["name"]]
+        scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                          if c.get("type") == "PodScheduled"), {})
+        if (scheduled.get("status"), scheduled.get("message")) != ("False", message):
+            self._patch_status(pod["metadata"]["name"], unschedulable_status(message), uid=pod["metadata"]["uid"])
+
     def _hold(self, meta: dict) -> bool:
-        """Adds the finalizer so that a deletion waits for the processes; False when the pod is gone."""
+        """Adds the finalizer so that a deletion waits for the processes (and, with bind_nodes,
+        binds the pod to a Node of its own); False when the pod is gone."""
         finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        patch: dict[str, Any] = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        if self.bind_nodes:
+            patch["spec"] = {"nodeName": self._create_node(f"{meta['name']}-{meta['uid'][:5]}")}
         try:
-            self.client.patch("pods", meta["name"], {"metadata": {
-                "finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}})
+            self.client.patch("pods", meta["name"], patch)
         except ApiError as e:
             if e.status in (404, 409):  # deleted or changed meanwhile: look again next tick
                 return False
             raise
         return True
+
+    def _create_node(self, name: str) -> str:
+        """A Ready Node object (cluster-scoped) standing for one pod's machine."""
+        with contextlib.suppress(ApiError):
+            self.client.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        self.client.patch("nodes", name, {"status": {"conditions": [node_ready_condition(True)]}},
+                          subresource="status")
+        return name
 
     def _release(self, pod: dict) -> None:
         """Removes the finalizer: the API server then removes the deleted pod."""
@@ -576,6 +674,7 @@ class NodeAgent:
             current = self.client.find("pods", name)
             if current is None or current["metadata"]["uid"] != uid:
                 return
+            body = keep_foreign_conditions(body, current)
         with contextlib.suppress(ApiError):
             self.client.patch("pods", name, body, subresource="status")
 
@@ -702,3 +801,19 @@ class JobProgress:
         tail = "\n".join(json.dumps(e) for e in self.events()[-8:])
         raise AssertionError(f"{message}\njob status: {json.dumps(self.status(), indent=1)}\n"
                              f"last metrics:\n{tail}\ncontainers:\n{self.agent.logs()}")
+
+
+def start_job(k8s: KubeClient, agent: NodeAgent, workdir: Path, *, args: list[str], rdzv_store: str = "node",
+              edit: Callable[[dict], None] | None = None) -> tuple[JobProgress, dict]:
+    """Applies the test-speed c10d example (see example_job) and follows it.
+
+    ``rdzv_store`` is always set (the default may change); ``edit`` changes the spec further.
+    Returns the progress follower and the applied body.
+    """
+    body = example_job(args=args, rdzv_port=free_port())
+    body["spec"]["elasticPolicy"]["rdzvStore"] = rdzv_store
+    if edit is not None:
+        edit(body["spec"])
+    kubectl_apply(k8s, body, workdir)
+    claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
+    return JobProgress(k8s, agent, body["metadata"]["name"], agent.claim_dir(claim) / "metrics.jsonl"), body

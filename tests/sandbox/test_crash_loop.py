@@ -1,0 +1,60 @@
+"""A crash loop end to end in the sandbox: real torchrun and real training that fails at the
+same step after every restart; the real operator stops it by progress, not by the budget.
+
+How the loop is made: the example's ``--fail-at-step 15`` raises on every rank when global
+step 15 finishes, but only on a first attempt (``TORCHELASTIC_RESTART_COUNT`` 0). With
+``elasticPolicy.maxRestarts: 0`` torchrun does not restart its workers in the pod, so each
+failure ends the pod; each replacement pod is a fresh torchrun (restart count 0 again) that
+resumes from the snapshot at step 10 and fails at step 15 again. Nothing in the node agent
+is needed for that.
+
+Test-speed overrides as in tests/sandbox/test_c10d.py (see tests.support.sandbox.example_job).
+"""
+from __future__ import annotations
+
+import pytest
+
+from ddpjob_operator import constants as C
+from tests.support.kubelet import condition, events
+from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
+from tests.support.sandbox import node_agent, start_job, trainer_args  # noqa: F401  (fixture)
+from tests.support.torchrun import is_event
+
+START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
+FAIL_AT, SNAPSHOT_EVERY = 15, 10
+
+
+@pytest.mark.slow  # ~50 s alone: three generations of pods, each importing torch
+def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the_step(
+        k8s, operator, node_agent, tmp_path):
+    without_progress = 1
+
+    def crash_loop_policy(spec: dict) -> None:
+        spec["elasticPolicy"]["maxRestarts"] = 0  # each failure ends the pod (a fresh torchrun fails again)
+        spec["failurePolicy"].update(maxRestarts=5, maxRestartsWithoutProgress=without_progress)
+
+    args = trainer_args(epochs=2, samples=2048, step_sleep=0.1, snapshot_every_steps=SNAPSHOT_EVERY,
+                        extra=("--fail-at-step", str(FAIL_AT)))
+    progress, _ = start_job(k8s, node_agent, tmp_path, args=args, edit=crash_loop_policy)
+    progress.wait(is_event("step", step=FAIL_AT), START_TIMEOUT, "the first run reaching the failing step")
+    for attempt in (1, 2):  # the first failure followed a new snapshot (free); the next ones did not
+        progress.wait(is_event("start", resume_step=SNAPSHOT_EVERY), START_TIMEOUT, f"restart {attempt}")
+        progress.wait(is_event("step", step=FAIL_AT), 60, f"restart {attempt} reaching the failing step")
+    status = progress.wait_phase(C.PHASE_FAILED, 60)
+
+    failed = condition(k8s, C.COND_FAILED)
+    assert failed["status"] == "True" and failed["reason"] == C.REASON_NO_PROGRESS, failed
+    assert failed["message"].startswith(
+        f"{without_progress + 1} failure incidents in a row without a newer snapshot (still at step {SNAPSHOT_EVERY}, "
+        f"epoch 0) exceed spec.failurePolicy.maxRestartsWithoutProgress ({without_progress}); last: "), failed
+    assert f"fail_at_step={FAIL_AT}" in failed["message"], failed["message"]  # the trainer's error, from the pod
+    assert (C.EVENT_WARNING, C.REASON_NO_PROGRESS, failed["message"]) in events(k8s)
+    assert status["restartsWithoutProgress"] == without_progress + 1 and status["lastSnapshot"]["step"] == SNAPSHOT_EVERY
+    raw = progress.events()
+    # Three runs, each resumed from where the previous one's snapshot left it, none past the failing step.
+    assert [e["resume_step"] for e in raw if e["event"] == "start"] == [0, SNAPSHOT_EVERY, SNAPSHOT_EVERY], raw
+    assert max(e["step"] for e in raw if e["event"] == "step") == FAIL_AT
+    assert not [e for e in raw if e["event"] == "done"]
+    assert not [e for e in events(k8s) if e[1] == C.REASON_RESTARTS_EXHAUSTED], "the budget, not progress, ended it"
+    k8s.wait_for(lambda: all(c.exit_code is not None for c in node_agent.pods.values()), timeout=30,
+                 what="every node process gone")
