@@ -51,8 +51,10 @@ def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the
     assert (C.EVENT_WARNING, C.REASON_NO_PROGRESS, failed["message"]) in events(k8s)
     assert status["restartsWithoutProgress"] == without_progress + 1 and status["lastSnapshot"]["step"] == SNAPSHOT_EVERY
     raw = progress.events()
-    # Three runs, each resumed from where the previous one's snapshot left it, none past the failing step.
-    assert [e["resume_step"] for e in raw if e["event"] == "start"] == [0, SNAPSHOT_EVERY, SNAPSHOT_EVERY], raw
+    # Three runs at least (a late replacement may make one more start), every restart from the
+    # snapshot at step 10, none past the failing step.
+    starts = [e["resume_step"] for e in raw if e["event"] == "start"]
+    assert len(starts) >= 3 and starts[0] == 0 and set(starts[1:]) == {SNAPSHOT_EVERY}, starts
     assert max(e["step"] for e in raw if e["event"] == "step") == FAIL_AT
     assert not [e for e in raw if e["event"] == "done"]
     assert not [e for e in events(k8s) if e[1] == C.REASON_RESTARTS_EXHAUSTED], "the budget, not progress, ended it"

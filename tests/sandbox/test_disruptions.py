@@ -63,7 +63,7 @@ def test_a_preempted_node_costs_no_restart_even_before_any_snapshot(k8s, operato
     assert not [e for e in events(k8s) if e[1] in (C.REASON_NODE_FAILED, C.REASON_RESTARTS_EXHAUSTED)], events(k8s)
 
 
-@pytest.mark.slow  # ~90 s: the survivor re-forms alone, then the replacement joins
+@pytest.mark.slow  # ~45 s alone: the survivor re-forms alone, then the replacement joins
 def test_a_pod_stuck_terminating_on_a_dead_node_is_force_deleted_and_its_replacement_joins(
         cluster, k8s, operator, tmp_path):
     cluster.emulator.graceful_pod_deletion = True  # a deleted bound pod waits for its kubelet's confirmation
@@ -99,8 +99,9 @@ def test_a_pod_stuck_terminating_on_a_dead_node_is_force_deleted_and_its_replace
             restarts = assert_resumed_from_snapshots(raw)
             assert restarts and restarts[0]["resume_step"] >= snapshot["step"]
             assert world_size_phases(raw)[0] == 2 and world_size_phases(raw)[-1] == 2, world_size_phases(raw)
-            # Force-deleted only after the grace period and the timeout: not by the kubelet (dead).
-            assert replaced_after >= 1 + force_after, f"replaced after {replaced_after:.1f} s"
+            # Force-deleted only after the timeout past deletionTimestamp (whole seconds, as the API
+            # writes it, so up to 1 s of the 1 s grace may be cut): not by the kubelet (dead).
+            assert replaced_after >= force_after, f"replaced after {replaced_after:.1f} s"
             assert agent.node_of(VICTIM) != dead_node and replacement.exit_code == 0
             forced = [m for kind, r, m in events(k8s) if (kind, r) == (C.EVENT_WARNING, C.REASON_FORCE_DELETED)]
             assert len(forced) == 1 and f"node pod {VICTIM} " in forced[0] and f"on node {dead_node} (NotReady)" \
