@@ -49,7 +49,8 @@ def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the
         f"epoch 0) exceed spec.failurePolicy.maxRestartsWithoutProgress ({without_progress}); last: "), failed
     assert f"fail_at_step={FAIL_AT}" in failed["message"], failed["message"]  # the trainer's error, from the pod
     assert (C.EVENT_WARNING, C.REASON_NO_PROGRESS, failed["message"]) in events(k8s)
-    assert status["restartsWithoutProgress"] == without_progress + 1 and status["lastSnapshot"]["step"] == SNAPSHOT_EVERY
+    assert status["restartsWithoutProgress"] == without_progress + 1, status
+    assert status["lastSnapshot"]["step"] == SNAPSHOT_EVERY, status
     raw = progress.events()
     # Three runs at least (a late replacement may make one more start), every restart from the
     # snapshot at step 10, none past the failing step.

@@ -8,19 +8,23 @@ import pytest
 
 from tests.support.kubelet import set_disruption_target
 from tests.support.operator_harness import cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.sandbox import INSUFFICIENT_GPU, keep_foreign_conditions, node_agent, running_node_agent  # noqa: F401
+from tests.support.sandbox import (  # noqa: F401  (node_agent: fixture)
+    INSUFFICIENT_GPU,
+    keep_foreign_conditions,
+    node_agent,
+    running_node_agent,
+)
 from tests.sandbox.test_node_agent import make_pod, wait_phase
 
 SLEEPER = "import time; time.sleep(60)"
 
 
 def test_keep_foreign_conditions_keeps_a_disruption_target_and_replaces_the_kubelets_own():
-    pod = {"status": {"conditions": [{"type": "Ready", "status": "True"},
-                                     {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}}
+    disruption = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    pod = {"status": {"conditions": [{"type": "Ready", "status": "True"}, disruption]}}
     body = {"status": {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}]}}
     assert keep_foreign_conditions(body, pod)["status"]["conditions"] == [
-        {"type": "Ready", "status": "False"},
-        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+        {"type": "Ready", "status": "False"}, disruption]
     assert keep_foreign_conditions({"status": {"phase": "Running"}}, pod) == {"status": {"phase": "Running"}}
 
 
@@ -30,8 +34,9 @@ def test_a_held_pod_stays_pending_with_the_schedulers_words_until_released(k8s, 
     pod = k8s.wait_for(lambda: (p := k8s.find("pods", "held")) and (p.get("status") or {}).get("conditions") and p,
                        what="the PodScheduled condition")
     scheduled = pod["status"]["conditions"][0]
-    assert (pod["status"]["phase"], scheduled["type"], scheduled["status"], scheduled["reason"], scheduled["message"]) == (
-        "Pending", "PodScheduled", "False", "Unschedulable", INSUFFICIENT_GPU)
+    assert pod["status"]["phase"] == "Pending"
+    assert (scheduled["type"], scheduled["status"], scheduled["reason"], scheduled["message"]) == (
+        "PodScheduled", "False", "Unschedulable", INSUFFICIENT_GPU)
     time.sleep(0.5)
     assert node_agent.current("held") is None
     node_agent.release("held")
