@@ -51,6 +51,7 @@ def bench_job(workdir: Path) -> Path:
     """The example job with the bench's schedule, written to workdir/job.yaml."""
     job = yaml.safe_load(EXAMPLE.read_text())
     job["spec"]["args"] = BENCH_ARGS
+    job["spec"]["elasticPolicy"]["rdzvStore"] = "node"  # as the bare torchrun side: node 0 hosts the store
     path = workdir / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path

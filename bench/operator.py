@@ -20,6 +20,8 @@ import tempfile
 import time
 import urllib.request
 
+from ddpjob_operator.render import selector as node_selector
+
 from tests.support.kubelet import ddpjob, set_terminated
 from tests.support.operator_harness import OperatorProcess, running_cluster
 from tests.support.procs import free_port
@@ -52,7 +54,7 @@ def _time_apply(k8s, name: str, nodes: int) -> float:
     """Seconds from the create call to the moment all ``nodes`` pods exist; then deletes the job."""
     started = time.perf_counter()
     k8s.create("ddpjobs", _job(name, nodes))
-    selector = f"ddpjob.io/job-name={name}"
+    selector = node_selector(name)  # the store pod (rdzvStore: pod) is not a node
     while len(k8s.list("pods", label_selector=selector)) < nodes:
         time.sleep(0.002)
     elapsed = time.perf_counter() - started
@@ -85,7 +87,7 @@ def _apply_many(k8s) -> float:
         k8s.create("ddpjobs", _job(f"many-{i}", MANY_NODES))
     deadline = started + 300
     while time.perf_counter() < deadline:
-        pods = len(k8s.list("pods", label_selector="ddpjob.io/job-name"))
+        pods = len(k8s.list("pods", label_selector="ddpjob.io/job-name,app.kubernetes.io/component=node"))
         settled = sum(1 for job in k8s.list("ddpjobs")
                       if job["metadata"]["name"].startswith("many-")
                       and (job.get("status") or {}).get("replicas") == MANY_NODES)

@@ -22,7 +22,7 @@ LABEL_APP_NAME = "app.kubernetes.io/name"  # recommended label: the application
 LABEL_INSTANCE = "app.kubernetes.io/instance"  # recommended label: this job's name
 LABEL_COMPONENT = "app.kubernetes.io/component"  # recommended label: the role of the object
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # recommended label: who writes the object
-LABEL_JOB_NAME = f"{GROUP}/job-name"  # selects every object of one job (Service selector, scale selector)
+LABEL_JOB_NAME = f"{GROUP}/job-name"  # selects every object of one job; with LABEL_COMPONENT=node, its node pods
 LABEL_NODE_INDEX = f"{GROUP}/node-index"  # the node index 0..replicas-1 of a pod
 
 APP_NAME = "ddpjob"  # value of LABEL_APP_NAME

@@ -35,7 +35,7 @@ from ddpjob_operator import etcd_cleanup, kube, managed_etcd, metrics, stuck
 from ddpjob_operator.names import managed_etcd_name
 from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
 from ddpjob_operator.reconcile import Reconciliation, reconcile
-from ddpjob_operator.render import selector
+from ddpjob_operator.render import job_selector
 
 logger = logging.getLogger("ddpjob_operator")
 
@@ -122,7 +122,7 @@ async def run_pass(api: kube.Kube, key: JobKey,
         if job is None:
             metrics.observe_job(namespace, name, None)
             return PassOutcome(gone=True)
-        pods = await api.list_pods(namespace, selector(name))
+        pods = await api.list_pods(namespace, job_selector(name))
         service_exists = await api.exists("Service", namespace, name)
         now = datetime.datetime.now(datetime.timezone.utc)
         result = reconcile(job, pods, now, service_exists=service_exists,

@@ -1,6 +1,6 @@
 """The dedicated c10d rendezvous store: one small pod and a Service in front of it.
 
-With `spec.elasticPolicy.rdzvStore: pod` no training node hosts torch's c10d TCPStore;
+With c10d (unless `spec.elasticPolicy.rdzvStore: node`) no training node hosts torch's c10d TCPStore;
 a pod `<job>-rdzv` runs `python -m ddpjob_trainer.rdzv_store` (the trainer image, so
 the store speaks exactly the torch version of the agents) and every agent joins as a
 client (`is_host=false` in PET_RDZV_CONF). Losing any training node then replaces only
@@ -36,9 +36,8 @@ def is_store_pod(pod: Mapping[str, Any]) -> bool:
 
 
 def uses_store_pod(spec: DDPJobSpec) -> bool:
-    """The job runs a dedicated store pod (c10d with rdzvStore: pod)."""
-    ep = spec.elastic_policy
-    return ep.rdzv_backend == "c10d" and ep.rdzv_store == "pod"
+    """The job runs a dedicated store pod (c10d unless rdzvStore is node)."""
+    return spec.elastic_policy.store_on_pod
 
 
 def render_store_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:

@@ -26,13 +26,20 @@ def common_labels(job: str) -> dict[str, str]:
 
 
 def selector_labels(job: str) -> dict[str, str]:
-    """Labels that select the job's node pods (Service selector, scale selector)."""
-    return {C.LABEL_JOB_NAME: job}
+    """Labels that select the job's node pods (Service selector, scale selector); the
+    component label keeps the rendezvous store pod out, so an HPA never counts it as a node."""
+    return {C.LABEL_JOB_NAME: job, C.LABEL_COMPONENT: C.COMPONENT_NODE}
 
 
 def selector(job: str) -> str:
     """status.selector: the label selector of the scale subresource, as a string."""
     return ",".join(f"{k}={v}" for k, v in selector_labels(job).items())
+
+
+def job_selector(job: str) -> str:
+    """Every pod the operator owns for the job (node pods and the rendezvous store pod):
+    what a reconcile pass lists; plan and status tell the two apart by component."""
+    return f"{C.LABEL_JOB_NAME}={job}"
 
 
 def pod_labels(job: str, index: int, generation: int = 0) -> dict[str, str]:
@@ -77,7 +84,7 @@ def render_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
 
 def node_launch(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> NodeLaunch:
     """The launch plan of node `index` of rendezvous generation `generation` inside the cluster."""
-    store_pod = spec.elastic_policy.rdzv_store == "pod"
+    store_pod = spec.elastic_policy.store_on_pod
     if spec.elastic_policy.managed_etcd.enabled:
         rdzv_host = managed_etcd_host(ref.name, ref.namespace)
     else:

@@ -269,12 +269,20 @@ class ElasticPolicy(_Model):
         "tls.crt and tls.key and has no password auth."))
     rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
     managed_etcd: ManagedEtcd = _object(ManagedEtcd, "A per-job etcd run by the operator.")
-    rdzv_store: Literal["node", "pod"] = Field("node", description=(
-        "Where the c10d rendezvous store runs (c10d only): node (inside node 0's agent; losing "
-        "node 0 restarts the whole group) or pod (a small dedicated pod <job>-rdzv behind a "
-        "Service; every node joins as a client, so losing any node replaces only that node)."),
+    # No schema default: the API server would write `pod` into etcd jobs too, which the rule
+    # above rejects; unset means pod for c10d (store_on_pod) and nothing for etcd backends.
+    rdzv_store: Literal["node", "pod"] | None = Field(None, description=(
+        "Where the c10d rendezvous store runs (c10d only; unset means pod): pod (a small "
+        "dedicated pod <job>-rdzv behind a Service; every node joins as a client, so losing any "
+        "node replaces only that node) or node (inside node 0's agent; losing node 0 restarts "
+        "the whole group)."),
         json_schema_extra=immutable(
             "spec.elasticPolicy.rdzvStore", "nodes of one job must share one rendezvous"))
+
+    @property
+    def store_on_pod(self) -> bool:
+        """c10d with a dedicated store pod: the default for c10d, unless rdzvStore is node."""
+        return self.rdzv_backend == "c10d" and self.rdzv_store != "node"
 
 
 class Snapshot(_Model):

@@ -57,9 +57,18 @@ def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
         assert node.env["DDPJOB_NODE_INDEX"] == str(index) and node.env["FOO"] == "bar"
 
 
-def test_node_0_hosts_the_c10d_store_as_in_a_cluster():
-    confs = [node.env["PET_RDZV_CONF"] for node in plan_of(spec_of(replicas=3, max_replicas=4)).nodes]
+def test_by_default_a_store_process_hosts_the_c10d_store_and_every_node_joins_it():
+    plan = plan_of(spec_of(replicas=3, max_replicas=4))
+    confs = [node.env["PET_RDZV_CONF"] for node in plan.nodes]
+    assert [conf.rsplit(",", 1)[1] for conf in confs] == ["is_host=false"] * 3
+    assert plan.store is not None
+
+
+def test_with_rdzv_store_node_node_0_hosts_the_c10d_store_as_in_a_cluster():
+    plan = plan_of(spec_of(replicas=3, max_replicas=4, elasticPolicy={"rdzvStore": "node"}))
+    confs = [node.env["PET_RDZV_CONF"] for node in plan.nodes]
     assert [conf.rsplit(",", 1)[1] for conf in confs] == ["is_host=true", "is_host=false", "is_host=false"]
+    assert plan.store is None
 
 
 def test_the_command_is_the_pods_args_behind_the_local_torchrun_with_mount_paths_rewritten():

@@ -11,9 +11,15 @@ from ddpjob_operator.rdzv_store import render_store_pod
 from ddpjob_operator.render import render_pod
 from ddpjob_operator.spec import parse_spec
 from tests.operator.builders import T0, at, job_ref, make_ddpjob
-from tests.operator.topology_builders import gen_pod, scheduled_pending, step, unscheduled
+from tests.operator import topology_builders
+from tests.operator.topology_builders import gen_pod, scheduled_pending, unscheduled, with_store
 
 GPU_MESSAGE = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+
+
+def step(job: dict, pods: list, seconds: float):
+    """One reconciliation with the job's store pod running (the c10d default) next to `pods`."""
+    return topology_builders.step(job, with_store(job, pods), seconds)
 
 
 def capacity_job(**fields):

@@ -53,9 +53,11 @@ def test_render_prints_the_service_and_one_pod_per_desired_node(tmp_path, capsys
     path = example_with(tmp_path, replicas=3)
     assert cli.main(["render", path, "--namespace", "team-a"]) == 0
     objects = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [o["kind"] for o in objects] == ["Service", "Pod", "Pod", "Pod"]
+    assert [o["metadata"]["name"] for o in objects] == ["mlp", "mlp-rdzv", "mlp-rdzv", "mlp-node-0", "mlp-node-1",
+                                                         "mlp-node-2"]  # the c10d store pod comes first
+    assert [o["kind"] for o in objects] == ["Service", "Service", "Pod", "Pod", "Pod", "Pod"]
     assert all(o["metadata"]["namespace"] == "team-a" for o in objects)
-    env = {e["name"]: e.get("value") for e in objects[1]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in objects[3]["spec"]["containers"][0]["env"]}
     assert env["PET_RDZV_ID"] == cli.DRY_RUN_UID
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 

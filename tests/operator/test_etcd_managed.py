@@ -73,7 +73,7 @@ def test_pod_and_service_are_owned_by_the_job_and_select_each_other_only():
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     # Node-pod selectors (status, scaling, the headless Service) never match the etcd pod.
     assert C.LABEL_JOB_NAME not in pod["metadata"]["labels"]
-    assert selector("mlp") == f"{C.LABEL_JOB_NAME}=mlp"
+    assert selector("mlp") == f"{C.LABEL_JOB_NAME}=mlp,{C.LABEL_COMPONENT}=node"
     assert etcd_selector("mlp") == "app.kubernetes.io/instance=mlp,app.kubernetes.io/component=etcd"
 
 

@@ -33,14 +33,18 @@ def test_a_new_job_gets_a_headless_service_and_one_torchrun_pod_per_node(k8s, op
     assert container["args"] == ["-m", "ddpjob_trainer.examples.mlp", "--epochs", "2"]
     env = env_of(pod)
     assert env["PET_NNODES"] == "3:3" and env["PET_RDZV_ID"] == uid and env["PET_RDZV_BACKEND"] == "c10d"
-    assert env["PET_RDZV_ENDPOINT"] == f"mlp-node-0.mlp.{k8s.namespace}.svc.cluster.local:29400"
+    assert env["PET_RDZV_ENDPOINT"] == f"mlp-rdzv.{k8s.namespace}.svc.cluster.local:29400"  # the store pod
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["DDPJOB_NODE_INDEX"] == "1"
     assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("mlp-node-1", "mlp")
     assert pod["metadata"]["labels"][C.LABEL_NODE_INDEX] == "1"
     assert pod["metadata"]["ownerReferences"][0] == {**pod["metadata"]["ownerReferences"][0], "uid": uid,
                                                     "controller": True}
-    k8s.wait_for(lambda: status(k8s).get("selector") == f"{C.LABEL_JOB_NAME}=mlp", timeout=15,
+    assert k8s.find("pods", "mlp-rdzv") is not None and k8s.find("services", "mlp-rdzv") is not None
+    selector = f"{C.LABEL_JOB_NAME}=mlp,{C.LABEL_COMPONENT}=node"
+    k8s.wait_for(lambda: status(k8s).get("selector") == selector, timeout=15,
                  what="status.selector for the scale subresource")
+    assert sorted(p["metadata"]["name"] for p in k8s.list("pods", label_selector=selector)) == [
+        "mlp-node-0", "mlp-node-1", "mlp-node-2"]  # the store pod is no node: an HPA never counts it
 
 
 def test_the_job_runs_when_its_pods_run_and_succeeds_when_all_exit_zero(k8s, operator):

@@ -51,7 +51,8 @@ def test_suspend_deletes_pods_but_keeps_service_and_status_and_resume_recreates_
     k8s.wait_for(lambda: pod_names(k8s) == [], what="suspension to delete the pods")
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUSPENDED, timeout=15, what="phase Suspended")
     assert k8s.find("services", "mlp") is not None
-    assert status(k8s)["selector"] == f"{C.LABEL_JOB_NAME}=mlp"
+    assert status(k8s)["selector"] == f"{C.LABEL_JOB_NAME}=mlp,{C.LABEL_COMPONENT}=node"
+    assert k8s.find("pods", "mlp-rdzv") is None, "a suspended job keeps no rendezvous store pod"
     k8s.patch("ddpjobs", "mlp", {"spec": {"runPolicy": {"suspend": False}}})
     k8s.wait_for(lambda: pod_names(k8s) == nodes(2), what="resume to recreate the pods")
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_PENDING, timeout=15, what="phase Pending after resume")
@@ -68,17 +69,18 @@ def test_an_operator_killed_mid_pass_resumes_without_duplicate_pods(cluster, k8s
     finally:
         first.kill()
     created_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in k8s.list("pods")}
-    assert len(created_before) < 6, f"the first operator finished its pass before the kill: {created_before}"
+    # the store pod comes first, then the six node pods
+    assert len(created_before) < 7, f"the first operator finished its pass before the kill: {created_before}"
     cluster.emulator.write_latency = 0.0
     with OperatorProcess(cluster, operator_command(k8s.namespace), tmp_path / "second.log") as second:
         k8s.wait_for(lambda: pod_names(k8s) == nodes(6), what="the restarted operator to finish the pods")
         time.sleep(0.5)
         pods = k8s.list("pods")
-        assert sorted(p["metadata"]["name"] for p in pods) == nodes(6)
+        assert sorted(p["metadata"]["name"] for p in pods) == [*nodes(6), "mlp-rdzv"]
         for pod in pods:  # pods from before the kill are kept, not deleted and created again
             name = pod["metadata"]["name"]
             assert created_before.get(name, pod["metadata"]["uid"]) == pod["metadata"]["uid"]
-        assert len(k8s.list("services")) == 1
+        assert len(k8s.list("services")) == 2  # the headless one and the store pod's
         assert status(k8s).get("restarts", 0) == 0
     assert "Traceback" not in second.log(), second.log()[-4000:]
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue, plan_actions
+from ddpjob_operator.rdzv_store import render_store_pod, render_store_service
 from ddpjob_operator.reconcile import reconcile
 from ddpjob_operator.render import render_pod, render_service
 from ddpjob_operator.spec import parse_spec
 from tests.operator.builders import at, job_ref, make_ddpjob, make_pod, running_pods
+from tests.operator.topology_builders import store, with_store
 
 
 def actions_at(job: dict, pods: list, seconds: float, service_exists: bool = True) -> list:
     """One reconciliation at T0+seconds; the job keeps the new status like the API would."""
-    result = reconcile(job, pods, at(seconds), service_exists=service_exists)
+    result = reconcile(job, with_store(job, pods), at(seconds), service_exists=service_exists)
     job["status"] = result.status
     return result.actions
 
@@ -30,8 +32,19 @@ def requeues(actions: list) -> list[float]:
     return [a.after for a in actions if isinstance(a, Requeue)]
 
 
-def test_a_new_job_gets_its_service_and_one_pod_per_replica():
+def test_a_new_job_gets_its_service_and_store_pod_then_one_pod_per_replica():
     job = make_ddpjob(replicas=2)
+    spec, ref = parse_spec(job["spec"]), job_ref(job)
+    actions = actions_at(job, [], 0, service_exists=False)
+    assert actions[:3] == [CreateService(render_service(ref, spec)), CreateService(render_store_service(ref, spec)),
+                           CreatePod(render_store_pod(ref, spec))]
+    assert created(actions) == ["mlp-rdzv"]  # the nodes wait for the store pod to exist
+    actions = reconcile(job, [store(job)], at(1), service_exists=True).actions
+    assert actions == [CreatePod(render_pod(ref, spec, 0)), CreatePod(render_pod(ref, spec, 1))]
+
+
+def test_with_the_store_on_node_0_a_new_job_gets_its_service_and_one_pod_per_replica():
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"})
     actions = actions_at(job, [], 0, service_exists=False)
     spec, ref = parse_spec(job["spec"]), job_ref(job)
     assert actions == [CreateService(render_service(ref, spec)),
@@ -89,7 +102,8 @@ def test_a_name_still_held_by_a_terminating_pod_is_not_reused_yet():
 def test_suspending_deletes_every_pod_and_creates_nothing():
     job = make_ddpjob(replicas=2, runPolicy={"suspend": True})
     actions = actions_at(job, running_pods(job) + [make_pod(job, 5, deleting=True)], 0, service_exists=False)
-    assert actions == [DeletePod("mlp-node-0", "the job is suspended"), DeletePod("mlp-node-1", "the job is suspended")]
+    assert actions == [DeletePod("mlp-node-0", "the job is suspended"), DeletePod("mlp-node-1", "the job is suspended"),
+                       DeletePod("mlp-rdzv", "the job is suspended")]
 
 
 @pytest.mark.parametrize("policy,deleted_pods", [
@@ -126,7 +140,7 @@ def test_a_running_job_with_a_deadline_is_requeued_for_the_deadline():
 def test_passing_the_deadline_deletes_the_running_pods():
     job = make_ddpjob(replicas=1, runPolicy={"activeDeadlineSeconds": 60})
     actions_at(job, [], 0)
-    assert deleted(actions_at(job, running_pods(job), 61)) == ["mlp-node-0"]
+    assert deleted(actions_at(job, running_pods(job), 61)) == ["mlp-node-0", "mlp-rdzv"]
 
 
 def test_once_a_node_succeeded_missing_or_failed_nodes_are_not_replaced():
@@ -153,7 +167,7 @@ def test_only_the_earliest_requeue_is_returned():
 def test_plan_actions_can_be_called_with_any_status():
     job = make_ddpjob(replicas=1)
     spec = parse_spec(job["spec"])
-    actions = plan_actions(job_ref(job), spec, {"phase": "Running"}, [], at(0), service_exists=True)
+    actions = plan_actions(job_ref(job), spec, {"phase": "Running"}, [store(job)], at(0), service_exists=True)
     assert created(actions) == ["mlp-node-0"]
     assert plan_actions(job_ref(job), None, {}, [], at(0), service_exists=False) == []
 

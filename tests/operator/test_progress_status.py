@@ -215,7 +215,8 @@ def test_a_pass_looks_again_when_an_image_pull_error_reaches_the_timeout():
 def test_whole_group_restarts_are_judged_by_progress_too():
     # c10d with the store on node 0: node 0 failing restarts the whole group (topology.py),
     # which counts the incident itself; the budget by progress still judges it.
-    job = make_ddpjob(replicas=2, failurePolicy={"maxRestarts": 10, "maxRestartsWithoutProgress": 1})
+    job = make_ddpjob(replicas=2, failurePolicy={"maxRestarts": 10, "maxRestartsWithoutProgress": 1},
+                      elasticPolicy={"rdzvStore": "node"})
     step(job, running_pods(job), 0)
     phases = []
     for n in (1, 2, 3):

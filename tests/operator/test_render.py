@@ -10,6 +10,7 @@ import yaml
 
 from ddpjob_operator import constants as C
 from ddpjob_operator.render import render_pod, render_service, selector
+from ddpjob_operator.rdzv_store import render_store_pod
 from ddpjob_operator.spec import JobRef, parse_spec
 from tests.operator.builders import make_spec
 
@@ -57,7 +58,7 @@ def test_pod_matches_golden_yaml():
 def test_service_is_headless_and_publishes_not_ready_pods_on_the_rdzv_port():
     svc = render_service(REF, parse_spec(make_spec(elasticPolicy={"rdzvPort": 29500})))["spec"]
     assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
-    assert svc["selector"] == {C.LABEL_JOB_NAME: "mlp"}
+    assert svc["selector"] == {C.LABEL_JOB_NAME: "mlp", C.LABEL_COMPONENT: "node"}
     assert svc["ports"] == [{"name": "rdzv", "port": 29500, "targetPort": 29500, "protocol": "TCP"}]
 
 
@@ -77,8 +78,15 @@ def test_pod_labels_carry_job_and_node_index_and_the_selector_matches_them():
     labels = render_pod(REF, parse_spec(make_spec()), 2)["metadata"]["labels"]
     assert labels[C.LABEL_JOB_NAME] == "mlp" and labels[C.LABEL_NODE_INDEX] == "2"
     assert labels[C.LABEL_COMPONENT] == "node" and labels[C.LABEL_MANAGED_BY] == "ddpjob-operator"
-    key, value = selector("mlp").split("=")
-    assert labels[key] == value
+    wanted = dict(pair.split("=") for pair in selector("mlp").split(","))
+    assert wanted == {C.LABEL_JOB_NAME: "mlp", C.LABEL_COMPONENT: "node"}
+    assert {key: labels[key] for key in wanted} == wanted
+
+
+def test_the_scale_selector_leaves_the_rendezvous_store_pod_out():
+    store = render_store_pod(REF, parse_spec(make_spec()))["metadata"]["labels"]
+    wanted = dict(pair.split("=") for pair in selector("mlp").split(","))
+    assert any(store.get(key) != value for key, value in wanted.items())
 
 
 def test_pod_never_restarts_in_place_because_the_operator_replaces_it():

@@ -258,3 +258,16 @@ def test_a_job_name_that_just_fits_is_accepted():
 def test_parse_job_returns_identity_and_spec():
     ref, spec = parse_job(make_ddpjob("mlp", namespace="team", uid="u1", generation=4, replicas=3))
     assert ref == JobRef("mlp", "team", "u1", 4) and spec.desired_replicas == 3
+
+
+@pytest.mark.parametrize("elastic, store_on_pod", [
+    ({}, True),  # c10d without rdzvStore: the store pod is the default
+    ({"rdzvStore": "pod"}, True),
+    ({"rdzvStore": "node"}, False),
+    ({"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"]}, False),  # etcd keeps the state: no store pod
+    ({"rdzvBackend": "etcd", "rdzvEndpoints": ["e:1"]}, False),
+])
+def test_c10d_jobs_get_a_store_pod_unless_rdzv_store_is_node(elastic, store_on_pod):
+    spec = parse_spec(make_spec(elasticPolicy=elastic))
+    assert validate_spec(make_spec(elasticPolicy=elastic)) == []
+    assert spec.elastic_policy.store_on_pod is store_on_pod

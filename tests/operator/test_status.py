@@ -8,12 +8,14 @@ from ddpjob_operator import constants as C
 from ddpjob_operator.spec import parse_spec, validate_spec
 from ddpjob_operator.status import Event, StatusUpdate, compute_status, set_condition
 from tests.operator.builders import T0, at, job_ref, make_ddpjob, make_pod, running_pods
+from tests.operator.topology_builders import with_store
 
 
 def step(job: dict, pods: list, seconds: float) -> StatusUpdate:
     """One status pass at T0+seconds; the job keeps the new status like the API would."""
     errors = validate_spec(job["spec"])
     spec = None if errors else parse_spec(job["spec"])
+    pods = with_store(job, pods) if spec else pods
     update = compute_status(job_ref(job), spec, pods, job.get("status"), at(seconds), errors=errors)
     job["status"] = update.status
     return update
@@ -59,7 +61,9 @@ def test_counts_ready_string_selector_and_observed_generation():
     pods = [make_pod(job, 0), make_pod(job, 1, ready=False), make_pod(job, 2, phase="Pending")]
     status = step(job, pods, 0).status
     assert (status["replicas"], status["readyReplicas"], status["ready"]) == (3, 1, "1/3")
-    assert (status["selector"], status["observedGeneration"]) == ("ddpjob.io/job-name=mlp", 7)
+    # the scale selector picks node pods only: an HPA must not count the store pod
+    assert (status["selector"], status["observedGeneration"]) == (
+        "ddpjob.io/job-name=mlp,app.kubernetes.io/component=node", 7)
 
 
 def test_a_failed_node_starts_an_incident_counted_once_across_passes():

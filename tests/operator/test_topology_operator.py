@@ -50,7 +50,7 @@ def new_group(k8s, old: dict[str, dict], names: list[str]):
 
 
 def test_losing_the_c10d_store_host_restarts_every_node_once_under_a_new_rendezvous_id(k8s, operator):
-    old = start_running(k8s, NODES, ddpjob(replicas=3))
+    old = start_running(k8s, NODES, ddpjob(replicas=3, elasticPolicy={"rdzvStore": "node"}))
     uid = k8s.get("ddpjobs", "mlp")["metadata"]["uid"]
     assert {rdzv_id(p) for p in old.values()} == {uid}
     set_terminated(k8s, "mlp-node-0", 1)
@@ -75,8 +75,9 @@ def test_under_etcd_losing_node_0_replaces_only_node_0_under_the_same_id(k8s, op
 
 
 def test_the_store_pod_is_created_first_and_its_failure_replaces_it_and_restarts_the_group(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, elasticPolicy={"rdzvStore": "pod"}))
-    k8s.wait_for(lambda: set(pod_names(k8s)) == {"mlp-rdzv", "mlp-node-0", "mlp-node-1"}, what="store and nodes")
+    k8s.create("ddpjobs", ddpjob(replicas=2))  # c10d: the store pod is the default
+    k8s.wait_for(lambda: set(pods_by_name(k8s)) == {"mlp-rdzv", "mlp-node-0", "mlp-node-1"}, what="store and nodes")
+    assert pod_names(k8s) == ["mlp-node-0", "mlp-node-1"]  # the store pod is not a node
     service = k8s.get("services", "mlp-rdzv")
     assert service["spec"]["selector"][C.LABEL_COMPONENT] == C.COMPONENT_RDZV_STORE
     node = pods_by_name(k8s)["mlp-node-0"]
@@ -97,8 +98,8 @@ def test_the_store_pod_is_created_first_and_its_failure_replaces_it_and_restarts
 
 
 def test_with_the_store_pod_losing_node_0_replaces_only_node_0(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, elasticPolicy={"rdzvStore": "pod"}))
-    k8s.wait_for(lambda: set(pod_names(k8s)) == {"mlp-rdzv", "mlp-node-0", "mlp-node-1"}, what="store and nodes")
+    k8s.create("ddpjobs", ddpjob(replicas=2))
+    k8s.wait_for(lambda: set(pods_by_name(k8s)) == {"mlp-rdzv", "mlp-node-0", "mlp-node-1"}, what="store and nodes")
     for name in ("mlp-rdzv", "mlp-node-0", "mlp-node-1"):
         set_running(k8s, name)
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_RUNNING, what="phase Running")
@@ -141,7 +142,7 @@ def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_sched
 def test_a_queue_name_gives_every_node_pod_the_kueue_pod_group_labels(k8s, operator):
     k8s.create("ddpjobs", ddpjob(replicas=2, scheduling={"queueName": "team-a"}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
-    for pod in pods_by_name(k8s).values():
+    for pod in (pods_by_name(k8s)[name] for name in pod_names(k8s)):  # the store pod is in no group
         labels, annotations = pod["metadata"]["labels"], pod["metadata"].get("annotations", {})
         assert (labels["kueue.x-k8s.io/queue-name"], labels["kueue.x-k8s.io/pod-group-name"]) == ("team-a", "mlp")
         assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"

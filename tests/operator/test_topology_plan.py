@@ -8,7 +8,7 @@ import pytest
 from ddpjob_operator import constants as C
 from ddpjob_operator.plan import CreatePod, CreateService, DeletePod, Requeue
 from tests.operator.builders import at, make_ddpjob, make_pod
-from tests.operator.topology_builders import ETCD_V3, STORE_POD, env_of, gen_pod, step, store
+from tests.operator.topology_builders import ETCD_V3, STORE_ON_NODE, STORE_POD, env_of, gen_pod, step, store
 
 
 def created(result) -> list[str]:
@@ -34,7 +34,7 @@ def running(job: dict, generation: int = 0, count: int = 3) -> list[dict]:
 # --- c10d, store on node 0 ------------------------------------------------------------
 
 def test_losing_the_store_host_restarts_the_whole_group_as_one_incident_under_a_new_generation():
-    job = make_ddpjob(replicas=3)
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)
     step(job, running(job), 0)
     pods = [gen_pod(job, 0, 0, phase="Failed", exit_code=1), gen_pod(job, 1, 0), gen_pod(job, 2, 0)]
     result = step(job, pods, 10)
@@ -49,7 +49,7 @@ def test_losing_the_store_host_restarts_the_whole_group_as_one_incident_under_a_
 
 
 def test_agents_that_die_with_the_store_add_no_incident_and_no_event():
-    job = make_ddpjob(replicas=3)
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)
     step(job, running(job), 0)
     step(job, [gen_pod(job, 0, 0, phase="Failed"), gen_pod(job, 1, 0), gen_pod(job, 2, 0)], 10)
     cascade = [gen_pod(job, i, 0, phase="Failed", exit_code=1) for i in range(3)]
@@ -59,7 +59,7 @@ def test_agents_that_die_with_the_store_add_no_incident_and_no_event():
 
 
 def test_the_new_group_is_created_together_after_the_backoff_with_a_new_rendezvous_id():
-    job = make_ddpjob(replicas=3)  # default failurePolicy: first backoff 10 s
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)  # default failurePolicy: first backoff 10 s
     step(job, running(job), 0)
     step(job, [gen_pod(job, 0, 0, phase="Failed", finished_at=at(10)), gen_pod(job, 1, 0), gen_pod(job, 2, 0)], 10)
     assert created(step(job, [], 12)) == []  # the old group is gone, the backoff is not over
@@ -71,7 +71,7 @@ def test_the_new_group_is_created_together_after_the_backoff_with_a_new_rendezvo
 
 
 def test_no_pod_of_the_new_generation_is_created_while_one_of_the_old_is_still_there():
-    job = make_ddpjob(replicas=3)
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)
     step(job, running(job), 0)
     step(job, [gen_pod(job, 0, 0, phase="Failed"), gen_pod(job, 1, 0), gen_pod(job, 2, 0)], 10)
     result = step(job, [gen_pod(job, 2, 0, deleting=True)], 60)  # node-0 and node-1 are free names
@@ -80,7 +80,7 @@ def test_no_pod_of_the_new_generation_is_created_while_one_of_the_old_is_still_t
 
 
 def test_a_pod_of_an_older_generation_is_deleted_even_without_a_label():
-    job = make_ddpjob(replicas=2, status={"rendezvousGeneration": 2})
+    job = make_ddpjob(replicas=2, status={"rendezvousGeneration": 2}, **STORE_ON_NODE)
     unlabelled = make_pod(job, 1)
     del unlabelled["metadata"]["labels"][C.LABEL_RDZV_GENERATION]  # made by an older operator
     result = step(job, [gen_pod(job, 0, 2), unlabelled], 0)
@@ -89,7 +89,7 @@ def test_a_pod_of_an_older_generation_is_deleted_even_without_a_label():
 
 
 def test_a_deleted_store_host_under_a_running_group_restarts_it_without_using_the_budget():
-    job = make_ddpjob(replicas=3)
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)
     step(job, running(job), 0)
     result = step(job, [gen_pod(job, 1, 0), gen_pod(job, 2, 0)], 10)
     assert (result.status["rendezvousGeneration"], result.status.get("restarts", 0)) == (1, 0)
@@ -99,14 +99,14 @@ def test_a_deleted_store_host_under_a_running_group_restarts_it_without_using_th
 
 
 def test_a_missing_store_host_while_the_others_still_start_is_simply_created():
-    job = make_ddpjob(replicas=3)
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)
     result = step(job, [gen_pod(job, 1, 0, phase="Pending"), gen_pod(job, 2, 0, phase="Pending")], 0)
     assert result.status.get("rendezvousGeneration") is None
     assert created(result) == ["mlp-node-0"]
 
 
 def test_losing_another_node_replaces_only_that_node_under_the_same_id():
-    job = make_ddpjob(replicas=3)
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)
     step(job, running(job), 0)
     result = step(job, [gen_pod(job, 0, 0), gen_pod(job, 1, 0, phase="Failed"), gen_pod(job, 2, 0)], 10)
     assert result.status.get("rendezvousGeneration") is None
@@ -116,7 +116,7 @@ def test_losing_another_node_replaces_only_that_node_under_the_same_id():
 
 
 def test_a_single_node_job_replaces_its_node_without_a_group_restart():
-    job = make_ddpjob(replicas=1)
+    job = make_ddpjob(replicas=1, **STORE_ON_NODE)
     step(job, running(job, count=1), 0)
     result = step(job, [gen_pod(job, 0, 0, phase="Failed")], 10)
     assert result.status.get("rendezvousGeneration") is None
@@ -124,7 +124,7 @@ def test_a_single_node_job_replaces_its_node_without_a_group_restart():
 
 
 def test_a_store_host_failing_with_a_permanent_exit_code_fails_the_job():
-    job = make_ddpjob(replicas=3)
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)
     step(job, running(job), 0)
     result = step(job, [gen_pod(job, 0, 0, phase="Failed", exit_code=127), gen_pod(job, 1, 0),
                         gen_pod(job, 2, 0)], 10)
@@ -132,7 +132,7 @@ def test_a_store_host_failing_with_a_permanent_exit_code_fails_the_job():
 
 
 def test_a_group_restart_beyond_the_budget_fails_the_job():
-    job = make_ddpjob(replicas=2, failurePolicy={"maxRestarts": 0})
+    job = make_ddpjob(replicas=2, failurePolicy={"maxRestarts": 0}, **STORE_ON_NODE)
     step(job, running(job, count=2), 0)
     result = step(job, [gen_pod(job, 0, 0, phase="Failed"), gen_pod(job, 1, 0)], 10)
     assert result.status["phase"] == "Failed"
@@ -140,7 +140,7 @@ def test_a_group_restart_beyond_the_budget_fails_the_job():
 
 
 def test_a_second_group_restart_is_a_second_incident_with_the_next_generation():
-    job = make_ddpjob(replicas=2)
+    job = make_ddpjob(replicas=2, **STORE_ON_NODE)
     step(job, running(job, count=2), 0)
     step(job, [gen_pod(job, 0, 0, phase="Failed"), gen_pod(job, 1, 0)], 10)
     step(job, running(job, 1, count=2), 100)

@@ -69,7 +69,7 @@ def test_node_pods_join_the_store_service_as_clients_and_open_no_store_port():
 
 
 def test_with_the_store_on_node_0_node_0_hosts_and_the_others_join_it():
-    job = make_ddpjob(replicas=2)
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"})
     pod = render_pod(job_ref(job), parse_spec(job["spec"]), 1)
     env = env_of(pod)
     assert env["PET_RDZV_ENDPOINT"] == "mlp-node-0.mlp.default.svc.cluster.local:29400"

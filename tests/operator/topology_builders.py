@@ -8,12 +8,14 @@ from typing import Any
 
 from ddpjob_operator import constants as C
 from ddpjob_operator.clock import format_time
-from ddpjob_operator.rdzv_store import render_store_pod
+from ddpjob_operator.rdzv_store import is_store_pod, render_store_pod, uses_store_pod
 from ddpjob_operator.reconcile import Reconciliation, reconcile
-from ddpjob_operator.spec import parse_spec
+from ddpjob_operator.pods import pod_phase
+from ddpjob_operator.spec import parse_spec, validate_spec
 from tests.operator.builders import T0, at, job_ref, make_pod
 
-STORE_POD = {"elasticPolicy": {"rdzvStore": "pod"}}
+STORE_POD = {"elasticPolicy": {"rdzvStore": "pod"}}  # the c10d default, spelled out
+STORE_ON_NODE = {"elasticPolicy": {"rdzvStore": "node"}}  # node 0's agent hosts the store
 ETCD_V3 = {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd:2379"]}}
 
 
@@ -38,6 +40,16 @@ def store(body: dict, phase: str = "Running", *, uid: str = "store-uid", exit_co
             "exitCode": 1 if exit_code is None else exit_code, "finishedAt": format_time(T0)}}}]
     pod["status"] = status
     return pod
+
+
+def with_store(body: dict, pods: list[dict]) -> list[dict]:
+    """`pods` plus the job's running store pod, as the API lists them while node pods train (the
+    store pod comes first and goes in the pass where a node succeeds); unchanged for a job
+    without one, an invalid spec, or a list that already has it."""
+    if (not pods or validate_spec(body["spec"]) or not uses_store_pod(parse_spec(body["spec"]))
+            or any(is_store_pod(p) or pod_phase(p) == "Succeeded" for p in pods)):
+        return pods
+    return [*pods, store(body)]
 
 
 def unscheduled(body: dict, index: int, since: datetime, *, generation: int = 0,

@@ -50,8 +50,8 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_the_snapshot_to_suc
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60,
                              "a mid-epoch snapshot")
-    # As in a cluster, node 0 (the pod the endpoint names) hosts the store; node 1 does not.
-    assert node_agent.pod_listening_on(port) == "mlp-node-0", f"node 0 does not listen on the c10d port {port}"
+    # As in a cluster, the store pod (the c10d default, the pod the endpoint names) hosts the store.
+    assert node_agent.pod_listening_on(port) == "mlp-rdzv", f"the store pod does not listen on the c10d port {port}"
     victim = "mlp-node-1"
     killed = node_agent.kill(victim)
     killed_at = time.monotonic()
@@ -99,7 +99,7 @@ def test_a_permanent_exit_code_fails_the_job_with_the_reason_in_status_and_an_ev
     # Nothing was replaced and nothing is left running (cleanPodPolicy Running deletes a survivor).
     k8s.wait_for(lambda: all(c.exit_code is not None for c in node_agent.pods.values()), timeout=20,
                  what="every node process gone")
-    assert sorted(c.name for c in node_agent.pods.values()) == ["mlp-node-0", "mlp-node-1"]
+    assert sorted(c.name for c in node_agent.pods.values()) == ["mlp-node-0", "mlp-node-1", "mlp-rdzv"]
     assert not any(e["event"] == "done" for e in progress.events())
 
 
@@ -107,7 +107,8 @@ def test_a_permanent_exit_code_fails_the_job_with_the_reason_in_status_and_an_ev
 def test_killing_the_node_that_hosts_the_c10d_store_still_recovers_to_success(k8s, operator, node_agent, tmp_path):
     """Node 0 hosts the store (the sandbox node keeps torch's cluster behaviour: only the pod the
     endpoint names hosts); its death takes the rendezvous with it, so every node restarts."""
-    progress, port = start_example(k8s, node_agent, tmp_path)
+    progress, port = start_example(k8s, node_agent, tmp_path,
+                                   edit=lambda spec: spec["elasticPolicy"].update(rdzvStore="node"))
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60,
                              "a mid-epoch snapshot")

@@ -24,7 +24,7 @@ def start_store_pod_job(k8s, node_agent, tmp_path) -> tuple[JobProgress, int]:
     port = free_port()
     args = trainer_args(epochs=EPOCHS, samples=2048, step_sleep=0.1, snapshot_every_steps=SNAPSHOT_EVERY)
     body = example_job(args=args, rdzv_port=port)
-    body["spec"]["elasticPolicy"]["rdzvStore"] = "pod"
+    # the example's rdzvStore as it is: pod, the c10d default
     kubectl_apply(k8s, body, tmp_path)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
     return JobProgress(k8s, node_agent, "mlp", node_agent.claim_dir(claim) / "metrics.jsonl"), port

@@ -6,6 +6,7 @@ import datetime
 from typing import Any
 
 from ddpjob_operator import constants as C
+from ddpjob_operator.render import selector
 
 
 def ddpjob(name: str = "mlp", replicas: int = 2, **spec: Any) -> dict:
@@ -43,7 +44,8 @@ def set_terminated(k8s, pod: str, exit_code: int, reason: str | None = None) -> 
 
 
 def pod_names(k8s, job: str = "mlp") -> list[str]:
-    return sorted(p["metadata"]["name"] for p in k8s.list("pods", label_selector=f"{C.LABEL_JOB_NAME}={job}")
+    """The job's live node pods (the rendezvous store pod is not a node)."""
+    return sorted(p["metadata"]["name"] for p in k8s.list("pods", label_selector=selector(job))
                   if not p["metadata"].get("deletionTimestamp"))
 
 
