@@ -1,0 +1,195 @@
+"""Goodput and time to recover: the example job with injected node kills, next to a clean run.
+
+Run with ``python -m bench goodput``. One bench run starts the example DDPJob
+(manifests/examples/ddpjob-c10d.yaml, its own schedule, the default rendezvous
+topology) under ``ddpjob run`` three times, one after the other on the same
+machine: without a failure, with one node killed (``--kill-node-after``: SIGKILL of
+node 1's whole process tree KILL_AFTER s after the first step), and with two kills
+(the second one, by this bench, KILL_AFTER s after the group is back at full size).
+Local processes rather than the sandbox: the same launch plan and failure policy,
+no pods to schedule, and one process tree to clean up.
+
+Figures, with one definition each, reused rather than restated here:
+  * time to recover: kill -> first training step of a trainer start after it
+    (bench._recovery.first_step_after, as bench.local_run and bench.sandbox);
+    "full size" is the first such step with every node back;
+  * lost time and goodput: the operator's own (progress.ingest over the resume
+    records the trainer would report: each run from the snapshot it resumed from,
+    or the job's start, to its first step; goodput = 1 - lost / wall, metrics.goodput),
+    fed from the trainer's metrics file instead of pod termination messages;
+  * redone steps: steps in the raw metrics minus steps in the effective history
+    (ddpjob_trainer.metrics.read_metrics / read_raw_metrics).
+Wall time is the local run's own clock: its first events.jsonl record to `phase Succeeded`.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bench._recovery import event_time, first_step_after, wait_for
+from ddpjob_operator import constants as C
+from ddpjob_operator import metrics as operator_metrics
+from ddpjob_operator import progress
+from ddpjob_trainer.metrics import read_metrics, read_raw_metrics
+
+KILL_AFTER = 5.0  # seconds after the first step (and after full size again, for the second kill)
+RUN_TIMEOUT = 400.0  # one run, kills and recoveries included
+EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "ddpjob-c10d.yaml"
+DDPJOB = Path(sys.executable).parent / "ddpjob"
+NODES = 2  # the example's replicas
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What one run measured."""
+
+    kills: int
+    wall: float
+    steps: int
+    redone: int
+    recover: list[float]  # per kill: kill -> first resumed step
+    full_size: list[float]  # per kill: kill -> first step with every node back
+    lost: float
+    goodput: float
+
+
+def main() -> None:
+    rows = []
+    for kills in (0, 1, 2):
+        with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
+            rows.append(measure(Path(tmp), kills))
+        print(f"run with {kills} kill(s): {rows[-1]}", flush=True)
+    _print_table(rows)
+
+
+def measure(workdir: Path, kills: int) -> RunFigures:
+    """One `ddpjob run` of the example with `kills` injected node kills (0, 1 or 2)."""
+    run_dir, job = workdir / "run", workdir / "job.yaml"
+    job.write_text(EXAMPLE.read_text())
+    argv = [str(DDPJOB), "run", str(job), "--workdir", str(run_dir), "--port", "0", "--plain"]
+    if kills:
+        argv += ["--kill-node-after", str(KILL_AFTER)]
+    with open(workdir / "ddpjob.out", "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        kill_times = _inject(run_dir, kills)
+        code = proc.wait(timeout=RUN_TIMEOUT)
+    finally:
+        _stop(proc)
+    if code != 0:
+        raise RuntimeError(f"ddpjob run with {kills} kill(s) exited {code}; see {workdir / 'ddpjob.out'}")
+    return _figures(run_dir, kill_times)
+
+
+def _inject(run_dir: Path, kills: int) -> list[float]:
+    """Waits for the runner's own kill, then kills the same node once more by hand when asked."""
+    if not kills:
+        return []
+    first = event_time(wait_for(lambda: _event(run_dir, "killed"), "the injected kill", RUN_TIMEOUT))
+    if kills == 1:
+        return [first]
+    metrics = run_dir / "snapshots" / "metrics.jsonl"
+    back = wait_for(lambda: first_step_after(metrics, first, NODES), "the group back at full size", RUN_TIMEOUT)
+    wait_for(lambda: _now() >= event_time(back) + KILL_AFTER, "the second kill's moment")
+    node = _event(run_dir, "started", node=NODES - 1, last=True)
+    second = _now()
+    os.killpg(node["pid"], signal.SIGKILL)  # the node's whole tree, as the runner's own kill
+    return [first, second]
+
+
+def _figures(run_dir: Path, kill_times: list[float]) -> RunFigures:
+    metrics = run_dir / "snapshots" / "metrics.jsonl"
+    events = _events(run_dir)
+    start = events[0]["time"]
+    end = next(e["time"] for e in events if e["event"] == "phase" and e["phase"] == "Succeeded")
+    raw, effective = read_raw_metrics(metrics), read_metrics(metrics)
+    steps = sum(1 for e in effective if e["event"] == "step")
+    recover = [event_time(first_step_after(metrics, t)) - t for t in kill_times]
+    full = [event_time(first_step_after(metrics, t, NODES)) - t for t in kill_times]
+    status = {"startTime": start, "completionTime": end}
+    for moment in kill_times:  # as the operator: one incident at a time, the resumes seen after it
+        status["lastFailureTime"] = _text(moment)
+        progress.ingest(_reports(raw), status)
+    progress.ingest(_reports(raw), status)
+    completed = datetime.datetime.fromisoformat(end.replace("Z", "+00:00"))
+    return RunFigures(kills=len(kill_times), wall=round(event_time({"time": end}) - event_time({"time": start}), 1),
+                      steps=steps, redone=sum(1 for e in raw if e["event"] == "step") - steps,
+                      recover=[round(x, 1) for x in recover], full_size=[round(x, 1) for x in full],
+                      lost=float(status["recovery"]["lostSeconds"]),
+                      goodput=round(operator_metrics.goodput(status, completed), 3))
+
+
+def _reports(raw: list[dict]) -> list[dict]:
+    """Each trainer start as the progress record its node would report in a pod's termination
+    message (ddpjob_trainer/termination.py), wrapped as a pod so progress.ingest reads it."""
+    pods = []
+    for i, start in enumerate(e for e in raw if e["event"] == "start"):
+        later = [e for e in raw if event_time(e) >= event_time(start)]
+        first_step = next((e for e in later if e["event"] == "step"), None)
+        step = start.get("resume_step") or None
+        snapshot = next((e for e in reversed(raw) if e["event"] == "snapshot" and e["step"] == step
+                         and event_time(e) <= event_time(start)), None) if step else None
+        record = {"kind": "ddpjob.progress", "version": 1, "node": "0", "snapshot": None,
+                  "resume": {"time": start["time"], "fromStep": step,
+                             "fromSnapshotTime": snapshot["time"] if snapshot else None,
+                             "firstStepTime": first_step["time"] if first_step else None}}
+        terminated = {"exitCode": 0, "message": json.dumps(record)}
+        pods.append({"metadata": {"name": f"run-{i}", "uid": f"run-{i}"},
+                     "status": {"containerStatuses": [{"name": C.CONTAINER_NAME, "state": {"terminated": terminated}}]}})
+    return pods
+
+
+def _events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _event(run_dir: Path, kind: str, last: bool = False, **match) -> dict | None:
+    found = [e for e in _events(run_dir) if e["event"] == kind and all(e.get(k) == v for k, v in match.items())]
+    return (found[-1] if last else found[0]) if found else None
+
+
+def _now() -> float:
+    return datetime.datetime.now(datetime.timezone.utc).timestamp()
+
+
+def _text(moment: float) -> str:
+    return datetime.datetime.fromtimestamp(moment, datetime.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)  # as Ctrl-C: ddpjob stops every node
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _print_table(rows: list[RunFigures]) -> None:
+    clean = rows[0]
+    print()
+    print("| run | wall | steps (redone) | kill -> first resumed step | kill -> full size | lost | goodput "
+          "| wall / clean | goodput / clean |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        name = "clean" if not row.kills else f"{row.kills} node kill(s)"
+        recover = ", ".join(f"{x:.1f} s" for x in row.recover) or "-"
+        full = ", ".join(f"{x:.1f} s" for x in row.full_size) or "-"
+        print(f"| {name} | {row.wall:.1f} s | {row.steps} ({row.redone}) | {recover} | {full} | {row.lost:.1f} s "
+              f"| {row.goodput:.3f} | {row.wall / clean.wall:.2f}x | {row.goodput / clean.goodput:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
