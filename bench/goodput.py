@@ -142,9 +142,8 @@ def _reports(raw: list[dict]) -> list[dict]:
                   "resume": {"time": start["time"], "fromStep": step,
                              "fromSnapshotTime": snapshot["time"] if snapshot else None,
                              "firstStepTime": first_step["time"] if first_step else None}}
-        terminated = {"exitCode": 0, "message": json.dumps(record)}
-        pods.append({"metadata": {"name": f"run-{i}", "uid": f"run-{i}"},
-                     "status": {"containerStatuses": [{"name": C.CONTAINER_NAME, "state": {"terminated": terminated}}]}})
+        container = {"name": C.CONTAINER_NAME, "state": {"terminated": {"exitCode": 0, "message": json.dumps(record)}}}
+        pods.append({"metadata": {"name": f"run-{i}", "uid": f"run-{i}"}, "status": {"containerStatuses": [container]}})
     return pods
 
 
