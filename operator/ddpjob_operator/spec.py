@@ -227,6 +227,13 @@ class ElasticPolicy(_Model):
             "!has(self.rdzvBackend) || self.rdzvBackend == 'c10d'",
             "spec.elasticPolicy.rdzvStore may be pod only when rdzvBackend is c10d "
             "(etcd backends keep their state in etcd): remove it or set rdzvBackend to c10d"),
+        # On the effective value: a field-level `self == oldSelf` only runs when both objects set
+        # rdzvStore, so adding `rdzvStore: node` to a job that ran with the (unset) pod default
+        # would pass and split the group between two stores.
+        cel("(has(self.rdzvStore) ? self.rdzvStore : 'pod') == "
+            "(has(oldSelf.rdzvStore) ? oldSelf.rdzvStore : 'pod')",
+            "spec.elasticPolicy.rdzvStore is immutable: nodes of one job must share one rendezvous "
+            "(unset means pod)"),
         cel("!has(self.rdzvBackend) || self.rdzvBackend != 'etcd' || "
             "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) <= 1",
             "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend "
@@ -275,9 +282,7 @@ class ElasticPolicy(_Model):
         "Where the c10d rendezvous store runs (c10d only; unset means pod): pod (a small "
         "dedicated pod <job>-rdzv behind a Service; every node joins as a client, so losing any "
         "node replaces only that node) or node (inside node 0's agent; losing node 0 restarts "
-        "the whole group)."),
-        json_schema_extra=immutable(
-            "spec.elasticPolicy.rdzvStore", "nodes of one job must share one rendezvous"))
+        "the whole group). Immutable, unset included (a rule on elasticPolicy)."))
 
     @property
     def store_on_pod(self) -> bool:

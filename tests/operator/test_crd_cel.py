@@ -117,12 +117,20 @@ def test_cel_rejects_names_whose_pod_names_exceed_the_dns_limit_like_the_operato
     ("spec.elasticPolicy.minReplicas", {"elasticPolicy": {"minReplicas": 1, "maxReplicas": 4}},
      {"elasticPolicy": {"minReplicas": 2, "maxReplicas": 4}}),
     ("spec.elasticPolicy.rdzvBackend", {}, {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"]}}),
+    ("spec.elasticPolicy.rdzvStore", {"elasticPolicy": {"rdzvStore": "pod"}}, {"elasticPolicy": {"rdzvStore": "node"}}),
+    # unset means pod: pinning node later would move the store of a running job
+    ("spec.elasticPolicy.rdzvStore", {}, {"elasticPolicy": {"rdzvStore": "node"}}),
+    ("spec.elasticPolicy.rdzvStore", {"elasticPolicy": {"rdzvStore": "node"}}, {}),
 ])
 def test_changing_an_immutable_field_of_a_running_job_is_rejected(field, old, new):
     old_spec, new_spec = make_spec(**old), make_spec(**new)
     messages = job_failures(new_spec, old_spec)
     prefix = field if field.startswith("spec.") else f"spec.{field}"
     assert any(m.startswith(f"{prefix} is immutable") for m, _ in messages), messages
+
+
+def test_writing_out_the_default_store_placement_is_not_a_change():
+    assert job_failures(make_spec(elasticPolicy={"rdzvStore": "pod"}), make_spec()) == []
 
 
 def test_scaling_and_other_mutable_changes_pass_the_transition_rules():

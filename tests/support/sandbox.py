@@ -16,7 +16,8 @@ What it maps, and why:
 * DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names become
   127.0.0.1, so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
   On loopback every c10d agent would find its own address in the endpoint; the rendered
-  ``is_host`` in PET_RDZV_CONF (launch.hosts_c10d_store) keeps the store on node 0.
+  ``is_host`` in PET_RDZV_CONF (launch.hosts_c10d_store) says who hosts the store: nobody
+  with the store pod (the default), node 0 with ``rdzvStore: node``.
   :meth:`NodeAgent.pod_listening_on` tells which pod really listens.
 * the image: ``torchrun``/``python`` resolve to this interpreter's virtualenv; the process
   inherits this machine's environment (PATH, HOME) minus torchrun and ddpjob variables, then
