@@ -26,7 +26,7 @@ from . import constants as C
 from .names import managed_etcd_name
 from .plan import Action, CreatePod, CreateService, DeletePod
 from .pods import is_deleting, pod_phase
-from .render import owner_reference
+from .companion import borrowed_scheduling, companion_pod, companion_service
 from .spec import DDPJobSpec, JobRef
 
 PEER_PORT = 2380  # etcd's peer port; one member, so it only listens on loopback
@@ -59,36 +59,24 @@ def etcd_selector(job: str) -> str:
 
 
 def render_etcd_service(ref: JobRef) -> dict[str, Any]:
-    """A ClusterIP Service: a replaced etcd pod gets a new IP, the agents keep the same name."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": managed_etcd_name(ref.name), "namespace": ref.namespace,
-                     "labels": etcd_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
-        "spec": {
-            "selector": {C.LABEL_INSTANCE: ref.name, C.LABEL_COMPONENT: C.COMPONENT_ETCD},
-            "ports": [{"name": "client", "port": C.DEFAULT_ETCD_PORT, "targetPort": C.DEFAULT_ETCD_PORT,
-                       "protocol": "TCP"}],
-        },
-    }
+    """The Service the agents reach etcd through: a replaced etcd pod gets a new IP, not a new name."""
+    selector = {C.LABEL_INSTANCE: ref.name, C.LABEL_COMPONENT: C.COMPONENT_ETCD}
+    return companion_service(ref, managed_etcd_name(ref.name), etcd_labels(ref.name), selector,
+                             "client", C.DEFAULT_ETCD_PORT)
 
 
 def render_etcd_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
     """The etcd pod; shares the node pods' tolerations, priority and pull secrets, not their placement."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": managed_etcd_name(ref.name), "namespace": ref.namespace,
-                     "labels": etcd_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
-        "spec": {
-            # A crashed etcd restarts in place and keeps its emptyDir (the rendezvous state).
-            "restartPolicy": "Always",
-            "enableServiceLinks": False,
-            "containers": [_container(ref, spec)],
-            "volumes": [{"name": "data", "emptyDir": {}}],
-            **_shared_pod_settings(spec),
-        },
-    }
+    return companion_pod(ref, managed_etcd_name(ref.name), etcd_labels(ref.name), {
+        # A crashed etcd restarts in place and keeps its emptyDir (the rendezvous state).
+        "restartPolicy": "Always",
+        "containers": [_container(ref, spec)],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        **borrowed_scheduling(spec),
+        # The image's own user may be root; run as the trainer image's uid, which owns the emptyDir.
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+    })
 
 
 def etcd_args(ref: JobRef, spec: DDPJobSpec) -> list[str]:
@@ -125,21 +113,6 @@ def _container(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
                             "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
     }
-
-
-def _shared_pod_settings(spec: DDPJobSpec) -> dict[str, Any]:
-    """Tolerations and priority as the nodes (so etcd is not preempted before them); node
-    selectors and affinity stay with the nodes (they ask for GPU nodes a tiny etcd must not wait for)."""
-    s, po = spec.scheduling, spec.pod_overrides
-    fields = {
-        "tolerations": [dict(t) for t in s.tolerations],
-        "priorityClassName": s.priority_class_name,
-        "imagePullSecrets": [dict(x) for x in po.image_pull_secrets],
-        # The image's own user may be root; run as the trainer image's uid, which owns the emptyDir.
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-    }
-    return {k: v for k, v in fields.items() if v}
 
 
 def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,

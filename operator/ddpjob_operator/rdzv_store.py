@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 from . import constants as C
 from .names import rdzv_store_name
-from .render import common_labels, owner_reference
+from .companion import borrowed_scheduling, companion_pod, companion_service
+from .render import common_labels
 from .spec import DDPJobSpec, JobRef
 
 # Enough for a TCPStore holding a few hundred rendezvous keys; torch's import dominates.
@@ -41,19 +42,11 @@ def uses_store_pod(spec: DDPJobSpec) -> bool:
 
 
 def render_store_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
-    """A ClusterIP Service: its virtual IP and DNS name outlive every store pod, so agents
-    started before a store replacement reach the new one without a DNS cache going stale."""
+    """The Service agents reach the store through, across store replacements."""
     port = spec.elastic_policy.rdzv_port
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": rdzv_store_name(ref.name), "namespace": ref.namespace,
-                     "labels": store_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
-        "spec": {
-            "selector": {C.LABEL_JOB_NAME: ref.name, C.LABEL_COMPONENT: C.COMPONENT_RDZV_STORE},
-            "ports": [{"name": C.RDZV_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
-        },
-    }
+    selector = {C.LABEL_JOB_NAME: ref.name, C.LABEL_COMPONENT: C.COMPONENT_RDZV_STORE}
+    return companion_service(ref, rdzv_store_name(ref.name), store_labels(ref.name), selector,
+                             C.RDZV_PORT_NAME, port)
 
 
 def render_store_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
@@ -72,32 +65,16 @@ def render_store_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
         "resources": STORE_RESOURCES,
     }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": rdzv_store_name(ref.name), "namespace": ref.namespace,
-                     "labels": store_labels(ref.name), "ownerReferences": [owner_reference(ref)]},
-        "spec": {
-            # The operator replaces a failed store itself: a kubelet restart would bring the
-            # port back empty while agents believe their rendezvous still exists.
-            "restartPolicy": "Never",
-            "enableServiceLinks": False,
-            "containers": [container],
-            **_shared_pod_settings(spec),
-        },
-    }
+    po = spec.pod_overrides
+    # The trainer image runs it, so it runs as the node pods do (their account and security context).
+    as_nodes = {k: v for k, v in {"serviceAccountName": po.service_account_name,
+                                  "securityContext": dict(po.security_context)}.items() if v}
+    return companion_pod(ref, rdzv_store_name(ref.name), store_labels(ref.name), {
+        # The operator replaces a failed store itself: a kubelet restart would bring the
+        # port back empty while agents believe their rendezvous still exists.
+        "restartPolicy": "Never",
+        "containers": [container],
+        **borrowed_scheduling(spec),
+        **as_nodes,
+    })
 
-
-def _shared_pod_settings(spec: DDPJobSpec) -> dict[str, Any]:
-    """nodeSelector, affinity and schedulerName stay with the node pods: they usually ask for
-    GPU nodes or a gang, which a CPU-only store must not wait for. The priority class is
-    kept so the store is not preempted before the nodes that depend on it."""
-    s, po = spec.scheduling, spec.pod_overrides
-    fields = {
-        "tolerations": [dict(t) for t in s.tolerations],
-        "priorityClassName": s.priority_class_name,
-        "serviceAccountName": po.service_account_name,
-        "imagePullSecrets": [dict(x) for x in po.image_pull_secrets],
-        "securityContext": dict(po.security_context),
-    }
-    return {k: v for k, v in fields.items() if v}
