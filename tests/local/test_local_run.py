@@ -153,8 +153,8 @@ def test_ctrl_c_stops_every_process_of_every_node(tmp_path):
 @pytest.mark.slow  # ~45 s alone, ~65 s on a loaded machine: every node restarts
 def test_losing_node_0_restarts_the_whole_group_under_the_next_rendezvous_generation(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    code = cli.main(["run", job_file(tmp_path), "--workdir", str(run_dir), "--port", "0", "--plain",
-                     "--kill-node-after", "2", "--kill-node", "0"])
+    code = cli.main(["run", job_file(tmp_path, elastic={"rdzvStore": "node"}), "--workdir", str(run_dir),
+                     "--port", "0", "--plain", "--kill-node-after", "2", "--kill-node", "0"])
     out = capsys.readouterr().out
     assert code == 0, out + logs(run_dir)
     log = events(run_dir)

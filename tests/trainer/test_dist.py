@@ -1,4 +1,10 @@
 """The process group: gloo on CPU, nccl on GPU, torn down on every way out."""
+import dataclasses
+import subprocess
+import sys
+import textwrap
+import time
+
 import pytest
 import torch
 import torch.distributed as torch_dist
@@ -36,6 +42,33 @@ def test_the_group_exists_inside_the_block_and_is_destroyed_after(monkeypatch):
         assert torch_dist.is_initialized() and torch_dist.get_world_size() == 1
         assert torch_dist.get_backend() == backend_for(torch.cuda.is_available())
     assert not torch_dist.is_initialized()
+
+
+PEER = textwrap.dedent("""
+    import sys, time
+    from ddpjob_trainer.dist import distributed
+    from ddpjob_trainer.env import DistEnv
+    env = DistEnv(rank=1, world_size=2, local_rank=0, local_world_size=1, group_rank=1, restart_count=0,
+                  run_id="test", master_addr="127.0.0.1", master_port=int(sys.argv[1]))
+    with distributed(env):
+        time.sleep(float(sys.argv[2]))
+        print(time.time(), flush=True)  # the moment this rank is done with the group
+""")
+
+
+def test_a_rank_leaving_cleanly_waits_for_its_peers_before_tearing_the_group_down(monkeypatch):
+    env = dataclasses.replace(single_worker(monkeypatch), world_size=2)
+    # The peer inherits MASTER_ADDR/MASTER_PORT that single_worker set for env://.
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(env.master_port), "1.5"], stdout=subprocess.PIPE, text=True)
+    try:
+        with distributed(env):
+            pass
+        left = time.time()
+        out, _ = peer.communicate(timeout=60)
+    finally:
+        peer.kill()
+    assert peer.returncode == 0
+    assert left >= float(out.split()[-1]), "rank 0 tore the group down while rank 1 was still using it"
 
 
 def test_the_group_is_destroyed_when_training_raises(monkeypatch):

@@ -71,6 +71,12 @@ def distributed(env: DistEnv | None = None, timeout: datetime.timedelta = DEFAUL
     log.debug("rank %d/%d joined the %s process group", env.rank, env.world_size, backend)
     try:
         yield env
+        # Ranks leave the last collective at different moments; one tearing
+        # gloo down while a peer still talks to it aborted that peer after a
+        # finished run (seen once in the sandbox), and torchrun then restarted
+        # a job that was done. A failing rank skips this: its peers must not wait.
+        if torch_dist.is_initialized():
+            torch_dist.barrier()
     finally:
         if torch_dist.is_initialized():
             torch_dist.destroy_process_group()
