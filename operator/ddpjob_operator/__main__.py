@@ -5,12 +5,19 @@ Examples::
     ddpjob-operator                          # all namespaces, standalone
     ddpjob-operator --namespace team-a --namespace team-b
     ddpjob-operator --peering ddpjob --liveness-port 8080 --metrics-port 9090
+
+With ``--peering``, the replicas must differ in priority: kopf pauses every
+operator, itself included, when it sees a live peer of the same priority, which
+would leave the cluster unserved. Unless ``--priority`` is given, each process
+takes one from its start time so that the oldest live replica acts and the
+others stand by (``standby_priority``).
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import time
 
 import kopf
 
@@ -18,6 +25,9 @@ from ddpjob_operator import metrics
 
 DEFAULT_LIVENESS_PORT = 8080  # kubelet probes GET /healthz here
 DEFAULT_METRICS_PORT = 9090  # Prometheus scrapes /metrics here
+# Milliseconds since the epoch stay below this until the year 2286; the
+# difference keeps priorities positive and higher for older processes.
+_PRIORITY_EPOCH_MS = 10**13
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,16 +39,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="run without peering (default): exactly one operator replica must run")
     mode.add_argument("--peering", metavar="NAME", default=None,
                       help="coordinate with other replicas through the kopf peering object NAME")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="kopf peering priority; the highest live one acts (default with --peering: "
+                             "older processes rank higher, so one replica acts and the others stand by)")
     parser.add_argument("--liveness-port", type=int, default=DEFAULT_LIVENESS_PORT,
                         help="serve GET /healthz on this port (0: off)")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help="serve Prometheus /metrics on this port (0: off)")
     parser.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler")
     args = parser.parse_args(argv)
+    if args.priority is not None and args.peering is None:
+        parser.error("--priority only matters with --peering NAME: a standalone operator has no peers to rank against")
     for port_flag in ("liveness_port", "metrics_port"):
         if not 0 <= getattr(args, port_flag) <= 65535:
             parser.error(f"--{port_flag.replace('_', '-')} ({getattr(args, port_flag)}) must be 0..65535")
     return args
+
+
+def standby_priority(started_at: float) -> int:
+    """A peering priority from a process start time (seconds): older processes rank higher.
+
+    The incumbent keeps acting while a rollout or a second replica starts, as
+    a leader keeps its lease; a replacement takes over once the incumbent has
+    left the peering object (at once on a clean exit, after kopf's peering
+    lifetime when it died without one).
+    """
+    return _PRIORITY_EPOCH_MS - int(started_at * 1000)
 
 
 def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
@@ -54,6 +80,8 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     # Progress of retried handlers goes in annotations only: the status belongs to the job.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage()
+    if args.peering is not None:
+        settings.peering.priority = args.priority if args.priority is not None else standby_priority(time.time())
     return settings
 
 
@@ -73,8 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("kopf.objects").addFilter(QuietPodEvents())
     metrics.serve(args.metrics_port)
+    settings = settings_for(args)
+    if args.peering is not None:
+        logging.getLogger("ddpjob_operator").info(
+            "peering through %r with priority %d: the highest live priority acts, the others stand by",
+            args.peering, settings.peering.priority)
     kopf.run(
-        settings=settings_for(args),
+        settings=settings,
         standalone=args.peering is None,
         peering_name=args.peering,
         clusterwide=not args.namespace,

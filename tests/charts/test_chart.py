@@ -175,6 +175,10 @@ def test_peering_replaces_standalone_and_creates_the_peering_object_and_its_rbac
     assert one(objects, "Deployment")["spec"]["replicas"] == 2
     assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "ddpjob"
     assert rules_of(one(objects, "ClusterRole"))[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
+    # kopf's peer identity is the pod name, so the peering object shows which replica acts.
+    pod_id = {e["name"]: e for e in container(objects)["env"]}["POD_ID"]
+    assert pod_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "POD_ID" not in {e["name"] for e in container(render({}))["env"]}, "standalone has no peers to name"
 
 
 def test_namespaced_peering_uses_a_kopfpeering_per_watched_namespace():
