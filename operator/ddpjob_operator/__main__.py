@@ -21,6 +21,7 @@ import time
 
 import kopf
 
+from ddpjob_operator import constants as C
 from ddpjob_operator import metrics
 
 DEFAULT_LIVENESS_PORT = 8080  # kubelet probes GET /healthz here
@@ -46,8 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="serve GET /healthz on this port (0: off)")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help="serve Prometheus /metrics on this port (0: off)")
+    parser.add_argument("--progress-poll-seconds", type=float, default=C.PROGRESS_POLL_SECONDS, metavar="S",
+                        help="read a running job's progress from its pods this often (0: only from "
+                             "termination messages, e.g. when NetworkPolicies keep the operator out)")
     parser.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler")
     args = parser.parse_args(argv)
+    if args.progress_poll_seconds < 0:
+        parser.error(f"--progress-poll-seconds ({args.progress_poll_seconds}) must be 0 (off) or more")
     if args.priority is not None and args.peering is None:
         parser.error("--priority only matters with --peering NAME: a standalone operator has no peers to rank against")
     for port_flag in ("liveness_port", "metrics_port"):
@@ -108,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             args.peering, settings.peering.priority)
     kopf.run(
         settings=settings,
+        memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds),
         standalone=args.peering is None,
         peering_name=args.peering,
         clusterwide=not args.namespace,

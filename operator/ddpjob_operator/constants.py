@@ -134,6 +134,10 @@ MSG_SCHEDULED = "every node pod is scheduled"  # REASON_SCHEDULED
 # --- Progress-aware recovery (failure.py, progress.py) ----------------------------------
 ENV_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"  # where the trainer writes its progress record
 TERMINATION_LOG_PATH = "/dev/termination-log"  # the pod's terminationMessagePath (Kubernetes' default)
+ENV_PROGRESS_PORT = "DDPJOB_PROGRESS_PORT"  # the trainer serves its progress record here (GET /progress)
+PROGRESS_PORT = 29410  # next to c10d's 29400; a named containerPort, so the operator reads it from the pod
+PROGRESS_PORT_NAME = "progress"
+PROGRESS_POLL_SECONDS = 30.0  # a running job's progress endpoint is read this often (--progress-poll-seconds)
 PROGRESS_RECORD_KIND = "ddpjob.progress"  # "kind" of the trainer's record (ddpjob_trainer/termination.py)
 MAX_FAILURES_KEPT = 10  # status.failures keeps this many newest entries
 

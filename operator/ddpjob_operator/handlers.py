@@ -31,7 +31,7 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import constants as C
-from ddpjob_operator import etcd_cleanup, kube, managed_etcd, metrics, stuck
+from ddpjob_operator import etcd_cleanup, kube, live_progress, managed_etcd, metrics, stuck
 from ddpjob_operator.names import managed_etcd_name
 from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
 from ddpjob_operator.reconcile import Reconciliation, reconcile
@@ -40,6 +40,7 @@ from ddpjob_operator.render import job_selector
 logger = logging.getLogger("ddpjob_operator")
 
 COALESCE_SECONDS = 0.05  # pod events closer together than this share one pass
+POLLED_PHASES = (C.PHASE_RUNNING, C.PHASE_RESTARTING)
 ERROR_RETRY_SECONDS = 2.0  # a pass started by a pod event that failed is tried again after this
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -114,8 +115,13 @@ class JobPasses:
 
 
 async def run_pass(api: kube.Kube, key: JobKey,
-                   cleaner: etcd_cleanup.RendezvousCleaner | None = None) -> PassOutcome:
-    """One pass over one job; a finished etcd-v3 job's rendezvous keys are deleted after it."""
+                   cleaner: etcd_cleanup.RendezvousCleaner | None = None,
+                   progress_poll: float = C.PROGRESS_POLL_SECONDS) -> PassOutcome:
+    """One pass over one job; a finished etcd-v3 job's rendezvous keys are deleted after it.
+
+    While the job runs, the pass reads one node's progress endpoint (live_progress) and
+    comes back every ``progress_poll`` seconds (0: never) to read it again.
+    """
     namespace, name = key
     with metrics.timed_pass():
         job = await api.get_job(namespace, name)
@@ -124,13 +130,17 @@ async def run_pass(api: kube.Kube, key: JobKey,
             return PassOutcome(gone=True)
         pods = await api.list_pods(namespace, job_selector(name))
         service_exists = await api.exists("Service", namespace, name)
+        polled = bool(progress_poll) and (job.get("status") or {}).get("phase") in POLLED_PHASES
+        live = await live_progress.read_live_progress(pods) if polled else []
         now = datetime.datetime.now(datetime.timezone.utc)
-        result = reconcile(job, pods, now, service_exists=service_exists,
+        result = reconcile(job, pods, now, service_exists=service_exists, live_progress=live,
                            managed_etcd=await _observe_managed_etcd(api, namespace, name, job),
                            nodes=await _observe_nodes(api, stuck.nodes_to_read(pods, now)))
         await _write_status(api, job, result)
         requeue = await _apply(api, job, pods, result)
         await _record(api, job, result)
+        if progress_poll and result.status.get("phase") in POLLED_PHASES:
+            requeue = progress_poll if requeue is None else min(requeue, progress_poll)
     metrics.observe_job(namespace, name, result.status.get("phase"))
     metrics.observe_goodput(namespace, name, result.status, now)
     if cleaner is not None:  # outside the pass timer: an unreachable etcd may take a while
@@ -227,7 +237,8 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig was found")
     memo.api = kube.Kube(info)
     memo.cleaner = etcd_cleanup.RendezvousCleaner(memo.api)
-    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner))
+    poll = memo.get("progress_poll_seconds", C.PROGRESS_POLL_SECONDS)
+    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner, poll))
 
 
 @kopf.on.cleanup()

@@ -4,9 +4,10 @@ Names follow Prometheus conventions (``_total`` counters, ``_seconds`` histogram
 and are prefixed with ``ddpjob_operator_`` so they do not clash with the trainer's metrics.
 
 Recovery metrics come from the status the operator writes (progress.py), so they share its
-limits (docs/recovery.md): the trainer's progress records arrive only when a container exits,
-so time to recover and lost time are known at the next failure or at the end of the job, and
-goodput is an upper bound while a job runs. Counters count what this operator process saw;
+limits (docs/recovery.md): the trainer's progress records arrive from the pods' progress
+endpoints every --progress-poll-seconds and when a container exits, so figures trail training
+by up to one poll (or, where the operator cannot reach pods, until the next failure or the end;
+goodput is then an upper bound while a job runs). Counters count what this operator process saw;
 a restarted operator starts them at zero (Prometheus' rate() copes with that).
 """
 from __future__ import annotations

@@ -13,8 +13,9 @@ the container exits. From the records of all observed pods this module keeps:
     bookkeeping of the restart budget by progress (failure.RestartBudget);
   * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod).
 
-Records arrive only when a container exits, so a running job's figures trail until its next
-failure or its end; on completion they are complete.
+Records arrive when a container exits, and while a job runs from each node's progress
+endpoint, which the operator polls (live_progress.py); where the operator cannot reach pods,
+a running job's figures trail until its next failure or its end.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ from .pods import pod_index, pod_name_of, pod_uid
 SNAPSHOT_KEYS = ("epoch", "step", "time", "path")  # status.lastSnapshot (the contract's fields)
 
 
-def ingest(pods: Iterable[Mapping[str, Any]], status: dict[str, Any]) -> None:
-    """Update lastSnapshot and recovery from every record found; idempotent per record."""
-    records = [r for pod in pods for r in pod_progress(pod)]
+def ingest(pods: Iterable[Mapping[str, Any]], status: dict[str, Any],
+           live: Iterable[Mapping[str, Any]] = ()) -> None:
+    """Update lastSnapshot and recovery from every record found (in the pods' termination
+    messages, and ``live`` ones read from running pods); idempotent per record."""
+    records = [r for pod in pods for r in pod_progress(pod)] + list(live)
     for record in records:
         snapshot = record.get("snapshot")
         if isinstance(snapshot, Mapping) and newer_snapshot(snapshot, status.get("lastSnapshot")):

@@ -28,7 +28,7 @@ class Reconciliation:
 
 
 def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime, *,
-              service_exists: bool, last_snapshot: Mapping[str, Any] | None = None,
+              service_exists: bool, live_progress: Iterable[Mapping[str, Any]] = (),
               managed_etcd: ObservedEtcd | None = None,
               nodes: Mapping[str, Any] | None = None) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
@@ -38,7 +38,7 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
         pods: the job's pods, listed fresh for this pass.
         now: the current time.
         service_exists: whether the job's Service exists.
-        last_snapshot: the trainer's progress.json, when the caller can read it.
+        live_progress: progress records read from running pods this pass.
         managed_etcd: the job's managed etcd as observed (None when the job asks for none).
         nodes: Node objects (None: gone) of the pods past their deletionTimestamp, by name;
             a node left out is unknown and its pods are not force-deleted.
@@ -48,7 +48,7 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
     errors = validate_job(body)
     spec = None if errors else DDPJobSpec.model_validate(body.get("spec") or {})
     update = compute_status(ref, spec, pods, body.get("status"), now, errors=errors,
-                            last_snapshot=last_snapshot)
+                            live_progress=live_progress)
     actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), managed_etcd) + actions
     actions, forced = with_force_deletions(spec, pods, nodes or {}, now, actions)

@@ -150,9 +150,11 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
         "terminationMessagePath": C.TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    # The trainer's progress endpoint, polled by the operator while the job runs.
+    container["ports"] = [{"name": C.PROGRESS_PORT_NAME, "containerPort": C.PROGRESS_PORT, "protocol": "TCP"}]
     if spec.elastic_policy.rdzv_backend == "c10d" and spec.elastic_policy.rdzv_store == "node":
         port = spec.elastic_policy.rdzv_port
-        container["ports"] = [{"name": C.RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"}]
+        container["ports"].insert(0, {"name": C.RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"})
     resources = {k: dict(v) for k, v in (("limits", spec.resources.limits),
                                          ("requests", spec.resources.requests)) if v}
     if resources:
@@ -166,7 +168,8 @@ def _env(launch: NodeLaunch, spec: DDPJobSpec) -> list[dict[str, Any]]:
     name (Kubernetes would let the later one win too, but warns about the duplicate)."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     overridden = {e["name"] for e in user}
-    pod_only = {C.ENV_TERMINATION_LOG: C.TERMINATION_LOG_PATH}  # not in the launch plan: local runs have no kubelet
+    # Not in the launch plan: local runs have no kubelet, and their nodes share one address.
+    pod_only = {C.ENV_TERMINATION_LOG: C.TERMINATION_LOG_PATH, C.ENV_PROGRESS_PORT: str(C.PROGRESS_PORT)}
     ours = [{"name": k, "value": v} for k, v in {**launch.env, **pod_only}.items() if k not in overridden]
     return ours + user
 

@@ -784,7 +784,7 @@ class LastResume(_Model):
 
 
 class Recovery(_Model):
-    """Figures from the trainer's progress records (they arrive when a container exits)."""
+    """Figures from the trainer's progress records (polled from running pods and read when a container exits)."""
 
     last_recovery_seconds: float | None = Field(None, description=(
         "Time to recover from the latest failure incident: lastFailureTime to the first step after it."))

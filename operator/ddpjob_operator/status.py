@@ -77,7 +77,7 @@ class _Verdict:
 def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[str, Any]],
                    previous: Mapping[str, Any] | None, now: datetime, *,
                    errors: Iterable[FieldError] = (),
-                   last_snapshot: Mapping[str, Any] | None = None) -> StatusUpdate:
+                   live_progress: Iterable[Mapping[str, Any]] = ()) -> StatusUpdate:
     """The status after one observation.
 
     Args:
@@ -87,15 +87,12 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
         previous: the status stored on the object (None or {} for a new job).
         now: the current time (tests pass a fixed clock).
         errors: validation errors of the spec; non-empty means InvalidSpec.
-        last_snapshot: the trainer's progress.json ({epoch, step, time, path}) when the
-            caller read a newer one; otherwise the previous status.lastSnapshot is kept.
+        live_progress: progress records read from running pods (live_progress.py), taken
+            like those in termination messages.
     """
     pods, prev, errors = list(pods), dict(previous or {}), list(errors)
     status = _carried(prev)
-    if last_snapshot:
-        status["lastSnapshot"] = {k: last_snapshot[k] for k in ("epoch", "step", "time", "path")
-                                  if last_snapshot.get(k) is not None}
-    progress.ingest(pods, status)  # before failures: the failed pods' records tell if training progressed
+    progress.ingest(pods, status, live_progress)  # before failures: the failed pods' records tell if training progressed
     status.update(_counts(ref, spec, topology.node_pods(pods)))
     status["observedGeneration"] = ref.generation
     live = topology.without_stale(pods, topology.generation_of(status))

@@ -124,9 +124,11 @@ def test_user_env_replaces_an_operator_variable_of_the_same_name_once():
     assert env[-1]["name"] == "PYTHONUNBUFFERED"
 
 
-def test_etcd_pods_expose_no_rdzv_port():
+def test_etcd_pods_expose_no_rdzv_port_only_the_progress_endpoint_they_are_told_about():
     spec = parse_spec(make_spec(elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd:2379"]}))
-    assert "ports" not in render_pod(REF, spec, 0)["spec"]["containers"][0]
+    container = render_pod(REF, spec, 0)["spec"]["containers"][0]
+    assert container["ports"] == [{"name": "progress", "containerPort": 29410, "protocol": "TCP"}]
+    assert {"name": "DDPJOB_PROGRESS_PORT", "value": "29410"} in container["env"]
 
 
 @pytest.mark.parametrize("field", ["nodeSelector", "tolerations", "affinity", "priorityClassName",

@@ -220,13 +220,16 @@ def test_unset_fields_are_left_out_so_a_status_read_back_compares_equal():
     assert step(job, running_pods(job), 5).status == first
 
 
-def test_a_newer_progress_file_replaces_last_snapshot_keeping_only_its_known_keys():
-    job = make_ddpjob(status={"lastSnapshot": {"epoch": 3, "step": 120}})
-    progress = {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z", "path": "/s/e4", "extra": 1}
-    update = compute_status(job_ref(job), parse_spec(job["spec"]), [], job["status"], at(0),
-                            last_snapshot=progress)
+def test_a_live_record_with_a_newer_snapshot_replaces_last_snapshot_keeping_only_its_known_keys():
+    job = make_ddpjob(status={"lastSnapshot": {"epoch": 3, "step": 120, "time": "2026-01-01T11:00:00Z"}})
+    newer = {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z", "path": "/s/e4", "samples_consumed": 1}
+    live = [{"kind": "ddpjob.progress", "version": 1, "snapshot": newer, "resume": None}]
+    update = compute_status(job_ref(job), parse_spec(job["spec"]), [], job["status"], at(0), live_progress=live)
     assert update.status["lastSnapshot"] == {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z",
                                              "path": "/s/e4"}
+    older = [{**live[0], "snapshot": {**newer, "step": 80, "time": "2026-01-01T10:00:00Z"}}]
+    kept = compute_status(job_ref(job), parse_spec(job["spec"]), [], job["status"], at(0), live_progress=older)
+    assert kept.status["lastSnapshot"]["step"] == 120, "a node that lags behind never moves lastSnapshot back"
 
 
 def test_pods_that_never_started_do_not_hold_up_success():

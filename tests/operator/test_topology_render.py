@@ -65,7 +65,7 @@ def test_node_pods_join_the_store_service_as_clients_and_open_no_store_port():
     env = env_of(pod)
     assert env["PET_RDZV_ENDPOINT"] == "mlp-rdzv.default.svc.cluster.local:29400"
     assert env["PET_RDZV_CONF"].split(",")[-1] == "is_host=false"
-    assert "ports" not in pod["spec"]["containers"][0]
+    assert [p["name"] for p in pod["spec"]["containers"][0]["ports"]] == ["progress"]
 
 
 def test_with_the_store_on_node_0_node_0_hosts_and_the_others_join_it():

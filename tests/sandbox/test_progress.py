@@ -43,3 +43,26 @@ def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progr
     recovery = status["recovery"]
     assert 0 < recovery["lastRecoverySeconds"] < 120 and recovery["lostSeconds"] > 0
     print(f"time to recover {recovery['lastRecoverySeconds']:.1f} s, lost {recovery['lostSeconds']:.1f} s")
+
+
+@pytest.mark.slow  # ~50 s of real training on two shared cores
+@pytest.mark.operator_args("--progress-poll-seconds", "1")
+def test_the_status_follows_the_snapshots_of_a_job_that_never_fails(k8s, operator, termination_node_agent, tmp_path):
+    agent = termination_node_agent
+    body = example_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
+                       rdzv_port=free_port())
+    kubectl_apply(k8s, body, tmp_path)
+    claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
+    progress = JobProgress(k8s, agent, "mlp", agent.claim_dir(claim) / "metrics.jsonl")
+    progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
+    first = progress.wait(is_event("snapshot", step=lambda s: s >= 20), 60, "a second snapshot")
+    # No container has exited: only the progress endpoint can tell the operator this.
+    seen = k8s.wait_for(lambda: (s := progress.status()).get("lastSnapshot", {}).get("step", 0) >= first["step"] and s,
+                        timeout=20, what="status.lastSnapshot from the running pods")
+    assert all(agent.current(name).poll() is None for name in ("mlp-node-0", "mlp-node-1")), "a container exited"
+    assert seen["phase"] == C.PHASE_RUNNING and seen["restarts"] == 0
+    later = seen["lastSnapshot"]["step"] + 20
+    progress.wait(is_event("snapshot", step=lambda s: s >= later), 60, "a later snapshot")
+    k8s.wait_for(lambda: progress.status().get("lastSnapshot", {}).get("step", 0) >= later, timeout=20,
+                 what="the later snapshot, polled")
+    progress.wait_phase(C.PHASE_SUCCEEDED, 180)

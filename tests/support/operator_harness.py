@@ -308,13 +308,17 @@ def k8s(cluster: Cluster) -> KubeClient:
 
 
 @pytest.fixture
-def operator(cluster: Cluster, k8s: KubeClient, tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
-    """The real operator (``python -m ddpjob_operator``) watching ``k8s.namespace``.
+def operator(cluster: Cluster, k8s: KubeClient, tmp_path: pathlib.Path,
+             request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+    """The real operator (``python -m ddpjob_operator``) watching ``k8s.namespace``;
+    ``@pytest.mark.operator_args("--flag", "value")`` adds flags.
 
     Its log is printed (shown when the test fails), and an unexpected exception in it (a
     traceback) fails the test even when the cluster ended up as expected.
     """
-    process = OperatorProcess(cluster, operator_command(k8s.namespace), tmp_path / "operator.log")
+    marker = request.node.get_closest_marker("operator_args")
+    extra = marker.args if marker else ()
+    process = OperatorProcess(cluster, operator_command(k8s.namespace, *extra), tmp_path / "operator.log")
     with process:
         yield process
     log = process.log()

@@ -5,7 +5,11 @@ moment the file holds one complete record: the previous or the new one.
 """
 import dataclasses
 import json
+import logging
 import os
+import socket
+import urllib.error
+import urllib.request
 
 import pytest
 import torch
@@ -16,9 +20,11 @@ from ddpjob_trainer.examples.mlp import make_dataset, mse
 from ddpjob_trainer.termination import (
     DEFAULT_PATH,
     ENV_PATH,
+    PORT_ENV,
     RECORD_BYTES,
     ProgressReport,
     default_path,
+    progress_port,
     read_record,
 )
 from tests.support.procs import free_port
@@ -132,6 +138,52 @@ def test_other_termination_messages_are_not_taken_for_records():
     assert read_record("") is None and read_record(None) is None
 
 
+# --- the same record over HTTP ------------------------------------------------------------
+
+
+def fetch(port, path="/progress"):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return response.status, json.loads(response.read())
+
+
+def test_the_record_is_served_while_running_and_follows_each_new_snapshot(tmp_path):
+    write_progress(tmp_path, 5)
+    report = ProgressReport(None, tmp_path / "progress.json", node="1", port=0)  # no kubelet file: HTTP only
+    try:
+        report.resumed(None, None)
+        status, record = fetch(report.port)
+        assert status == 200 and record["snapshot"]["step"] == 5 and record["node"] == "1"
+        newer = write_progress(tmp_path, 10)
+        report.refresh(force=True)
+        assert fetch(report.port)[1]["snapshot"] == newer
+        with pytest.raises(urllib.error.HTTPError) as other:
+            fetch(report.port, "/")
+        assert other.value.code == 404
+    finally:
+        report.close()
+    with pytest.raises(OSError):
+        fetch(report.port or 1)
+
+
+def test_a_taken_port_turns_the_endpoint_off_with_a_warning_and_reporting_goes_on(tmp_path, caplog):
+    message = kubelet_file(tmp_path)
+    write_progress(tmp_path, 5)
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.termination"):
+            report = ProgressReport(message, tmp_path / "progress.json", port=taken.getsockname()[1])
+        report.resumed(None, None)
+    assert report.port is None
+    assert "not serving training progress on port" in caplog.text
+    assert record_in(message)["snapshot"]["step"] == 5, "the termination message is still written"
+
+
+@pytest.mark.parametrize(("value", "port"), [("", None), ("29410", 29410), ("http", None), ("70000", None)])
+def test_the_port_comes_from_the_environment_and_nonsense_turns_it_off(value, port):
+    assert progress_port({PORT_ENV: value}) == port
+
+
 # --- the Trainer writes it ---------------------------------------------------------------
 
 
@@ -195,3 +247,28 @@ def test_only_local_rank_0_reports(env, tmp_path, monkeypatch):
     trainer.env, trainer.config, trainer.resumed_from = fake, TrainerConfig(epochs=1, snapshot_dir=str(tmp_path)), None
     trainer._make_report().stepped()
     assert other.read_bytes() == b""
+
+
+def test_the_trainer_serves_its_progress_while_training_and_stops_at_the_end(env, tmp_path, monkeypatch):
+    port = free_port()
+    monkeypatch.setenv(PORT_ENV, str(port))
+    seen = []
+
+    class Probe(torch.utils.data.Dataset):  # asks the endpoint mid-training, from the data loader
+        def __len__(self):
+            return len(DATA)
+
+        def __getitem__(self, index):
+            if index == 0 and (tmp_path / "progress.json").exists():
+                seen.append(fetch(port)[1])
+            return DATA[index]
+
+    message = kubelet_file(tmp_path)
+    monkeypatch.setenv(ENV_PATH, str(message))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    config = TrainerConfig(batch_size=8, epochs=3, snapshot_dir=str(tmp_path), snapshot_every_epochs=1,
+                           metrics_file=str(tmp_path / "metrics.jsonl"), progress_bar=False)
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), Probe(), config, loss_fn=mse, env=env).train()
+    assert [record["snapshot"]["epoch"] for record in seen] == [1, 2], "each epoch start sees the last snapshot"
+    with pytest.raises(OSError):
+        fetch(port)

@@ -48,7 +48,7 @@ from .env import DistEnv, dist_env
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
 from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotStore
-from .termination import ProgressReport, default_path
+from .termination import ProgressReport, default_path, progress_port
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +220,9 @@ class Trainer:
     def _make_report(self) -> ProgressReport:
         # One writer per node (local rank 0): the kubelet reports one message per container.
         progress = os.path.join(self.config.snapshot_dir, PROGRESS_FILE) if self.config.snapshot_dir else None
-        report = ProgressReport(default_path() if self.env.local_rank == 0 else None, progress,
-                                node=os.environ.get("DDPJOB_NODE_INDEX", ""))
+        first = self.env.local_rank == 0
+        report = ProgressReport(default_path() if first else None, progress,
+                                node=os.environ.get("DDPJOB_NODE_INDEX", ""), port=progress_port() if first else None)
         info = self.resumed_from
         report.resumed(info.step if info else None, info.time if info else None)
         return report
@@ -464,6 +465,7 @@ class Trainer:
             log.exception("pending snapshot failed while training was already failing")
         finally:
             self.metrics.close()
+            self.report.close()
 
 
 def seed_everything(seed: int) -> None:

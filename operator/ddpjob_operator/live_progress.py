@@ -1,0 +1,71 @@
+"""Reads a running job's progress from its node pods' progress endpoints.
+
+Termination messages (failure.pod_progress) tell the operator where training stood only
+when a container exits. While a job runs, the local-rank-0 worker of each node also serves
+the same record at ``GET /progress`` on the pod's ``progress`` port
+(ddpjob_trainer/termination.py), and each pass of a running job reads it from one node,
+so ``status.lastSnapshot``, the STEP column and the recovery figures follow training.
+
+The operator reaches pods the way Prometheus does (pod IP and port); where a NetworkPolicy
+forbids that, this finds nothing and the status falls back to termination messages. A
+pod that does not answer within TIMEOUT_SECONDS is skipped; at most MAX_PODS are asked.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp
+
+from . import constants as C
+from .failure import read_progress
+from .pods import is_deleting, pod_index, pod_phase
+from .topology import node_pods
+
+log = logging.getLogger("ddpjob_operator")
+
+TIMEOUT_SECONDS = 2.0  # per pod: a pass must not wait long on a busy or unreachable node
+MAX_PODS = 2  # the nodes share one snapshot record; a second is asked only when the first fails
+PATH = "/progress"
+
+
+def progress_urls(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The progress endpoints of the running node pods, lowest node index first."""
+    urls = []
+    running = [p for p in node_pods(pods) if pod_phase(p) == "Running" and not is_deleting(p)]
+    for pod in sorted(running, key=lambda p: pod_index(p) if pod_index(p) is not None else 1 << 30):
+        ip = (pod.get("status") or {}).get("podIP")
+        port = _progress_port(pod)
+        if ip and port:
+            host = f"[{ip}]" if ":" in ip else ip
+            urls.append(f"http://{host}:{port}{PATH}")
+    return urls
+
+
+def _progress_port(pod: Mapping[str, Any]) -> int | None:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") != C.CONTAINER_NAME:
+            continue
+        for port in container.get("ports") or []:
+            if port.get("name") == C.PROGRESS_PORT_NAME:
+                return port.get("containerPort")
+    return None
+
+
+async def read_live_progress(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The progress record of the first running node that answers ([] when none does)."""
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for url in progress_urls(pods)[:MAX_PODS]:
+            try:
+                async with session.get(url) as response:
+                    text = await response.text() if response.status == 200 else ""
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+                log.debug("No progress from %s: %s", url, error or type(error).__name__)
+                continue
+            record = read_progress(text)
+            if record is not None:
+                return [record]
+    return []
