@@ -87,8 +87,15 @@ def test_a_missing_epoch_end_is_caught(tmp_path):
 def test_a_done_reported_by_a_rolled_back_attempt_is_caught(tmp_path):
     events = restarted_job()
     events.insert(events.index(start(4, 1, 3)), {"event": "done", "epoch": 1, "step": 6})
-    with pytest.raises(AssertionError, match="rolled-back attempt reported done"):
+    with pytest.raises(AssertionError, match="reported done before the final step 8 and was rolled back"):
         assert_ran_exactly_once(write(tmp_path, events), epochs=2)
+
+
+def test_a_restart_after_the_final_snapshot_may_report_done_again(tmp_path):
+    """A worker crashing on its way out makes torchrun restart a finished job: it resumes at the end."""
+    events = restarted_job() + [start(8, resume_epoch=2, world_size=3), {"event": "done", "epoch": 1, "step": 8}]
+    raw = assert_ran_exactly_once(write(tmp_path, events), epochs=2)
+    assert [e["step"] for e in raw if e["event"] == "done"] == [8, 8]
 
 
 def test_a_step_that_never_ran_is_caught(tmp_path):
