@@ -40,7 +40,7 @@ from ddpjob_operator.render import job_selector
 logger = logging.getLogger("ddpjob_operator")
 
 COALESCE_SECONDS = 0.05  # pod events closer together than this share one pass
-POLLED_PHASES = (C.PHASE_RUNNING, C.PHASE_RESTARTING)
+POLLED_PHASES = (C.PHASE_RUNNING, C.PHASE_RESTARTING)  # phases whose pods train: their progress endpoints are read
 ERROR_RETRY_SECONDS = 2.0  # a pass started by a pod event that failed is tried again after this
 
 JobKey = tuple[str, str]  # (namespace, name)
