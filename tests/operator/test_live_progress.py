@@ -5,7 +5,6 @@ prove that the status follows a job that never fails, from one node that answers
 """
 import http.server
 import random
-import sys
 import threading
 
 import pytest
@@ -14,7 +13,7 @@ from ddpjob_operator import constants as C
 from ddpjob_operator.live_progress import progress_urls
 from tests.operator.builders import make_ddpjob, make_pod
 from tests.support.kubelet import ddpjob, pod_names, progress_message, set_running, status
-from tests.support.operator_harness import OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
+from tests.support.operator_harness import OperatorProcess, cluster, k8s, operator_command  # noqa: F401  (fixtures)
 
 
 def with_ip(pod, ip):
@@ -74,8 +73,7 @@ def fake_node():
 
 
 def test_a_running_job_that_never_fails_shows_each_new_snapshot(cluster, k8s, tmp_path, fake_node):
-    command = [sys.executable, "-m", "ddpjob_operator", "--namespace", k8s.namespace, "--standalone",
-               "--liveness-port", "0", "--metrics-port", "0", "--progress-poll-seconds", "0.5"]
+    command = operator_command(k8s.namespace, "--progress-poll-seconds", "0.5")
     with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
         k8s.create("ddpjobs", ddpjob(replicas=1))
         k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
