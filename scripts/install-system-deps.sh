@@ -1,16 +1,47 @@
 #!/usr/bin/env bash
-# Installs the system packages the tests need when they are missing:
-# etcd (Debian's etcd-server, 3.4) for the rendezvous tests. kubectl is used
-# when present; tests that need it skip with a reason otherwise.
+# Installs every program outside the venv that the tests run, from Debian's
+# packages, and checks each one afterwards. Each program is checked on its own:
+# a machine with etcd (the server) but without etcdctl (the client) still gets
+# the client. tests/test_system_deps.py fails when a test calls a program that
+# is missing from this table.
 set -euo pipefail
-if command -v etcd >/dev/null 2>&1; then
+
+# program  Debian package   why the tests need it
+PROGRAMS=(
+    "etcd      etcd-server        rendezvous and key-cleanup tests start a real etcd (3.4)"
+    "etcdctl   etcd-client        the etcd-auth tests create users and roles with it"
+    "openssl   openssl            the TLS tests make a throwaway CA and certificates"
+    "kubectl   kubernetes-client  emulator tests apply and scale DDPJobs as a user would"
+)
+
+if [ "${1:-}" = "--list" ]; then
+    for row in "${PROGRAMS[@]}"; do read -r program _ <<<"$row"; echo "$program"; done
     exit 0
 fi
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-echo "installing etcd-server (Debian) for the rendezvous tests" >&2
-$SUDO apt-get update -qq
-# Debian's postinst may try to start an etcd service; tests start their own
-# etcd on a free loopback port, so a failed service start is harmless.
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
-command -v etcd >/dev/null
+
+missing_packages=()
+for row in "${PROGRAMS[@]}"; do
+    read -r program package _ <<<"$row"
+    command -v "$program" >/dev/null 2>&1 || missing_packages+=("$package")
+done
+
+if [ ${#missing_packages[@]} -gt 0 ]; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    echo "installing ${missing_packages[*]} (Debian) for the tests" >&2
+    $SUDO apt-get update -qq
+    # Debian's etcd-server postinst may try to start an etcd service; tests start
+    # their own etcd on a free loopback port, so a failed service start is harmless.
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${missing_packages[@]}" >/dev/null
+fi
+
+status=0
+for row in "${PROGRAMS[@]}"; do
+    read -r program package _ <<<"$row"
+    if ! command -v "$program" >/dev/null 2>&1; then
+        echo "install-system-deps: '$program' is still missing after installing Debian's $package" >&2
+        status=1
+    fi
+done
+exit $status
