@@ -36,9 +36,9 @@ from pathlib import Path
 import yaml
 
 from bench._recovery import event_time, first_step_after, wait_for
-from ddpjob_operator import constants as C
-from ddpjob_operator import metrics as operator_metrics
-from ddpjob_operator import progress
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.controller import metrics as operator_metrics
+from ddpjob_operator.decide import progress
 from ddpjob_trainer.metrics import read_metrics, read_raw_metrics
 
 KILL_AFTER = 5.0  # seconds after the first step (and after full size again, for the second kill)

@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from ddpjob_operator.local.plan import local_plan
-from ddpjob_operator.spec import parse_job
+from ddpjob_operator.api.spec import parse_job
 from tests.support.procs import free_port
 from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
 from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id

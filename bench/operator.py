@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 
-from ddpjob_operator.render import selector as node_selector
+from ddpjob_operator.render.common import selector as node_selector
 
 from tests.support.kubelet import ddpjob, set_terminated
 from tests.support.operator_harness import OperatorProcess, running_cluster

@@ -17,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from ddpjob_operator import constants
+from ddpjob_operator.api import constants
 from ddpjob_operator.local import command as local_run
-from ddpjob_operator.managed_etcd import render_etcd_pod, render_etcd_service
-from ddpjob_operator.rdzv_store import render_store_pod, render_store_service, uses_store_pod
-from ddpjob_operator.render import render_pod, render_service
-from ddpjob_operator.spec import DDPJobSpec, InvalidSpecError, JobRef, parse_job, validate_job
+from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
+from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
+from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.api.spec import DDPJobSpec, InvalidSpecError, JobRef, parse_job, validate_job
 
 # Exit codes: 1 = the job is invalid, 2 = the input could not be read at all.
 EXIT_INVALID = 1
@@ -89,7 +89,7 @@ def render(path: str, namespace: str | None) -> int:
         return EXIT_INVALID
     ref, spec = parsed
     objects = [render_service(ref, spec)] + [render_pod(ref, spec, i) for i in range(spec.desired_replicas)]
-    if uses_store_pod(spec):  # the operator creates the store before the nodes
+    if spec.elastic_policy.store_on_pod:  # the operator creates the store before the nodes
         objects[1:1] = [render_store_service(ref, spec), render_store_pod(ref, spec)]
     if spec.elastic_policy.managed_etcd.enabled:  # the job's own etcd, created with the nodes
         objects[1:1] = [render_etcd_service(ref), render_etcd_pod(ref, spec)]

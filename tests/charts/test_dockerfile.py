@@ -161,7 +161,7 @@ def test_image_dependencies_are_pinned_by_the_constraints_file(package, extra):
 def test_operator_entrypoint_module_runs_from_the_installed_package():
     import importlib.util
 
-    if importlib.util.find_spec("ddpjob_operator.__main__") is None:
+    if importlib.util.find_spec("ddpjob_operator.controller.main") is None:
         pytest.skip("ddpjob_operator/__main__.py not written yet")
     result = subprocess.run([sys.executable, "-m", "ddpjob_operator", "--help"],
                             capture_output=True, text=True, timeout=60)

@@ -124,12 +124,12 @@ def test_cel_check_rejects_min_replicas_above_max_replicas():
 
 @pytest.mark.parametrize("name", JOB_EXAMPLES)
 def test_example_job_passes_the_operators_own_validation(name):
-    spec_module = pytest.importorskip("ddpjob_operator.spec", reason="ddpjob_operator.spec not written yet")
+    spec_module = pytest.importorskip("ddpjob_operator.api.spec", reason="ddpjob_operator.api.spec not written yet")
     assert spec_module.validate_job(example_job(name)) == []
 
 
 def test_operator_validation_rejects_an_etcd_job_without_endpoints():
-    spec_module = pytest.importorskip("ddpjob_operator.spec", reason="ddpjob_operator.spec not written yet")
+    spec_module = pytest.importorskip("ddpjob_operator.api.spec", reason="ddpjob_operator.api.spec not written yet")
     job = copy.deepcopy(example_job("ddpjob-etcd.yaml"))
     job["spec"]["elasticPolicy"]["rdzvEndpoints"] = []
     errors = spec_module.validate_job(job)

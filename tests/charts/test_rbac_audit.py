@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.charts.support import by_kind, one, render
 from tests.support.etcd import running_etcd
 from tests.support.kubelet import bind, ddpjob, pod_names, set_node, set_running, set_terminated, status

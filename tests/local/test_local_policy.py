@@ -2,9 +2,9 @@
 import pytest
 
 from ddpjob_operator.local.policy import (
-    HOLD_FOR_SURVIVORS_SECONDS, Action, FailureBudget, container_exit_code, describe_exit, hold_replacements,
+    HOLD_FOR_SURVIVORS_SECONDS, Action, FailureBudget, container_exit_code, describe_exit, hold_replacements
 )
-from ddpjob_operator.spec import FailurePolicy
+from ddpjob_operator.api.spec import FailurePolicy
 from tests.operator.builders import at
 
 

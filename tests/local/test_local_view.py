@@ -4,7 +4,7 @@ import json
 
 from ddpjob_operator.local.journal import MetricsFollower
 from ddpjob_operator.local.state import (
-    BACKOFF, RUNNING, STARTING, SUCCEEDED, RunState, apply_metric, apply_node_event, parse_lines,
+    BACKOFF, RUNNING, STARTING, SUCCEEDED, RunState, apply_metric, apply_node_event, parse_lines
 )
 from ddpjob_operator.local.view import LiveView, PlainView, render
 

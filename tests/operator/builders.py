@@ -11,10 +11,10 @@ import copy
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.clock import format_time
-from ddpjob_operator.render import render_pod
-from ddpjob_operator.spec import JobRef, parse_spec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time
+from ddpjob_operator.render.node_pod import render_pod
+from ddpjob_operator.api.spec import JobRef, parse_spec
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)  # the fixed clock of the tests
 

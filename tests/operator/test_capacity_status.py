@@ -4,12 +4,12 @@ and the Kueue pod-group labels."""
 
 from __future__ import annotations
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.capacity import kueue_metadata
-from ddpjob_operator.plan import CreatePod, Requeue
-from ddpjob_operator.rdzv_store import render_store_pod
-from ddpjob_operator.render import render_pod
-from ddpjob_operator.spec import parse_spec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.kueue import kueue_metadata
+from ddpjob_operator.decide.actions import CreatePod, Requeue
+from ddpjob_operator.render.store_pod import render_store_pod
+from ddpjob_operator.render.node_pod import render_pod
+from ddpjob_operator.api.spec import parse_spec
 from tests.operator.builders import T0, at, job_ref, make_ddpjob
 from tests.operator import topology_builders
 from tests.operator.topology_builders import gen_pod, scheduled_pending, unscheduled, with_store

@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ddpjob_operator import crd
-from ddpjob_operator.spec import validate_spec
+from ddpjob_operator.api import crd
+from ddpjob_operator.api.spec import validate_spec
 from tests.operator.builders import make_spec
 from tests.operator.test_spec import INVALID_SPECS, spec_with
 
@@ -165,7 +165,7 @@ def test_cross_field_cel_rules_are_present():
 
 
 def test_reserved_env_and_label_rules_name_every_reserved_key():
-    from ddpjob_operator.spec import RESERVED_ENV, RESERVED_LABELS
+    from ddpjob_operator.api.spec import RESERVED_ENV, RESERVED_LABELS
     (env_rule,) = [r["rule"] for r in rules(SPEC) if "self.env" in r["rule"]]
     (label_rule,) = rules(SPEC["properties"]["podOverrides"])
     assert all(f"'{name}'" in env_rule for name in RESERVED_ENV)
@@ -285,7 +285,7 @@ def model_paths(model, prefix="spec"):
 
 
 def test_field_reference_documents_every_field_of_the_model():
-    from ddpjob_operator.spec import DDPJobSpec
+    from ddpjob_operator.api.spec import DDPJobSpec
 
     documented = {line.split("`")[1] for line in crd.field_reference().splitlines()[2:]}
     assert set(model_paths(DDPJobSpec)) - documented == set()

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ddpjob_operator import etcd_cleanup
+from ddpjob_operator.controller import etcd_cleanup
 from ddpjob_rdzv import keys
 from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf

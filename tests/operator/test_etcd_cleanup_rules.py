@@ -5,7 +5,9 @@ import base64
 
 import pytest
 
-from ddpjob_operator.etcd_cleanup import CleanupTarget, cleanup_target, due_on_finish, needs_finalizer, write_credentials
+from ddpjob_operator.controller.etcd_cleanup import (
+    CleanupTarget, cleanup_target, due_on_finish, needs_finalizer, write_credentials
+)
 from ddpjob_rdzv.settings import settings_from_conf
 from tests.operator.builders import make_ddpjob, make_pod
 

@@ -3,18 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.managed_etcd import (
-    ObservedEtcd,
-    etcd_selector,
-    plan_managed_etcd,
-    render_etcd_pod,
-    render_etcd_service,
-    requested,
-)
-from ddpjob_operator.plan import CreatePod, CreateService, DeletePod
-from ddpjob_operator.render import render_pod, selector
-from ddpjob_operator.spec import parse_spec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.decide.managed_etcd import ObservedEtcd, plan_managed_etcd, requested
+from ddpjob_operator.render.etcd_pod import etcd_selector, render_etcd_pod, render_etcd_service
+from ddpjob_operator.decide.actions import CreatePod, CreateService, DeletePod
+from ddpjob_operator.render.node_pod import render_pod
+from ddpjob_operator.render.common import selector
+from ddpjob_operator.api.spec import parse_spec
 from tests.operator.builders import job_ref, make_ddpjob
 
 MANAGED = {"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.render import render_pod
-from ddpjob_operator.spec import parse_spec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.node_pod import render_pod
+from ddpjob_operator.api.spec import parse_spec
 from ddpjob_rdzv.settings import settings_from_conf
 from tests.operator.builders import job_ref, make_ddpjob
 

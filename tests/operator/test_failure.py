@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.failure import (
-    Outcome,
-    backoff_seconds,
-    budget_exhausted,
-    classify,
-    classify_pod,
-    starts_new_incident,
-)
+from ddpjob_operator.decide.failure import Outcome, classify, classify_pod, starts_new_incident
+from ddpjob_operator.decide.budget import backoff_seconds, budget_exhausted
 from tests.operator.builders import at, make_ddpjob, make_pod
 
 PERMANENT = (126, 127)

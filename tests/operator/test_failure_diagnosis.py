@@ -6,13 +6,9 @@ import json
 
 import pytest
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.failure import (
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.decide.failure import (
     Outcome,
-    RestartBudget,
-    account_incidents,
-    backoff_exponent,
-    budget_limit_passed,
     classify_pod,
     diagnose_deleted,
     diagnose_pod,
@@ -21,6 +17,7 @@ from ddpjob_operator.failure import (
     pod_progress,
     read_progress,
 )
+from ddpjob_operator.decide.budget import RestartBudget, account_incidents, backoff_exponent, budget_limit_passed
 from tests.operator.builders import T0, at, make_ddpjob, make_pod
 
 JOB = make_ddpjob(replicas=2)

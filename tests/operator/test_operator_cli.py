@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from ddpjob_operator.__main__ import parse_args, settings_for
+from ddpjob_operator.controller.main import parse_args, settings_for
 from tests.support.kubelet import ddpjob, pod_names, set_terminated, status
 from tests.support.operator_harness import OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
 from tests.support.procs import free_port

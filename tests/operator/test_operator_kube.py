@@ -6,7 +6,7 @@ import aiohttp.web
 import kopf
 import pytest
 
-from ddpjob_operator import kube
+from ddpjob_operator.controller import kube
 from tests.support.kubelet import ddpjob
 from tests.support.operator_harness import cluster, k8s  # noqa: F401  (fixtures)
 from tests.support.procs import free_port

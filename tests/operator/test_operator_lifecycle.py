@@ -6,7 +6,7 @@ subresource exactly as a kubelet would (phase plus the container's terminated ex
 """
 import time
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.kubelet import condition, ddpjob, events, pod_names, set_running, set_terminated, status
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 

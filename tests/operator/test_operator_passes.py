@@ -5,8 +5,8 @@ import asyncio
 import kopf
 import pytest
 
-from ddpjob_operator import handlers
-from ddpjob_operator.handlers import JobPasses, PassOutcome
+from ddpjob_operator.controller import handlers
+from ddpjob_operator.controller.handlers import JobPasses, PassOutcome
 
 KEY = ("ns", "mlp")
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from ddpjob_operator.__main__ import parse_args, settings_for, standby_priority
+from ddpjob_operator.controller.main import parse_args, settings_for, standby_priority
 from tests.support.kubelet import ddpjob, pod_names
 from tests.support.operator_harness import REPO, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
 

@@ -3,7 +3,7 @@ timers (deadline, TTL, backoff), the restart budget, disruptions, externally del
 a spec that is fixed after being rejected. Real operator against the API emulator."""
 import time
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.kubelet import condition, ddpjob, now, pod_names, set_running, set_terminated, status
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 

@@ -3,7 +3,7 @@ import json
 import pathlib
 import time
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.kubelet import ddpjob, pod_names, set_running, status
 from tests.support.operator_harness import OperatorProcess, cluster, k8s, operator, operator_command  # noqa: F401
 

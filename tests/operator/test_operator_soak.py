@@ -4,7 +4,7 @@ its status agrees with them. Real operator against the API emulator."""
 import random
 import time
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
 from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s, operator_command  # noqa: F401
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue, plan_actions
-from ddpjob_operator.rdzv_store import render_store_pod, render_store_service
-from ddpjob_operator.reconcile import reconcile
-from ddpjob_operator.render import render_pod, render_service
-from ddpjob_operator.spec import parse_spec
+from ddpjob_operator.decide.actions import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.decide.plan import plan_actions
+from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
+from ddpjob_operator.decide.reconcile import reconcile
+from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.api.spec import parse_spec
 from tests.operator.builders import at, job_ref, make_ddpjob, make_pod, running_pods
 from tests.operator.topology_builders import store, with_store
 

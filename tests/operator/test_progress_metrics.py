@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import metrics
+from ddpjob_operator.controller import metrics
 from tests.operator.builders import at
 
 REG = metrics.REGISTRY

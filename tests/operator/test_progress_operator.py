@@ -2,7 +2,7 @@
 reports termination messages carrying the trainer's progress record, as a real kubelet would."""
 import datetime
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.kubelet import (
     bind,
     condition,

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.clock import format_time
-from ddpjob_operator.plan import Requeue
-from ddpjob_operator.reconcile import reconcile
-from ddpjob_operator.spec import parse_spec
-from ddpjob_operator.status import replacement_delay
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time
+from ddpjob_operator.decide.actions import Requeue
+from ddpjob_operator.decide.reconcile import reconcile
+from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.decide.budget import replacement_delay
 from tests.operator.builders import at, make_ddpjob, make_pod, running_pods
 from tests.operator.test_status import step
 

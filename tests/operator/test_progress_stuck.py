@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.clock import format_time
-from ddpjob_operator.plan import DeletePod, Requeue
-from ddpjob_operator.spec import parse_spec
-from ddpjob_operator.stuck import nodes_to_read, stuck_pods, with_force_deletions
+from ddpjob_operator.api.clock import format_time
+from ddpjob_operator.decide.actions import DeletePod, Requeue
+from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.decide.stuck import nodes_to_read, stuck_pods, with_force_deletions
 from tests.operator.builders import at, make_ddpjob, make_pod
 
 JOB = make_ddpjob(replicas=2, failurePolicy={"forceDeleteTerminatingAfterSeconds": 60})

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.render import render_pod, render_service, selector
-from ddpjob_operator.rdzv_store import render_store_pod
-from ddpjob_operator.spec import JobRef, parse_spec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.render.common import selector
+from ddpjob_operator.render.store_pod import render_store_pod
+from ddpjob_operator.api.spec import JobRef, parse_spec
 from tests.operator.builders import make_spec
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.launch import UnsupportedLocalEnvError, launch_plan, merged_env, rdzv_conf
-from ddpjob_operator.spec import RdzvTimeouts, parse_spec
+from ddpjob_operator.render.launch import UnsupportedLocalEnvError, launch_plan, merged_env, rdzv_conf
+from ddpjob_operator.api.spec import RdzvTimeouts, parse_spec
 from tests.operator.builders import make_spec
 
 
@@ -44,12 +44,13 @@ def test_etcd_v3_uses_all_endpoints_and_ignores_the_rdzv_host():
     assert (launch.env["PET_RDZV_BACKEND"], launch.env["PET_RDZV_ENDPOINT"]) == ("etcd-v3", "e1:2379,e2:2379")
 
 
-@pytest.mark.parametrize("external_store, hosts", [(False, ["true", "false", "false"]),
-                                                   (True, ["false", "false", "false"])])
-def test_only_node_0_hosts_the_c10d_store_unless_a_store_pod_does(external_store, hosts):
+@pytest.mark.parametrize("rdzv_store, hosts", [("node", ["true", "false", "false"]),
+                                               ("pod", ["false", "false", "false"]),
+                                               (None, ["false", "false", "false"])])
+def test_only_node_0_hosts_the_c10d_store_unless_a_store_pod_does(rdzv_store, hosts):
     # Said explicitly: on one host (ddpjob run, hostNetwork) torch would let any agent host it.
-    confs = [plan({"replicas": 3}, node_index=i, external_store=external_store).env["PET_RDZV_CONF"]
-             for i in range(3)]
+    fields = {"replicas": 3, "elasticPolicy": {"rdzvStore": rdzv_store} if rdzv_store else {}}
+    confs = [plan(fields, node_index=i).env["PET_RDZV_CONF"] for i in range(3)]
     assert [conf.split("is_host=")[1] for conf in confs] == hosts
 
 

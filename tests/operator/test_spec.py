@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.spec import (
-    DDPJobSpec,
-    FieldError,
-    InvalidSpecError,
-    JobRef,
-    parse_job,
-    parse_spec,
-    validate_job,
-    validate_spec,
+from ddpjob_operator.api.spec import (
+    DDPJobSpec, FieldError, InvalidSpecError, JobRef, parse_job, parse_spec, validate_job, validate_spec
 )
 from tests.operator.builders import make_ddpjob, make_spec
 
@@ -169,7 +162,7 @@ def test_parse_spec_raises_an_error_carrying_every_field_error():
 
 def test_field_error_message_without_a_value_omits_the_parentheses():
     assert FieldError("spec.image", object(), "x").message.startswith("spec.image (")
-    from ddpjob_operator.spec import MISSING
+    from ddpjob_operator.api.spec import MISSING
     assert FieldError("spec.image", MISSING, "is required").message == "spec.image is required"
 
 

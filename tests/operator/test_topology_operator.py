@@ -3,7 +3,7 @@ whole-group restarts when the c10d store is lost, single-node replacement otherw
 store pod's life, pods waiting for capacity, and Kueue labels."""
 from __future__ import annotations
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.kubelet import (
     condition,
     ddpjob,

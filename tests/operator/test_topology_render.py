@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.launch import rdzv_id
-from ddpjob_operator.rdzv_store import is_store_pod, render_store_pod, render_store_service
-from ddpjob_operator.render import render_pod
-from ddpjob_operator.spec import parse_spec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.launch import rdzv_id
+from ddpjob_operator.decide.observed import is_store_pod
+from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
+from ddpjob_operator.render.node_pod import render_pod
+from ddpjob_operator.api.spec import parse_spec
 from tests.operator.builders import job_ref, make_ddpjob
 from tests.operator.topology_builders import STORE_POD, env_of
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.clock import format_time
-from ddpjob_operator.rdzv_store import is_store_pod, render_store_pod, uses_store_pod
-from ddpjob_operator.reconcile import Reconciliation, reconcile
-from ddpjob_operator.pods import pod_phase
-from ddpjob_operator.spec import parse_spec, validate_spec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time
+from ddpjob_operator.decide.observed import is_store_pod
+from ddpjob_operator.render.store_pod import render_store_pod
+from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
+from ddpjob_operator.decide.observed import pod_phase
+from ddpjob_operator.api.spec import parse_spec, validate_spec
 from tests.operator.builders import T0, at, job_ref, make_pod
 
 STORE_POD = {"elasticPolicy": {"rdzvStore": "pod"}}  # the c10d default, spelled out
@@ -46,7 +47,7 @@ def with_store(body: dict, pods: list[dict]) -> list[dict]:
     """`pods` plus the job's running store pod, as the API lists them while node pods train (the
     store pod comes first and goes in the pass where a node succeeds); unchanged for a job
     without one, an invalid spec, or a list that already has it."""
-    if (not pods or validate_spec(body["spec"]) or not uses_store_pod(parse_spec(body["spec"]))
+    if (not pods or validate_spec(body["spec"]) or not parse_spec(body["spec"]).elastic_policy.store_on_pod
             or any(is_store_pod(p) or pod_phase(p) == "Succeeded" for p in pods)):
         return pods
     return [*pods, store(body)]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
 from tests.support.kubelet import condition, events
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)

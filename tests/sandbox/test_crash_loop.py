@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.kubelet import condition, events
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 from tests.support.sandbox import node_agent, start_job, trainer_args  # noqa: F401  (fixture)

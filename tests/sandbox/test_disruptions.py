@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
 from tests.support.kubelet import events, set_disruption_target
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)

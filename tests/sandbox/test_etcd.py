@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
 from tests.support.etcd import running_etcd
 from tests.support.kubelet import events

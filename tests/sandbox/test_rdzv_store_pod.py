@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
 from tests.support.kubelet import events
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)

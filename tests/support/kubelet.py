@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from ddpjob_operator import constants as C
-from ddpjob_operator.render import selector
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.common import selector
 
 
 def ddpjob(name: str = "mlp", replicas: int = 2, **spec: Any) -> dict:

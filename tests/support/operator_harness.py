@@ -56,7 +56,7 @@ def load_crd() -> dict:
     """The generated CRD manifest (as ``kubectl apply`` would install it), else the generator's output."""
     if CRD_PATH.exists():
         return yaml.safe_load(CRD_PATH.read_text())
-    from ddpjob_operator.crd import build_crd
+    from ddpjob_operator.api.crd import build_crd
 
     return build_crd()
 

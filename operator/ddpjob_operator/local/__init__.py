@@ -1,9 +1,9 @@
 """`ddpjob run`: a DDPJob as local torchrun agents, one per node, on this machine.
 
 Each node starts from the launch plan the operator puts into its Pods
-(`ddpjob_operator.launch`): the same command, args and environment, with the
+(`ddpjob_operator.render.launch`): the same command, args and environment, with the
 rendezvous on loopback and the snapshot volume mapped to a local directory.
-Node failures go through the operator's failure policy (`ddpjob_operator.failure`).
+Node failures go through the operator's failure policy (`ddpjob_operator.decide.failure`).
 
     plan     the spec -> one local launch per node (pure)
     policy   node exits -> replace after backoff, or fail the job (pure, failure.py)

@@ -17,8 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from ..launch import UnsupportedLocalEnvError
-from ..spec import DDPJobSpec
+from ddpjob_operator.render.launch import UnsupportedLocalEnvError
+from ddpjob_operator.api.spec import DDPJobSpec
 from .plan import LOOPBACK, LocalPlan, local_plan, rdzv_endpoint
 from .procs import free_port, port_in_use
 from .runner import PHASE_INTERRUPTED, RunOptions, RunResult, Runner

@@ -1,6 +1,6 @@
 """The local launch of each node: the Pods' launch plan, moved onto this machine.
 
-Pure. `ddpjob_operator.launch.launch_plan` gives the command and environment a
+Pure. `ddpjob_operator.render.launch.launch_plan` gives the command and environment a
 Pod gets; here the rendezvous host becomes 127.0.0.1, the rendezvous id is made
 unique per run, and every path under `spec.snapshot.mountPath` (in env values
 and args) is rewritten to the run's local snapshot directory.
@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import constants as C
-from ..launch import launch_plan, merged_env
-from ..rdzv_store import uses_store_pod
-from ..spec import DDPJobSpec
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.launch import launch_plan, merged_env
+from ddpjob_operator.api.spec import DDPJobSpec
 
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
 ENV_METRICS_FILE = "DDPJOB_METRICS_FILE"  # the trainer's metrics path (default: <snapshot dir>/metrics.jsonl)
@@ -136,8 +135,7 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
     nodes = []
     for index in range(spec.desired_replicas):
         launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
-                             rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None,
-                             external_store=uses_store_pod(spec))
+                             rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None)
         env = {name: localize(value, mount, snapshot_dir) for name, value in merged_env(launch, spec.env).items()}
         if snapshot_dir is None:
             # Without a snapshot volume the trainer has no default metrics path; the view needs one.
@@ -150,7 +148,7 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
 
 def _store(spec: DDPJobSpec, torchrun: str) -> LocalNode | None:
     """The store pod's command (render_store_pod) on loopback, with the nodes' Python."""
-    if not uses_store_pod(spec):
+    if not spec.elastic_policy.store_on_pod:
         return None
     python = str(Path(torchrun).parent / "python")
     argv = [python, "-m", C.RDZV_STORE_MODULE, "--host", LOOPBACK, "--port", str(spec.elastic_policy.rdzv_port)]

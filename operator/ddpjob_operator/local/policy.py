@@ -1,6 +1,6 @@
 """What a local node's exit means for the run: the operator's failure policy, applied to processes.
 
-Pure: the decisions come from `ddpjob_operator.failure` (classify, starts_new_incident,
+Pure: the decisions come from `ddpjob_operator.decide.failure` (classify, starts_new_incident,
 the progress-aware RestartBudget with account_incidents / budget_limit_passed /
 backoff_exponent, backoff_seconds) exactly as status.py applies them to Pods, and the
 messages are the operator's (constants.MSG_*), so a local run fails for the same
@@ -16,19 +16,16 @@ import signal
 from dataclasses import dataclass
 from datetime import datetime
 
-from .. import constants as C
-from ..failure import (
-    Outcome,
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.decide.failure import Outcome, classify, newer_snapshot, starts_new_incident
+from ddpjob_operator.decide.budget import (
     RestartBudget,
     account_incidents,
     backoff_exponent,
     backoff_seconds,
     budget_limit_passed,
-    classify,
-    newer_snapshot,
-    starts_new_incident,
 )
-from ..spec import FailurePolicy
+from ddpjob_operator.api.spec import FailurePolicy
 
 
 # A replacement that joins while the surviving nodes re-form their group (dead-node

@@ -39,9 +39,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import constants as C
-from ..launch import rdzv_id
-from ..topology import store_on_node
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.launch import rdzv_id
 from .journal import Journal, MetricsFollower
 from .plan import LocalNode, LocalPlan, inherited_env
 from .policy import Action, Decision, FailureBudget, hold_replacements
@@ -209,7 +208,7 @@ class Runner:
 
     def _hosts_store(self, index: int) -> bool:
         """Node `index` took the rendezvous down with it (node 0 hosting the c10d store)."""
-        return (index == 0 and store_on_node(self.plan.spec) and len(self.plan.nodes) > 1
+        return (index == 0 and self.plan.spec.elastic_policy.store_on_node and len(self.plan.nodes) > 1
                 and self.finished_at is None)
 
     def _group_restart(self, decision: Decision, what: str) -> None:

@@ -37,11 +37,11 @@ from typing import Any
 
 import kopf
 
-from ddpjob_operator import constants as C
-from ddpjob_operator import kube
-from ddpjob_operator.launch import rdzv_id
-from ddpjob_operator.pods import is_active
-from ddpjob_operator.spec import DDPJobSpec, validate_job
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.controller import kube
+from ddpjob_operator.render.launch import rdzv_id
+from ddpjob_operator.decide.observed import is_active
+from ddpjob_operator.api.spec import DDPJobSpec, validate_job
 from ddpjob_rdzv import keys
 from ddpjob_rdzv.settings import CREDENTIAL_FILES
 

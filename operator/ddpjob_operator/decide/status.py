@@ -23,16 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from . import capacity, progress, topology
-from . import constants as C
-from .clock import format_time, parse_time, seconds_between
-from .failure import (
+from ddpjob_operator.decide import capacity, progress, topology
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
+from ddpjob_operator.decide.failure import (
     INVALID_IMAGE_REASONS,
     Outcome,
-    RestartBudget,
-    backoff_exponent,
-    backoff_seconds,
-    budget_limit_passed,
     classify_pod,
     diagnose_image_pull,
     diagnose_pod,
@@ -42,18 +38,13 @@ from .failure import (
     pod_reason,
     starts_new_incident,
 )
-from .pods import current_pods, is_active, is_ready, pod_index, pod_name_of, pod_phase, pod_uid
-from .render import selector
-from .spec import DDPJobSpec, FieldError, JobRef
-
-
-@dataclass(frozen=True)
-class Event:
-    """A Kubernetes Event to record on the DDPJob."""
-
-    type: str  # C.EVENT_NORMAL or C.EVENT_WARNING
-    reason: str
-    message: str
+from ddpjob_operator.decide.budget import RestartBudget, account, budget_limit_passed, budget_of, replacement_delay
+from ddpjob_operator.decide.observed import (
+    current_pods, is_active, is_ready, pod_index, pod_name_of, pod_phase, pod_uid
+)
+from ddpjob_operator.render.common import selector
+from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
+from ddpjob_operator.decide.actions import Event
 
 
 @dataclass(frozen=True)
@@ -228,7 +219,7 @@ def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: di
         handled.append(uid)
         _apply_failure(spec, pod, outcome, status, now, verdict)
     status["handledFailures"] = sorted(handled)
-    budget = progress.account(status)  # incidents counted elsewhere (a group restart) too
+    budget = account(status)  # incidents counted elsewhere (a group restart) too
     if verdict.phase != C.PHASE_FAILED:
         _check_budget(spec, budget, status, verdict)
     if verdict.phase != C.PHASE_FAILED:
@@ -326,24 +317,13 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
         status["restarts"] += 1
         status["lastFailureTime"] = format_time(failed_at)
         before = int(status.get("restartsWithProgress") or 0)
-        free = progress.account(status).with_progress > before
-    budget = progress.budget_of(status)
+        free = account(status).with_progress > before
+    budget = budget_of(status)
     message = C.MSG_NODE_FAILED.format(what=what, restarts=budget.charged, max=spec.failure_policy.max_restarts)
     if free:
         snapshot = status.get("lastSnapshot") or {}
         message += f"; not charged: a newer snapshot (step {snapshot.get('step')}) was complete"
     verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, message))
-
-
-def replacement_delay(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> float:
-    """Seconds until replacements may be created (0 when they may be created now)."""
-    since = parse_time(status.get("lastFailureTime"))
-    nth = backoff_exponent(progress.budget_of(status), bool(status.get("lastSnapshot")))
-    if nth == 0 or since is None:
-        return 0.0
-    fp = spec.failure_policy
-    wait = backoff_seconds(nth, fp.backoff_seconds, fp.max_backoff_seconds)
-    return max(0.0, wait - seconds_between(since, now))
 
 
 def _missing_indexes(spec: DDPJobSpec, current: list[Mapping[str, Any]]) -> list[int]:

@@ -36,8 +36,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from . import constants as C
-from .names import pod_name
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.names import name_too_long
 
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource that nProcPerNode "gpu" needs
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v3")  # accepted elasticPolicy.rdzvBackend values
@@ -285,9 +285,23 @@ class ElasticPolicy(_Model):
         "the whole group). Immutable, unset included (a rule on elasticPolicy)."))
 
     @property
+    def store_location(self) -> Literal["pod", "node"] | None:
+        """Where the c10d store lives, the one rule every reader follows: "pod" (a dedicated
+        store pod; the default for c10d), "node" (node 0's agent hosts it) or None (an etcd
+        backend: etcd is the store)."""
+        if self.rdzv_backend != "c10d":
+            return None
+        return self.rdzv_store or "pod"
+
+    @property
     def store_on_pod(self) -> bool:
-        """c10d with a dedicated store pod: the default for c10d, unless rdzvStore is node."""
-        return self.rdzv_backend == "c10d" and self.rdzv_store != "node"
+        """The job runs a dedicated store pod (and, locally, a store process)."""
+        return self.store_location == "pod"
+
+    @property
+    def store_on_node(self) -> bool:
+        """Node 0's agent hosts the store: losing node 0 restarts the whole group."""
+        return self.store_location == "node"
 
 
 class Snapshot(_Model):
@@ -705,12 +719,9 @@ def validate_job(body: Mapping[str, Any]) -> list[FieldError]:
     name = (body.get("metadata") or {}).get("name", "")
     if not errors:
         spec = DDPJobSpec.model_validate(body.get("spec") or {})
-        longest = pod_name(name, spec.max_replicas - 1)
-        if len(longest) > C.DNS_LABEL_MAX:
-            errors.append(FieldError("metadata.name", name, (
-                f"is too long: pod name {longest!r} has {len(longest)} characters, over the "
-                f"DNS label limit of {C.DNS_LABEL_MAX}; use at most "
-                f"{len(name) - (len(longest) - C.DNS_LABEL_MAX)} characters")))
+        problem = name_too_long(name, spec.max_replicas)
+        if problem:
+            errors.append(FieldError("metadata.name", name, problem))
     return errors
 
 

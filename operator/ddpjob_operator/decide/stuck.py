@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from . import constants as C
-from .clock import parse_time, seconds_between
-from .plan import Action, DeletePod, Requeue
-from .pods import pod_name_of
-from .spec import DDPJobSpec
-from .status import Event
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import parse_time, seconds_between
+from ddpjob_operator.decide.actions import Action, DeletePod, Requeue
+from ddpjob_operator.decide.observed import pod_name_of
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.decide.actions import Event
 
 Node = Mapping[str, Any]
 

@@ -1,4 +1,4 @@
-"""A job's own single-member etcd (`spec.elasticPolicy.managedEtcd.enabled`): render and plan, pure.
+"""A job's own single-member etcd (`spec.elasticPolicy.managedEtcd.enabled`): its pod and Service (pure).
 
 For jobs that want an etcd rendezvous (no node hosts the state, so losing any
 node replaces only that node) without an etcd to share. The operator runs pod
@@ -19,32 +19,17 @@ job finishes (it holds nothing worth keeping), the Service goes with the job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from . import constants as C
-from .names import managed_etcd_name
-from .plan import Action, CreatePod, CreateService, DeletePod
-from .pods import is_deleting, pod_phase
-from .companion import borrowed_scheduling, companion_pod, companion_service
-from .spec import DDPJobSpec, JobRef
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.names import managed_etcd_name
+from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.render.common import borrowed_scheduling, companion_pod, companion_service
 
 PEER_PORT = 2380  # etcd's peer port; one member, so it only listens on loopback
+
+
 RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
-
-
-@dataclass(frozen=True)
-class ObservedEtcd:
-    """What the pass saw of the managed etcd."""
-
-    pod: Mapping[str, Any] | None  # the etcd pod, None when it does not exist
-    service_exists: bool
-
-
-def requested(body: Mapping[str, Any]) -> bool:
-    """The body asks for a managed etcd (read before validation, to decide what to observe)."""
-    ep = (body.get("spec") or {}).get("elasticPolicy") or {}
-    return bool((ep.get("managedEtcd") or {}).get("enabled"))
 
 
 def etcd_labels(job: str) -> dict[str, str]:
@@ -113,26 +98,3 @@ def _container(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
                             "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
     }
-
-
-def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,
-                      observed: ObservedEtcd | None) -> list[Action]:
-    """Create the Service and pod when missing, replace a failed pod, delete the pod once the job finished.
-
-    Args:
-        ref: the job's identity.
-        spec: the parsed spec; None when invalid (nothing is done).
-        phase: status.phase computed for this pass.
-        observed: what the pass saw; None when the job does not ask for a managed etcd.
-    """
-    if spec is None or observed is None or not spec.elastic_policy.managed_etcd.enabled:
-        return []
-    pod, name = observed.pod, managed_etcd_name(ref.name)
-    if phase in C.FINISHED_PHASES:
-        return [DeletePod(name, "the job finished")] if pod is not None and not is_deleting(pod) else []
-    actions: list[Action] = [] if observed.service_exists else [CreateService(render_etcd_service(ref))]
-    if pod is None:
-        actions.append(CreatePod(render_etcd_pod(ref, spec)))
-    elif pod_phase(pod) in ("Failed", "Succeeded") and not is_deleting(pod):
-        actions.append(DeletePod(name, "replacing the failed managed etcd pod"))
-    return actions

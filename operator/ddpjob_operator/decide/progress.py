@@ -10,7 +10,7 @@ the container exits. From the records of all observed pods this module keeps:
     time lost so far (``lostSeconds``: for every run, from the snapshot it resumed from, or
     from the job's start, to its first step; work redone after a resume and restart
     overheads both count). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
-    bookkeeping of the restart budget by progress (failure.RestartBudget);
+    bookkeeping of the restart budget by progress (budget.py);
   * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod).
 
 Records arrive when a container exits, and while a job runs from each node's progress
@@ -23,19 +23,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from . import constants as C
-from .clock import format_time, parse_time, seconds_between
-from .failure import (
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
+from ddpjob_operator.decide.failure import (
     Diagnosis,
-    RestartBudget,
-    account_incidents,
     diagnose_deleted,
     diagnose_pod,
     newer_snapshot,
     pod_finished_at,
     pod_progress,
 )
-from .pods import pod_index, pod_name_of, pod_uid
+from ddpjob_operator.decide.observed import pod_index, pod_name_of, pod_uid
 
 SNAPSHOT_KEYS = ("epoch", "step", "time", "path")  # status.lastSnapshot (the contract's fields)
 
@@ -76,30 +74,6 @@ def _take_resume(resume: Mapping[str, Any], status: dict[str, Any]) -> None:
 
 
 # --- Restart budget by progress ----------------------------------------------------------
-
-def budget_of(status: Mapping[str, Any]) -> RestartBudget:
-    return RestartBudget(int(status.get("restarts") or 0), int(status.get("restartsWithProgress") or 0),
-                         int(status.get("restartsWithoutProgress") or 0))
-
-
-def account(status: dict[str, Any]) -> RestartBudget:
-    """Judge the incidents counted in status.restarts since the last call: each is free when a
-    snapshot newer than at the previous incident was complete (failure.account_incidents)."""
-    recovery = dict(status.get("recovery") or {})
-    budget = budget_of(status)
-    new = budget.restarts - int(recovery.get("accountedRestarts") or 0)
-    if new <= 0:
-        return budget
-    snapshot = status.get("lastSnapshot")
-    progressed = None if not snapshot else newer_snapshot(snapshot, recovery.get("snapshotAtLastFailure"))
-    budget = account_incidents(budget, new, progressed)
-    recovery["accountedRestarts"] = budget.restarts
-    if progressed is not None:  # no report yet: nothing to judge, the fields stay unset
-        status["restartsWithProgress"] = budget.with_progress
-        status["restartsWithoutProgress"] = budget.without_progress
-        recovery["snapshotAtLastFailure"] = {"step": snapshot.get("step"), "time": snapshot.get("time")}
-    status["recovery"] = recovery
-    return budget
 
 
 # --- status.failures ------------------------------------------------------------------------

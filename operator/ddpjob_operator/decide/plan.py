@@ -25,61 +25,34 @@ without an event (backoff end, deadline, TTL, a deletion finishing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping
 
-from . import capacity, topology
-from . import constants as C
-from .clock import parse_time, seconds_between
-from .names import pod_name
-from .pods import current_pods, is_active, is_deleting, pod_index, pod_name_of, pod_phase
-from .rdzv_store import is_store_pod, render_store_pod, render_store_service, uses_store_pod
-from .render import render_pod, render_service
-from .spec import DDPJobSpec, JobRef
-from .status import replacement_delay
+from ddpjob_operator.decide import capacity, topology
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import parse_time, seconds_between
+from ddpjob_operator.api.names import pod_name
+from ddpjob_operator.decide.observed import current_pods, is_active, is_deleting, pod_index, pod_name_of, pod_phase
+from ddpjob_operator.decide.observed import is_store_pod
+from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
+from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.decide.actions import Action, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.decide.budget import replacement_delay
 
 DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted name terminates
 
 
-@dataclass(frozen=True)
-class CreateService:
-    """Create the job's headless Service."""
-
-    body: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class CreatePod:
-    """Create one node pod."""
-
-    body: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class DeletePod:
-    """Delete one pod; `reason` is for logs and Events."""
-
-    name: str
-    reason: str
-    grace_period_seconds: int | None = None  # 0: force (the node will never confirm); None: the pod's own
 
 
-@dataclass(frozen=True)
-class DeleteJob:
-    """Delete the DDPJob itself (TTL after finishing); ownership removes the rest."""
-
-    reason: str
 
 
-@dataclass(frozen=True)
-class Requeue:
-    """Run the reconciliation again after `after` seconds even without an event."""
-
-    after: float
 
 
-Action = Union[CreateService, CreatePod, DeletePod, DeleteJob, Requeue]
 
 
 def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any],
@@ -113,7 +86,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     actions += _scale_down(spec, pods)
     actions += _replace_failed(spec, pods)
     actions += _store(ref, spec, pods)
-    if stale or (uses_store_pod(spec) and topology.store_pod(pods) is None):
+    if stale or (spec.elastic_policy.store_on_pod and topology.store_pod(pods) is None):
         actions.append(Requeue(DELETION_POLL_SECONDS))  # the old group goes, or the store comes, first
     else:
         actions += _create_missing(ref, spec, status, pods, now)
@@ -174,7 +147,7 @@ def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
 def _store(ref: JobRef, spec: DDPJobSpec, pods: list[Mapping[str, Any]]) -> list[Action]:
     """Create the dedicated store pod (and its Service, create-or-skip) when there is none;
     delete a failed one (topology.py already turned its loss into a group restart)."""
-    if not uses_store_pod(spec) or _training_over(spec, pods):
+    if not spec.elastic_policy.store_on_pod or _training_over(spec, pods):
         return []
     stores = [p for p in pods if is_store_pod(p)]
     actions: list[Action] = [DeletePod(pod_name_of(p), "replacing the failed rendezvous store pod")

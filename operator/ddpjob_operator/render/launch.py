@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import constants as C
-from .spec import DDPJobSpec, RdzvTimeouts
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.spec import DDPJobSpec, RdzvTimeouts
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ def rdzv_endpoint_for(spec: DDPJobSpec, rdzv_host: str) -> str:
     return ",".join(ep.rdzv_endpoints)
 
 
-def hosts_c10d_store(node_index: int, external_store: bool) -> bool:
-    """Whether this node's agent hosts the c10d store: node 0, unless a dedicated store runs.
+def hosts_c10d_store(node_index: int, spec: DDPJobSpec) -> bool:
+    """Whether this node's agent hosts the c10d store: node 0 with `rdzvStore: node`.
 
     Said explicitly (is_host in the conf) rather than left to torch, which lets every agent
     whose address matches the endpoint try to bind the port and the first one win: on one
@@ -93,7 +93,7 @@ def hosts_c10d_store(node_index: int, external_store: bool) -> bool:
     operator's whole-group restart rule relies on the store living on node 0. With is_host
     set, node 0 fails loudly if it cannot bind instead of silently becoming a client.
     """
-    return node_index == 0 and not external_store
+    return node_index == 0 and spec.elastic_policy.store_on_node
 
 
 def rdzv_id(uid: str, generation: int = 0) -> str:
@@ -104,7 +104,7 @@ def rdzv_id(uid: str, generation: int = 0) -> str:
 
 def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_index: int,
                 rdzv_host: str, snapshot_dir: str | None, rdzv_credentials_dir: str | None = None,
-                rdzv_generation: int = 0, external_store: bool = False) -> NodeLaunch:
+                rdzv_generation: int = 0) -> NodeLaunch:
     """The launch of node `node_index`.
 
     Args:
@@ -117,7 +117,6 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         snapshot_dir: where the snapshot volume is seen (spec.snapshot.mountPath in pods), None for none.
         rdzv_credentials_dir: where spec.elasticPolicy.rdzvSecretName is mounted, None for none.
         rdzv_generation: status.rendezvousGeneration (whole-group restarts so far).
-        external_store: a dedicated process hosts the c10d store at rdzv_host (every agent is a client).
     """
     ep = spec.elastic_policy
     env = {
@@ -127,7 +126,7 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         "PET_RDZV_ENDPOINT": rdzv_endpoint_for(spec, rdzv_host),
         "PET_RDZV_ID": rdzv_id(uid, rdzv_generation),
         "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir,
-                                   hosts_c10d_store(node_index, external_store)),
+                                   hosts_c10d_store(node_index, spec)),
         "PET_MAX_RESTARTS": str(ep.max_restarts),
         # Measured: sharing the rendezvous TCP store with the workers made gloo worker
         # restarts fail or hang in 4 of 6 runs, 0 of 9 without sharing.

@@ -8,56 +8,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import constants as C
-from .capacity import kueue_metadata
-from .launch import NodeLaunch, launch_plan
-from .names import c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
-from .spec import DDPJobSpec, JobRef
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.kueue import kueue_metadata
+from ddpjob_operator.render.launch import NodeLaunch, launch_plan
+from ddpjob_operator.api.names import (
+    c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
+)
+from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.render.common import common_labels, owner_reference, pod_labels, selector_labels
 
 
-def common_labels(job: str) -> dict[str, str]:
-    """Labels on every object of the job; LABEL_JOB_NAME is the selector."""
-    return {
-        C.LABEL_APP_NAME: C.APP_NAME,
-        C.LABEL_INSTANCE: job,
-        C.LABEL_MANAGED_BY: C.MANAGED_BY,
-        C.LABEL_JOB_NAME: job,
-    }
 
 
-def selector_labels(job: str) -> dict[str, str]:
-    """Labels that select the job's node pods (Service selector, scale selector); the
-    component label keeps the rendezvous store pod out, so an HPA never counts it as a node."""
-    return {C.LABEL_JOB_NAME: job, C.LABEL_COMPONENT: C.COMPONENT_NODE}
 
 
-def selector(job: str) -> str:
-    """status.selector: the label selector of the scale subresource, as a string."""
-    return ",".join(f"{k}={v}" for k, v in selector_labels(job).items())
 
 
-def job_selector(job: str) -> str:
-    """Every pod the operator owns for the job (node pods and the rendezvous store pod):
-    what a reconcile pass lists; plan and status tell the two apart by component."""
-    return f"{C.LABEL_JOB_NAME}={job}"
 
 
-def pod_labels(job: str, index: int, generation: int = 0) -> dict[str, str]:
-    """Labels of node pod `index` of rendezvous generation `generation`."""
-    return {**common_labels(job), C.LABEL_COMPONENT: C.COMPONENT_NODE, C.LABEL_NODE_INDEX: str(index),
-            C.LABEL_RDZV_GENERATION: str(generation)}
 
 
-def owner_reference(ref: JobRef) -> dict[str, Any]:
-    """Makes the DDPJob the controller of an object, so deleting the job deletes it."""
-    return {
-        "apiVersion": C.API_VERSION,
-        "kind": C.KIND,
-        "name": ref.name,
-        "uid": ref.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def render_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
@@ -92,7 +62,7 @@ def node_launch(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) 
     return launch_plan(
         job=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec, node_index=index,
         rdzv_host=rdzv_host,
-        rdzv_generation=generation, external_store=store_pod,
+        rdzv_generation=generation,
         snapshot_dir=spec.snapshot.mount_path if spec.snapshot else None,
         rdzv_credentials_dir=C.RDZV_SECRET_MOUNT_PATH if spec.elastic_policy.rdzv_secret_name else None,
     )
@@ -152,7 +122,7 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
     }
     # The trainer's progress endpoint, polled by the operator while the job runs.
     container["ports"] = [{"name": C.PROGRESS_PORT_NAME, "containerPort": C.PROGRESS_PORT, "protocol": "TCP"}]
-    if spec.elastic_policy.rdzv_backend == "c10d" and spec.elastic_policy.rdzv_store == "node":
+    if spec.elastic_policy.store_on_node:
         port = spec.elastic_policy.rdzv_port
         container["ports"].insert(0, {"name": C.RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"})
     resources = {k: dict(v) for k, v in (("limits", spec.resources.limits),

@@ -19,10 +19,10 @@ from typing import Any
 
 import aiohttp
 
-from . import constants as C
-from .failure import read_progress
-from .pods import is_deleting, pod_index, pod_phase
-from .topology import node_pods
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.decide.failure import read_progress
+from ddpjob_operator.decide.observed import is_deleting, pod_index, pod_phase
+from ddpjob_operator.decide.topology import node_pods
 
 log = logging.getLogger("ddpjob_operator")
 

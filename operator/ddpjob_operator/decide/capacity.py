@@ -16,29 +16,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from . import constants as C
-from .clock import parse_time, seconds_between
-from .pods import is_active, is_ready, pod_name_of, pod_phase
-from .spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.clock import parse_time, seconds_between
+from ddpjob_operator.decide.observed import is_active, is_ready, pod_name_of, pod_phase
+from ddpjob_operator.api.spec import DDPJobSpec
 
 Pod = Mapping[str, Any]
 
 
-def kueue_metadata(ref: JobRef, spec: DDPJobSpec) -> tuple[dict[str, str], dict[str, str]]:
-    """Labels and annotations that make Kueue admit the node pods as one workload.
-
-    Kueue's plain pod-group integration groups pods by the pod-group-name label and waits
-    for pod-group-total-count of them; a replacement pod keeps the group name, so Kueue
-    counts it against the same admitted workload.
-
-    Returns:
-        ({} , {}) when spec.scheduling.queueName is unset.
-    """
-    queue = spec.scheduling.queue_name
-    if not queue:
-        return {}, {}
-    labels = {C.LABEL_KUEUE_QUEUE: queue, C.LABEL_KUEUE_POD_GROUP: ref.name}
-    return labels, {C.ANNOTATION_KUEUE_GROUP_COUNT: str(spec.desired_replicas)}
 
 
 def _scheduled_condition(pod: Pod) -> Mapping[str, Any]:

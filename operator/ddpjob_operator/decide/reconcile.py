@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from . import constants as C
-from .failure import image_pull_check_in
-from .managed_etcd import ObservedEtcd, plan_managed_etcd
-from .plan import Action, Requeue, plan_actions
-from .spec import DDPJobSpec, FieldError, JobRef, validate_job
-from .status import Event, compute_status
-from .stuck import with_force_deletions
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.decide.failure import image_pull_check_in
+from ddpjob_operator.decide.managed_etcd import ObservedEtcd, plan_managed_etcd
+from ddpjob_operator.decide.actions import Action, Requeue
+from ddpjob_operator.decide.plan import plan_actions
+from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
+from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.status import compute_status
+from ddpjob_operator.decide.stuck import with_force_deletions
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,14 @@ from typing import Any
 
 import kopf
 
-from ddpjob_operator import constants as C
-from ddpjob_operator import etcd_cleanup, kube, live_progress, managed_etcd, metrics, stuck
-from ddpjob_operator.names import managed_etcd_name
-from ddpjob_operator.plan import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
-from ddpjob_operator.reconcile import Reconciliation, reconcile
-from ddpjob_operator.render import job_selector
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metrics
+from ddpjob_operator.decide import managed_etcd, stuck
+from ddpjob_operator.api.names import managed_etcd_name
+from ddpjob_operator.decide.actions import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
+from ddpjob_operator.render.etcd_pod import etcd_selector
+from ddpjob_operator.render.common import job_selector
 
 logger = logging.getLogger("ddpjob_operator")
 
@@ -153,7 +155,7 @@ async def _observe_managed_etcd(api: kube.Kube, namespace: str, name: str,
     """The job's own etcd pod and Service, when the job asks for one (see managed_etcd)."""
     if not managed_etcd.requested(job):
         return None
-    pods = await api.list_pods(namespace, managed_etcd.etcd_selector(name))
+    pods = await api.list_pods(namespace, etcd_selector(name))
     return managed_etcd.ObservedEtcd(
         pod=pods[0] if pods else None,
         service_exists=await api.exists("Service", namespace, managed_etcd_name(name)))

@@ -43,8 +43,6 @@ RDZV_SECRET_MOUNT_PATH = "/etc/ddpjob/rdzv"  # read-only mount of that Secret; r
 COMPONENT_ETCD = "etcd"  # value of LABEL_COMPONENT on a job's managed etcd pod and Service
 ETCD_CONTAINER = "etcd"  # the one container of the managed etcd pod
 MANAGED_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # default managed etcd (3.5: the last with the v2 API)
-CLUSTER_DOMAIN = "cluster.local"  # default cluster DNS suffix of Service FQDNs
-DNS_LABEL_MAX = 63  # RFC 1123 label limit for pod names, hostnames and Service names
 
 # --- Environment of the trainer --------------------------------------------
 ENV_SNAPSHOT_DIR = "DDPJOB_SNAPSHOT_DIR"  # where the trainer reads and writes snapshots

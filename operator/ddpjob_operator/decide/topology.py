@@ -21,21 +21,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from . import constants as C
-from .clock import format_time, parse_time
-from .failure import (
-    Outcome,
-    classify_pod,
-    pod_created_at,
-    pod_exit_code,
-    pod_finished_at,
-    pod_reason,
-    starts_new_incident,
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time, parse_time
+from ddpjob_operator.decide.failure import (
+    Outcome, classify_pod, pod_created_at, pod_exit_code, pod_finished_at, pod_reason, starts_new_incident
 )
-from .names import pod_name, rdzv_store_name
-from .pods import current_pods, is_deleting, pod_index, pod_phase, pod_uid
-from .rdzv_store import is_store_pod, uses_store_pod
-from .spec import DDPJobSpec
+from ddpjob_operator.api.names import pod_name, rdzv_store_name
+from ddpjob_operator.decide.observed import current_pods, is_deleting, pod_index, pod_phase, pod_uid
+from ddpjob_operator.decide.observed import is_store_pod
+from ddpjob_operator.api.spec import DDPJobSpec
 
 Pod = Mapping[str, Any]
 
@@ -71,12 +65,6 @@ def store_pod(pods: Iterable[Pod]) -> Pod | None:
     return next((p for p in pods if is_store_pod(p) and not is_deleting(p)), None)
 
 
-def store_on_node(spec: DDPJobSpec) -> bool:
-    """c10d with node 0's agent hosting the store."""
-    ep = spec.elastic_policy
-    return ep.rdzv_backend == "c10d" and ep.rdzv_store == "node"
-
-
 @dataclass(frozen=True)
 class StoreLoss:
     """The rendezvous store was lost: what happened, and the failed pod if it failed."""
@@ -96,13 +84,13 @@ def store_loss(job: str, spec: DDPJobSpec, pods: list[Pod], generation: int,
     current = current_pods(without_stale(pods, generation), spec.desired_replicas)
     if any(pod_phase(p) == "Succeeded" for p in current):
         return None  # training is over; nothing to restart
-    if store_on_node(spec):
+    if spec.elastic_policy.store_on_node:
         host = next((p for p in current if pod_index(p) == 0), None)
         others = [p for p in current if pod_index(p) != 0]
         if not others:
             return None  # a single node: replacing it is all a group restart would do
         return _loss(host, others, handled, f"node pod {pod_name(job, 0)} (the c10d store host)")
-    if uses_store_pod(spec):
+    if spec.elastic_policy.store_on_pod:
         return _loss(store_pod(pods), current, handled, f"rendezvous store pod {rdzv_store_name(job)}")
     return None
 

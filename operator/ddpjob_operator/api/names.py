@@ -1,17 +1,15 @@
 """Names of the objects and hosts the operator generates for a job.
 
 One function per name, so the Service, the pods, the rendezvous endpoint and
-the tests all agree; `check_name_lengths` rejects a job whose longest generated
-name would break the 63-character DNS label limit before anything is created.
+the tests all agree; `name_too_long` is the one 63-character rule: validation
+(spec.validate_job) and the CRD's CEL twin (crd.NAME_LENGTH_RULE) both use it.
 """
 
 from __future__ import annotations
 
-from .constants import CLUSTER_DOMAIN, DNS_LABEL_MAX
-
-
-class NameTooLongError(ValueError):
-    """A generated name would exceed the DNS label limit."""
+CLUSTER_DOMAIN = "cluster.local"  # default cluster DNS suffix of Service FQDNs
+DNS_LABEL_MAX = 63  # RFC 1123 label limit for pod names, hostnames and Service names
+NODE_POD_INFIX = "-node-"  # <job>-node-<index>: the longest name the operator generates
 
 
 def service_name(job: str) -> str:
@@ -21,7 +19,7 @@ def service_name(job: str) -> str:
 
 def pod_name(job: str, index: int) -> str:
     """Pod of node `index` (stable across replacements, so DNS names are stable)."""
-    return f"{job}-node-{index}"
+    return f"{job}{NODE_POD_INFIX}{index}"
 
 
 def pod_hostname(job: str, index: int) -> str:
@@ -45,24 +43,18 @@ def rdzv_endpoint(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def check_name_lengths(job: str, max_replicas: int) -> None:
-    """Raise NameTooLongError when the longest generated DNS label is over 63 characters.
+def name_too_long(job: str, max_replicas: int) -> str | None:
+    """Why metadata.name `job` is too long for `max_replicas` nodes, None when it fits.
 
-    Args:
-        job: metadata.name of the DDPJob.
-        max_replicas: spec.elasticPolicy.maxReplicas; the highest index is max_replicas - 1.
-
-    Raises:
-        NameTooLongError: naming metadata.name, the longest name and the limit.
+    The longest generated name is node pod `max_replicas - 1` (the store and etcd
+    names, `<job>-rdzv` and `<job>-etcd`, are shorter); it must fit a DNS label.
     """
     longest = pod_name(job, max(max_replicas - 1, 0))
-    if len(longest) > DNS_LABEL_MAX:
-        allowed = DNS_LABEL_MAX - (len(longest) - len(job))
-        raise NameTooLongError(
-            f"metadata.name ({job!r}, {len(job)} characters) is too long: pod name {longest!r} "
-            f"has {len(longest)} characters, over the DNS label limit of {DNS_LABEL_MAX}; "
-            f"use at most {allowed} characters for this maxReplicas"
-        )
+    if len(longest) <= DNS_LABEL_MAX:
+        return None
+    allowed = DNS_LABEL_MAX - (len(longest) - len(job))
+    return (f"is too long: pod name {longest!r} has {len(longest)} characters, over the "
+            f"DNS label limit of {DNS_LABEL_MAX}; use at most {allowed} characters")
 
 
 def rdzv_store_name(job: str) -> str:

@@ -12,13 +12,13 @@ Pure: the pod and Service come back as dicts for kube.py to create.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from . import constants as C
-from .names import rdzv_store_name
-from .companion import borrowed_scheduling, companion_pod, companion_service
-from .render import common_labels
-from .spec import DDPJobSpec, JobRef
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.names import rdzv_store_name
+from ddpjob_operator.render.common import borrowed_scheduling, companion_pod, companion_service
+from ddpjob_operator.render.common import common_labels
+from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 
 # Enough for a TCPStore holding a few hundred rendezvous keys; torch's import dominates.
 STORE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
@@ -30,15 +30,6 @@ def store_labels(job: str) -> dict[str, str]:
     return {**common_labels(job), C.LABEL_COMPONENT: C.COMPONENT_RDZV_STORE}
 
 
-def is_store_pod(pod: Mapping[str, Any]) -> bool:
-    """The pod is a job's dedicated rendezvous store."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get(C.LABEL_COMPONENT) == C.COMPONENT_RDZV_STORE
-
-
-def uses_store_pod(spec: DDPJobSpec) -> bool:
-    """The job runs a dedicated store pod (c10d unless rdzvStore is node)."""
-    return spec.elastic_policy.store_on_pod
 
 
 def render_store_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:

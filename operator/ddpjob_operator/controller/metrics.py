@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import prometheus_client
 
-from ddpjob_operator import constants as C
+from ddpjob_operator.api import constants as C
 
 REGISTRY = prometheus_client.CollectorRegistry()  # our own: no process/platform collectors mixed in
 

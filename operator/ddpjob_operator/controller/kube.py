@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from ddpjob_operator.constants import API_VERSION, GROUP, MANAGED_BY, PLURAL, VERSION
+from ddpjob_operator.api.constants import API_VERSION, GROUP, MANAGED_BY, PLURAL, VERSION
 
 RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
 REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a reconcile forever

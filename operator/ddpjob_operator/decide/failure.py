@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
-from . import constants as C
-from .clock import parse_time
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import parse_time
 
 # Failures that start within this many seconds of the current incident's first failure
 # belong to that incident: when node 0 (the c10d store host) dies, the other agents exit
@@ -52,13 +52,6 @@ def classify(exit_code: int | None, reason: str | None = None, *, disrupted: boo
     return Outcome.RETRYABLE  # OOMKilled included: a spike may not repeat, the budget bounds it
 
 
-def backoff_seconds(restarts: int, base: float, maximum: float) -> float:
-    """Delay before replacement number `restarts` (1-based): base, 2*base, 4*base ... <= maximum."""
-    if restarts <= 0:
-        return 0.0
-    return float(min(base * 2 ** min(restarts - 1, 32), maximum))
-
-
 def starts_new_incident(failed_at: datetime, started_at: datetime | None,
                         incident_start: datetime | None) -> bool:
     """Whether a failure opens a new incident (and so uses one restart of the budget).
@@ -78,11 +71,6 @@ def starts_new_incident(failed_at: datetime, started_at: datetime | None,
     if started_at is not None and started_at > incident_start:
         return True
     return abs((failed_at - incident_start).total_seconds()) > INCIDENT_WINDOW_SECONDS
-
-
-def budget_exhausted(restarts: int, max_restarts: int) -> bool:
-    """True when `restarts` incidents are more than the policy recovers from."""
-    return restarts > max_restarts
 
 
 # --- Reading a Pod ----------------------------------------------------------
@@ -267,66 +255,6 @@ def newer_snapshot(candidate: Mapping[str, Any] | None, current: Mapping[str, An
 
 
 # --- Restart budget by progress ------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RestartBudget:
-    """Failure incidents, split by whether training had saved a newer snapshot before each.
-
-    Attributes:
-        restarts: every failure incident (status.restarts).
-        with_progress: incidents after which a snapshot newer than at the previous incident
-            existed; they are not charged to failurePolicy.maxRestarts.
-        without_progress: incidents in a row with no newer snapshot (0 after one with progress);
-            compared with failurePolicy.maxRestartsWithoutProgress.
-    """
-
-    restarts: int = 0
-    with_progress: int = 0
-    without_progress: int = 0
-
-    @property
-    def charged(self) -> int:
-        """Incidents that count against failurePolicy.maxRestarts."""
-        return self.restarts - self.with_progress
-
-
-def account_incidents(budget: RestartBudget, new_incidents: int, progressed: bool | None) -> RestartBudget:
-    """The budget after `new_incidents` more incidents (already counted in budget.restarts).
-
-    Args:
-        budget: the budget with `restarts` already raised by the new incidents.
-        new_incidents: incidents not accounted yet (usually 1).
-        progressed: a newer snapshot exists than at the previous incident; None when no
-            progress was ever reported (then every incident is charged and the streak, which
-            cannot be judged, stays as it is).
-    """
-    if new_incidents <= 0:
-        return budget
-    if progressed is None:
-        return budget
-    if progressed:  # the first incident after progress is free; any others in the same pass are not
-        return RestartBudget(budget.restarts, budget.with_progress + 1, new_incidents - 1)
-    return RestartBudget(budget.restarts, budget.with_progress, budget.without_progress + new_incidents)
-
-
-def budget_limit_passed(budget: RestartBudget, max_restarts: int, max_without_progress: int | None) -> str | None:
-    """The failurePolicy field whose limit the budget passed ("maxRestarts",
-    "maxRestartsWithoutProgress"), None while both hold. The streak is checked first:
-    it is the more specific explanation of a crash loop."""
-    if max_without_progress is not None and budget.without_progress > max_without_progress:
-        return "maxRestartsWithoutProgress"
-    if budget_exhausted(budget.charged, max_restarts):
-        return "maxRestarts"
-    return None
-
-
-def backoff_exponent(budget: RestartBudget, progress_known: bool) -> int:
-    """Which replacement the backoff treats this as (1-based): a failure after progress starts
-    over at the first delay, a crash loop doubles it; without progress reports every charged
-    incident doubles it."""
-    if budget.restarts <= 0:
-        return 0
-    return budget.without_progress + 1 if progress_known else max(budget.charged, 1)
 
 
 def image_pull_check_in(pods: Iterable[Mapping[str, Any]], now: datetime, timeout_seconds: float) -> float | None:

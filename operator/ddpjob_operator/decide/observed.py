@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from . import constants as C
+from ddpjob_operator.api import constants as C
 
 Pod = Mapping[str, Any]
 ACTIVE_PHASES = ("Pending", "Running", "Unknown")  # a pod in these may still do work
@@ -52,3 +52,9 @@ def current_pods(pods: Iterable[Pod], replicas: int) -> list[Pod]:
     """Pods with a node index below `replicas` that are not being deleted."""
     return [p for p in pods if not is_deleting(p) and (pod_index(p) is not None)
             and pod_index(p) < replicas]
+
+
+def is_store_pod(pod: Mapping[str, Any]) -> bool:
+    """The pod is a job's dedicated rendezvous store."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(C.LABEL_COMPONENT) == C.COMPONENT_RDZV_STORE

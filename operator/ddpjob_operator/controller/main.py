@@ -1,0 +1,128 @@
+"""``python -m ddpjob_operator`` (console script ``ddpjob-operator``): runs the kopf operator.
+
+Examples::
+
+    ddpjob-operator                          # all namespaces, standalone
+    ddpjob-operator --namespace team-a --namespace team-b
+    ddpjob-operator --peering ddpjob --liveness-port 8080 --metrics-port 9090
+
+With ``--peering``, the replicas must differ in priority: kopf pauses every
+operator, itself included, when it sees a live peer of the same priority, which
+would leave the cluster unserved. Unless ``--priority`` is given, each process
+takes one from its start time so that the oldest live replica acts and the
+others stand by (``standby_priority``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import kopf
+
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.controller import metrics
+
+DEFAULT_LIVENESS_PORT = 8080  # kubelet probes GET /healthz here
+DEFAULT_METRICS_PORT = 9090  # Prometheus scrapes /metrics here
+# Milliseconds since the epoch stay below this until the year 2286; the
+# difference keeps priorities positive and higher for older processes.
+_PRIORITY_EPOCH_MS = 10**13
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ddpjob-operator", description="Kubernetes operator for DDPJob.")
+    parser.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                        help="watch this namespace or kopf pattern such as 'team-*' (repeatable); none: all namespaces")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--standalone", action="store_true", default=True,
+                      help="run without peering (default): exactly one operator replica must run")
+    mode.add_argument("--peering", metavar="NAME", default=None,
+                      help="coordinate with other replicas through the kopf peering object NAME")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="kopf peering priority; the highest live one acts (default with --peering: "
+                             "older processes rank higher, so one replica acts and the others stand by)")
+    parser.add_argument("--liveness-port", type=int, default=DEFAULT_LIVENESS_PORT,
+                        help="serve GET /healthz on this port (0: off)")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                        help="serve Prometheus /metrics on this port (0: off)")
+    parser.add_argument("--progress-poll-seconds", type=float, default=C.PROGRESS_POLL_SECONDS, metavar="S",
+                        help="read a running job's progress from its pods this often (0: only from "
+                             "termination messages, e.g. when NetworkPolicies keep the operator out)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler")
+    args = parser.parse_args(argv)
+    if args.progress_poll_seconds < 0:
+        parser.error(f"--progress-poll-seconds ({args.progress_poll_seconds}) must be 0 (off) or more")
+    if args.priority is not None and args.peering is None:
+        parser.error("--priority only matters with --peering NAME: a standalone operator has no peers to rank against")
+    for port_flag in ("liveness_port", "metrics_port"):
+        if not 0 <= getattr(args, port_flag) <= 65535:
+            parser.error(f"--{port_flag.replace('_', '-')} ({getattr(args, port_flag)}) must be 0..65535")
+    return args
+
+
+def standby_priority(started_at: float) -> int:
+    """A peering priority from a process start time (seconds): older processes rank higher.
+
+    The incumbent keeps acting while a rollout or a second replica starts, as
+    a leader keeps its lease; a replacement takes over once the incumbent has
+    left the peering object (at once on a clean exit, after kopf's peering
+    lifetime when it died without one).
+    """
+    return _PRIORITY_EPOCH_MS - int(started_at * 1000)
+
+
+def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # With exact namespaces there is nothing to discover: skip the cluster-wide namespace and
+    # CRD scans, which would need cluster-scoped RBAC the namespaced install does not grant.
+    # kopf's patterns ("team-*", "!kube-*") still need the namespace scan to be resolved.
+    patterns = [ns for ns in args.namespace if set(ns) & set("*?[!")]
+    settings.scanning.disabled = bool(args.namespace) and not patterns
+    # Events are posted by the operator itself (kube.post_event) only when something changed;
+    # kopf's per-handler "Handler succeeded" events would bury them.
+    settings.posting.level = 100
+    # Progress of retried handlers goes in annotations only: the status belongs to the job.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage()
+    if args.peering is not None:
+        settings.peering.priority = args.priority if args.priority is not None else standby_priority(time.time())
+    return settings
+
+
+class QuietPodEvents(logging.Filter):
+    """Drops kopf's INFO line for each pod event handled ("Handler 'pod_changed' succeeded."):
+    a job of 8 nodes produces dozens and they bury the lines that matter; --verbose keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and record.getMessage().startswith("Handler 'pod_changed'"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import ddpjob_operator.controller.handlers  # noqa: F401  (registers the handlers with kopf)
+
+    kopf.configure(verbose=args.verbose, debug=args.verbose)
+    if not args.verbose:
+        logging.getLogger("kopf.objects").addFilter(QuietPodEvents())
+    metrics.serve(args.metrics_port)
+    settings = settings_for(args)
+    if args.peering is not None:
+        logging.getLogger("ddpjob_operator").info(
+            "peering through %r with priority %d: the highest live priority acts, the others stand by",
+            args.peering, settings.peering.priority)
+    kopf.run(
+        settings=settings,
+        memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""What a pass decides: the actions one executor applies and the Events it posts.
+
+The room's shared types. Every policy in decide/ returns these; none imports
+another policy for them. Pure data: controller/kube.py (the cluster) and
+local/ (`ddpjob run`) carry them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record on the DDPJob."""
+
+    type: str  # C.EVENT_NORMAL or C.EVENT_WARNING
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CreateService:
+    """Create the job's headless Service."""
+
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    """Create one node pod."""
+
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete one pod; `reason` is for logs and Events."""
+
+    name: str
+    reason: str
+    grace_period_seconds: int | None = None  # 0: force (the node will never confirm); None: the pod's own
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the DDPJob itself (TTL after finishing); ownership removes the rest."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Run the reconciliation again after `after` seconds even without an event."""
+
+    after: float
+
+
+Action = Union[CreateService, CreatePod, DeletePod, DeleteJob, Requeue]

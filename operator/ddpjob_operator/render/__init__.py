@@ -1,0 +1,5 @@
+"""spec -> the Kubernetes objects a job wants, as plain dicts (pure; imports api/ only).
+
+launch.py is shared with `ddpjob run`: the same torchrun command and environment
+run in a Pod and as a local process. common.py holds what every object carries.
+"""

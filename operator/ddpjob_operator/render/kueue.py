@@ -1,0 +1,23 @@
+"""Kueue metadata on node pods: `spec.scheduling.queueName` admits them as one pod group (pure)."""
+
+from __future__ import annotations
+
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+
+
+def kueue_metadata(ref: JobRef, spec: DDPJobSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations that make Kueue admit the node pods as one workload.
+
+    Kueue's plain pod-group integration groups pods by the pod-group-name label and waits
+    for pod-group-total-count of them; a replacement pod keeps the group name, so Kueue
+    counts it against the same admitted workload.
+
+    Returns:
+        ({} , {}) when spec.scheduling.queueName is unset.
+    """
+    queue = spec.scheduling.queue_name
+    if not queue:
+        return {}, {}
+    labels = {C.LABEL_KUEUE_QUEUE: queue, C.LABEL_KUEUE_POD_GROUP: ref.name}
+    return labels, {C.ANNOTATION_KUEUE_GROUP_COUNT: str(spec.desired_replicas)}
