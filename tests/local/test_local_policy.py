@@ -1,8 +1,9 @@
 """A local node's exit goes through the operator's failure policy, with the operator's messages."""
 import pytest
 
+from ddpjob_operator.decide.failure import describe_exit, signal_name
 from ddpjob_operator.local.policy import (
-    HOLD_FOR_SURVIVORS_SECONDS, Action, FailureBudget, container_exit_code, describe_exit, hold_replacements
+    HOLD_FOR_SURVIVORS_SECONDS, Action, FailureBudget, container_exit_code, hold_replacements
 )
 from ddpjob_operator.api.spec import FailurePolicy
 from tests.operator.builders import at
@@ -18,8 +19,9 @@ def test_death_by_signal_reads_as_a_container_exit_code(returncode, code):
 
 
 def test_exit_descriptions_name_the_node_the_code_and_the_signal():
-    assert describe_exit("node 1", 137) == "node 1 failed (exit code 137, SIGKILL)"
-    assert describe_exit("node 0", 1) == "node 0 failed (exit code 1)"
+    assert describe_exit("node 1", 137, signal_name(137)) == "node 1 failed (exit code 137, SIGKILL)"
+    assert describe_exit("node 0", 1, signal_name(1)) == "node 0 failed (exit code 1)"
+    assert describe_exit("node pod mlp-node-1", 137, "OOMKilled") == "node pod mlp-node-1 failed (exit code 137, OOMKilled)"
 
 
 def test_exit_0_finishes():

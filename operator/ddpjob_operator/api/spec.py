@@ -36,12 +36,13 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from ddpjob_rdzv import BACKEND_NAME as ETCD_V3  # ddpjob's torchrun backend; defined where both sides read it
+
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import name_too_long
 
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource that nProcPerNode "gpu" needs
-RDZV_BACKENDS = ("c10d", "etcd", "etcd-v3")  # accepted elasticPolicy.rdzvBackend values
-ETCD_BACKENDS = ("etcd", "etcd-v3")  # backends that talk to an external etcd
+ETCD_BACKENDS = ("etcd", ETCD_V3)  # backends that talk to an external etcd
 
 # Environment variables the operator sets from a spec field; a user entry for one of them
 # would silently fight the field (or break the rendezvous), so validation rejects it and
@@ -255,7 +256,7 @@ class ElasticPolicy(_Model):
     max_restarts: int = Field(3, ge=0, description=(
         "Worker group restarts torchrun does inside a pod before the pod fails "
         "(torchrun --max-restarts)."))
-    rdzv_backend: Literal["c10d", "etcd", "etcd-v3"] = Field("c10d", description=(
+    rdzv_backend: Literal["c10d", "etcd", ETCD_V3] = Field("c10d", description=(
         "Rendezvous backend: c10d (store on node 0, no extra service), etcd (torch's etcd v2 "
         "backend) or etcd-v3 (ddpjob's etcd v3 backend)."),
         json_schema_extra=immutable(

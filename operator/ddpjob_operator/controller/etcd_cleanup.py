@@ -42,12 +42,11 @@ from ddpjob_operator.controller import kube
 from ddpjob_operator.render.launch import rdzv_id
 from ddpjob_operator.decide.observed import is_active
 from ddpjob_operator.api.spec import DDPJobSpec, validate_job
-from ddpjob_rdzv import keys
+from ddpjob_rdzv import BACKEND_NAME, keys
 from ddpjob_rdzv.settings import CREDENTIAL_FILES
 
 logger = logging.getLogger("ddpjob_operator")
 
-BACKEND = "etcd-v3"  # the backend whose keys the operator can delete (etcd v3 API)
 TIMEOUT_ENV = "DDPJOB_RDZV_CLEANUP_TIMEOUT_SECONDS"  # overrides DEFAULT_TIMEOUT_SECONDS (tests, slow etcd)
 DEFAULT_TIMEOUT_SECONDS = 10  # one attempt: how long the client keeps failing over between endpoints
 DELETE_ATTEMPTS = 3  # attempts before a deletion gives up and releases the finalizer
@@ -84,7 +83,7 @@ def cleanup_target(body: Mapping[str, Any]) -> CleanupTarget | None:
     if not uid or validate_job(body):
         return None
     ep = DDPJobSpec.model_validate(body.get("spec") or {}).elastic_policy
-    if ep.rdzv_backend != BACKEND or ep.managed_etcd.enabled:  # a managed etcd goes with the job, keys and all
+    if ep.rdzv_backend != BACKEND_NAME or ep.managed_etcd.enabled:  # a managed etcd goes with the job, keys and all
         return None
     generations = int((body.get("status") or {}).get("rendezvousGeneration") or 0)
     return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name, generations)

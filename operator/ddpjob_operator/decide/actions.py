@@ -58,3 +58,11 @@ class Requeue:
 
 
 Action = Union[CreateService, CreatePod, DeletePod, DeleteJob, Requeue]
+
+
+def with_one_requeue(actions: list[Action], *afters: float | None) -> list[Action]:
+    """`actions` with every Requeue (and each of `afters` that is not None) merged into one at
+    the end, the earliest: a pass looks again at the first moment something changes unprompted."""
+    requeues = [a.after for a in actions if isinstance(a, Requeue)] + [a for a in afters if a is not None]
+    rest = [a for a in actions if not isinstance(a, Requeue)]
+    return rest + ([Requeue(min(requeues))] if requeues else [])

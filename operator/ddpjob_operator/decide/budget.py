@@ -11,13 +11,14 @@ with these functions. An incident after which a newer snapshot was complete is f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Mapping
 
-from ddpjob_operator.api.clock import parse_time, seconds_between
-from ddpjob_operator.api.spec import DDPJobSpec
-from ddpjob_operator.decide.failure import newer_snapshot
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
+from ddpjob_operator.api.spec import DDPJobSpec, FailurePolicy
+from ddpjob_operator.decide.failure import newer_snapshot, starts_new_incident
 
 
 def backoff_seconds(restarts: int, base: float, maximum: float) -> float:
@@ -93,37 +94,115 @@ def backoff_exponent(budget: RestartBudget, progress_known: bool) -> int:
     return budget.without_progress + 1 if progress_known else max(budget.charged, 1)
 
 
-def budget_of(status: Mapping[str, Any]) -> RestartBudget:
-    return RestartBudget(int(status.get("restarts") or 0), int(status.get("restartsWithProgress") or 0),
-                         int(status.get("restartsWithoutProgress") or 0))
+@dataclass(frozen=True)
+class Ledger:
+    """Everything the budget remembers between failures; the operator keeps it in the job's
+    status (`ledger_of` / `ledger_fields`), `ddpjob run` in memory.
+
+    Attributes:
+        budget: the incidents so far, split by progress.
+        incident_start: when the current incident began (status.lastFailureTime).
+        accounted: incidents already judged for progress (status.recovery.accountedRestarts).
+        snapshot_at_last_failure: {step, time} of the newest snapshot when the last incident was
+            judged (status.recovery.snapshotAtLastFailure); None until one was judged with progress known.
+    """
+
+    budget: RestartBudget = RestartBudget()
+    incident_start: datetime | None = None
+    accounted: int = 0
+    snapshot_at_last_failure: Mapping[str, Any] | None = None
 
 
-def account(status: dict[str, Any]) -> RestartBudget:
-    """Judge the incidents counted in status.restarts since the last call: each is free when a
-    snapshot newer than at the previous incident was complete (failure.account_incidents)."""
-    recovery = dict(status.get("recovery") or {})
-    budget = budget_of(status)
-    new = budget.restarts - int(recovery.get("accountedRestarts") or 0)
+def open_incident(ledger: Ledger, failed_at: datetime, started_at: datetime | None) -> Ledger | None:
+    """The ledger with one more incident when this failure opens one (failure.starts_new_incident),
+    None when it joins the current incident."""
+    if not starts_new_incident(failed_at, started_at, ledger.incident_start):
+        return None
+    b = ledger.budget
+    return replace(ledger, budget=RestartBudget(b.restarts + 1, b.with_progress, b.without_progress),
+                   incident_start=failed_at)
+
+
+def judge(ledger: Ledger, snapshot: Mapping[str, Any] | None) -> Ledger:
+    """Judge the incidents not judged yet against the newest complete snapshot: the first one after
+    a snapshot newer than at the previous incident is free (account_incidents)."""
+    new = ledger.budget.restarts - ledger.accounted
     if new <= 0:
-        return budget
-    snapshot = status.get("lastSnapshot")
-    progressed = None if not snapshot else newer_snapshot(snapshot, recovery.get("snapshotAtLastFailure"))
-    budget = account_incidents(budget, new, progressed)
-    recovery["accountedRestarts"] = budget.restarts
-    if progressed is not None:  # no report yet: nothing to judge, the fields stay unset
-        status["restartsWithProgress"] = budget.with_progress
-        status["restartsWithoutProgress"] = budget.without_progress
-        recovery["snapshotAtLastFailure"] = {"step": snapshot.get("step"), "time": snapshot.get("time")}
-    status["recovery"] = recovery
-    return budget
+        return ledger
+    progressed = None if not snapshot else newer_snapshot(snapshot, ledger.snapshot_at_last_failure)
+    budget = account_incidents(ledger.budget, new, progressed)
+    at_failure = ledger.snapshot_at_last_failure if progressed is None else \
+        {"step": snapshot.get("step"), "time": snapshot.get("time")}
+    return replace(ledger, budget=budget, accounted=budget.restarts, snapshot_at_last_failure=at_failure)
+
+
+def limit_verdict(ledger: Ledger, policy: FailurePolicy, snapshot: Mapping[str, Any] | None,
+                  what: str) -> tuple[str, str] | None:
+    """(reason, message) when the budget passed a failurePolicy limit, None while it holds.
+
+    Args:
+        snapshot: the newest complete snapshot (named by NoProgress).
+        what: the failure to name in NoProgress, e.g. "node pod mlp-node-1 (exit code 1)".
+    """
+    limit = budget_limit_passed(ledger.budget, policy.max_restarts, policy.max_restarts_without_progress)
+    if limit is None:
+        return None
+    if limit == "maxRestartsWithoutProgress":
+        snapshot = snapshot or {}
+        return C.REASON_NO_PROGRESS, C.MSG_NO_PROGRESS.format(
+            count=ledger.budget.without_progress, step=snapshot.get("step"), epoch=snapshot.get("epoch"),
+            max=policy.max_restarts_without_progress, what=what)
+    message = C.MSG_RESTARTS_EXHAUSTED.format(restarts=ledger.budget.charged, max=policy.max_restarts)
+    if ledger.budget.with_progress:
+        message += C.MSG_PROGRESS_NOT_CHARGED.format(count=ledger.budget.with_progress)
+    return C.REASON_RESTARTS_EXHAUSTED, message
+
+
+def failure_message(what: str, ledger: Ledger, policy: FailurePolicy, free: bool,
+                    snapshot: Mapping[str, Any] | None) -> str:
+    """The NodeFailed message: what failed, the budget used, and why it was free when it was."""
+    message = C.MSG_NODE_FAILED.format(what=what, restarts=ledger.budget.charged, max=policy.max_restarts)
+    if free:
+        message += f"; not charged: a newer snapshot (step {(snapshot or {}).get('step')}) was complete"
+    return message
+
+
+def backoff_left(ledger: Ledger, policy: FailurePolicy, progress_known: bool, now: datetime) -> float:
+    """Seconds until replacements may start (0: now): the backoff counted from the incident's
+    start. A failure after progress starts over at the first delay; a crash loop doubles it."""
+    nth = backoff_exponent(ledger.budget, progress_known)
+    if nth == 0 or ledger.incident_start is None:
+        return 0.0
+    wait = backoff_seconds(nth, policy.backoff_seconds, policy.max_backoff_seconds)
+    return max(0.0, wait - seconds_between(ledger.incident_start, now))
+
+
+# --- The ledger in a job's status --------------------------------------------------------
+
+def ledger_of(status: Mapping[str, Any]) -> Ledger:
+    """The ledger the status holds."""
+    recovery = status.get("recovery") or {}
+    budget = RestartBudget(int(status.get("restarts") or 0), int(status.get("restartsWithProgress") or 0),
+                           int(status.get("restartsWithoutProgress") or 0))
+    return Ledger(budget, parse_time(status.get("lastFailureTime")), int(recovery.get("accountedRestarts") or 0),
+                  recovery.get("snapshotAtLastFailure"))
+
+
+def ledger_fields(ledger: Ledger, status: Mapping[str, Any]) -> dict[str, Any]:
+    """The status fields that hold `ledger`, to merge over `status` (recovery merged, not replaced).
+    The progress split is written only once an incident was judged with progress known."""
+    recovery = dict(status.get("recovery") or {})
+    if ledger.accounted or "accountedRestarts" in recovery:
+        recovery["accountedRestarts"] = ledger.accounted
+    fields: dict[str, Any] = {"restarts": ledger.budget.restarts, "recovery": recovery,
+                              "lastFailureTime": format_time(ledger.incident_start) if ledger.incident_start else None}
+    if ledger.snapshot_at_last_failure is not None:
+        recovery["snapshotAtLastFailure"] = ledger.snapshot_at_last_failure
+        fields.update(restartsWithProgress=ledger.budget.with_progress,
+                      restartsWithoutProgress=ledger.budget.without_progress)
+    return fields
 
 
 def replacement_delay(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> float:
-    """Seconds until replacements may be created (0 when they may be created now)."""
-    since = parse_time(status.get("lastFailureTime"))
-    nth = backoff_exponent(budget_of(status), bool(status.get("lastSnapshot")))
-    if nth == 0 or since is None:
-        return 0.0
-    fp = spec.failure_policy
-    wait = backoff_seconds(nth, fp.backoff_seconds, fp.max_backoff_seconds)
-    return max(0.0, wait - seconds_between(since, now))
+    """backoff_left for a job: seconds until its replacements may be created."""
+    return backoff_left(ledger_of(status), spec.failure_policy, bool(status.get("lastSnapshot")), now)

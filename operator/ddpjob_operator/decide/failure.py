@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import signal
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
@@ -50,6 +51,23 @@ def classify(exit_code: int | None, reason: str | None = None, *, disrupted: boo
     if exit_code is not None and exit_code in set(permanent_exit_codes):
         return Outcome.PERMANENT
     return Outcome.RETRYABLE  # OOMKilled included: a spike may not repeat, the budget bounds it
+
+
+def describe_exit(who: str, exit_code: int | None, reason: str | None = None) -> str:
+    """'node pod mlp-node-1 failed (exit code 137, OOMKilled)': the one wording of a failed node,
+    store or pod, used by the operator (reason from the pod) and `ddpjob run` (the signal)."""
+    parts = [f"exit code {exit_code}" if exit_code is not None else "no exit code"] + ([reason] if reason else [])
+    return f"{who} failed ({', '.join(parts)})"
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    """'SIGKILL' for 137 (128 + N, as container runtimes report a death by signal N); else None."""
+    if exit_code is None or exit_code <= 128:
+        return None
+    try:
+        return signal.Signals(exit_code - 128).name
+    except ValueError:
+        return None
 
 
 def starts_new_incident(failed_at: datetime, started_at: datetime | None,

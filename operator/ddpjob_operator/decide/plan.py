@@ -37,7 +37,9 @@ from ddpjob_operator.decide.observed import is_store_pod
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
-from ddpjob_operator.decide.actions import Action, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.decide.actions import (
+    Action, CreatePod, CreateService, DeleteJob, DeletePod, Requeue, with_one_requeue
+)
 from ddpjob_operator.decide.budget import replacement_delay
 
 DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted name terminates
@@ -91,7 +93,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     else:
         actions += _create_missing(ref, spec, status, pods, now)
     actions += _pending_requeue(spec, pods, now)
-    return _with_one_requeue(actions + _deadline_requeue(spec, status, now))
+    return with_one_requeue(actions + _deadline_requeue(spec, status, now))
 
 
 def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: list[Mapping[str, Any]],
@@ -169,8 +171,3 @@ def _deadline_requeue(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime
         return []
     return [Requeue(max(deadline - seconds_between(started, now), 0.0))]
 
-
-def _with_one_requeue(actions: list[Action]) -> list[Action]:
-    requeues = [a.after for a in actions if isinstance(a, Requeue)]
-    rest = [a for a in actions if not isinstance(a, Requeue)]
-    return rest + ([Requeue(min(requeues))] if requeues else [])

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import ObservedEtcd, plan_managed_etcd
-from ddpjob_operator.decide.actions import Action, Requeue
+from ddpjob_operator.decide.actions import Action, with_one_requeue
 from ddpjob_operator.decide.plan import plan_actions
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
 from ddpjob_operator.decide.actions import Event
@@ -55,13 +55,6 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), managed_etcd) + actions
     actions, forced = with_force_deletions(spec, pods, nodes or {}, now, actions)
     if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES:
-        actions = _requeue_by(actions, image_pull_check_in(pods, now, spec.failure_policy.image_pull_timeout_seconds))
+        actions = with_one_requeue(actions, image_pull_check_in(pods, now, spec.failure_policy.image_pull_timeout_seconds))
     return Reconciliation(update.status, update.events + forced, actions, spec, errors)
 
-
-def _requeue_by(actions: list[Action], after: float | None) -> list[Action]:
-    """`actions` with their one Requeue no later than `after` seconds."""
-    if after is None:
-        return actions
-    current = [a.after for a in actions if isinstance(a, Requeue)]
-    return [a for a in actions if not isinstance(a, Requeue)] + [Requeue(min(current + [after]))]

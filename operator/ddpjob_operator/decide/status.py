@@ -30,15 +30,17 @@ from ddpjob_operator.decide.failure import (
     INVALID_IMAGE_REASONS,
     Outcome,
     classify_pod,
+    describe_exit,
     diagnose_image_pull,
     diagnose_pod,
     pod_created_at,
     pod_exit_code,
     pod_finished_at,
     pod_reason,
-    starts_new_incident,
 )
-from ddpjob_operator.decide.budget import RestartBudget, account, budget_limit_passed, budget_of, replacement_delay
+from ddpjob_operator.decide.budget import (
+    failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
+)
 from ddpjob_operator.decide.observed import (
     current_pods, is_active, is_ready, pod_index, pod_name_of, pod_phase, pod_uid
 )
@@ -219,9 +221,9 @@ def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: di
         handled.append(uid)
         _apply_failure(spec, pod, outcome, status, now, verdict)
     status["handledFailures"] = sorted(handled)
-    budget = account(status)  # incidents counted elsewhere (a group restart) too
+    status.update(ledger_fields(judge(ledger_of(status), status.get("lastSnapshot")), status))  # a group restart's too
     if verdict.phase != C.PHASE_FAILED:
-        _check_budget(spec, budget, status, verdict)
+        _check_budget(spec, status, verdict)
     if verdict.phase != C.PHASE_FAILED:
         _check_image_pull(spec, pods, status, now, verdict)
     return verdict
@@ -239,23 +241,11 @@ def _note_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict
     return events
 
 
-def _check_budget(spec: DDPJobSpec, budget: RestartBudget, status: Mapping[str, Any], verdict: _Verdict) -> None:
-    fp = spec.failure_policy
-    limit = budget_limit_passed(budget, fp.max_restarts, fp.max_restarts_without_progress)
-    if limit is None:
+def _check_budget(spec: DDPJobSpec, status: Mapping[str, Any], verdict: _Verdict) -> None:
+    found = limit_verdict(ledger_of(status), spec.failure_policy, status.get("lastSnapshot"), _last_failure(status))
+    if found is None:
         return
-    verdict.phase = C.PHASE_FAILED
-    if limit == "maxRestartsWithoutProgress":
-        snapshot = status.get("lastSnapshot") or {}
-        verdict.reason = C.REASON_NO_PROGRESS
-        verdict.message = C.MSG_NO_PROGRESS.format(
-            count=budget.without_progress, step=snapshot.get("step"), epoch=snapshot.get("epoch"),
-            max=fp.max_restarts_without_progress, what=_last_failure(status))
-    else:
-        verdict.reason = C.REASON_RESTARTS_EXHAUSTED
-        verdict.message = C.MSG_RESTARTS_EXHAUSTED.format(restarts=budget.charged, max=fp.max_restarts)
-        if budget.with_progress:
-            verdict.message += C.MSG_PROGRESS_NOT_CHARGED.format(count=budget.with_progress)
+    verdict.phase, (verdict.reason, verdict.message) = C.PHASE_FAILED, found
     verdict.events.append(Event(C.EVENT_WARNING, verdict.reason, verdict.message))
 
 
@@ -285,13 +275,9 @@ def _check_image_pull(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: d
 
 
 def _describe(pod: Mapping[str, Any], spec: DDPJobSpec | None = None) -> str:
-    code, reason = pod_exit_code(pod), pod_reason(pod)
-    parts = [f"exit code {code}" if code is not None else "no exit code"]
-    if reason:
-        parts.append(reason)
     diagnosis = diagnose_pod(pod, spec.failure_policy.permanent_exit_codes if spec else ())
     detail = f": {diagnosis.message}" if diagnosis and diagnosis.message else ""
-    return f"node pod {pod_name_of(pod)} failed ({', '.join(parts)}){detail}"
+    return describe_exit(f"node pod {pod_name_of(pod)}", pod_exit_code(pod), pod_reason(pod)) + detail
 
 
 def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
@@ -311,18 +297,12 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
         return
     verdict.reason = C.REASON_NODE_FAILED
     failed_at = min(parse_time(pod_finished_at(pod)) or now, now)  # a skewed kubelet clock
-    incident = parse_time(status.get("lastFailureTime"))
-    free = False
-    if starts_new_incident(failed_at, parse_time(pod_created_at(pod)), incident):
-        status["restarts"] += 1
-        status["lastFailureTime"] = format_time(failed_at)
-        before = int(status.get("restartsWithProgress") or 0)
-        free = account(status).with_progress > before
-    budget = budget_of(status)
-    message = C.MSG_NODE_FAILED.format(what=what, restarts=budget.charged, max=spec.failure_policy.max_restarts)
-    if free:
-        snapshot = status.get("lastSnapshot") or {}
-        message += f"; not charged: a newer snapshot (step {snapshot.get('step')}) was complete"
+    opened, free = open_incident(ledger_of(status), failed_at, parse_time(pod_created_at(pod))), False
+    if opened is not None:
+        judged = judge(opened, status.get("lastSnapshot"))
+        free = judged.budget.with_progress > opened.budget.with_progress
+        status.update(ledger_fields(judged, status))
+    message = failure_message(what, ledger_of(status), spec.failure_policy, free, status.get("lastSnapshot"))
     verdict.events.append(Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, message))
 
 

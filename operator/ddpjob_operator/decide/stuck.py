@@ -23,10 +23,9 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time, seconds_between
-from ddpjob_operator.decide.actions import Action, DeletePod, Requeue
-from ddpjob_operator.decide.observed import pod_name_of
 from ddpjob_operator.api.spec import DDPJobSpec
-from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.actions import Action, DeletePod, Event, with_one_requeue
+from ddpjob_operator.decide.observed import pod_name_of
 
 Node = Mapping[str, Any]
 
@@ -112,6 +111,4 @@ def with_force_deletions(spec: DDPJobSpec | None, pods: Iterable[Mapping[str, An
     forced = {p.name for p in due}
     result: list[Action] = [a for a in actions if not (isinstance(a, DeletePod) and a.name in forced)]
     result += [DeletePod(p.name, message(p, timeout), grace_period_seconds=0) for p in due]
-    requeues = [a.after for a in result if isinstance(a, Requeue)] + ([wait] if wait is not None else [])
-    result = [a for a in result if not isinstance(a, Requeue)] + ([Requeue(min(requeues))] if requeues else [])
-    return result, [Event(C.EVENT_WARNING, C.REASON_FORCE_DELETED, message(p, timeout)) for p in due]
+    return with_one_requeue(result, wait), [Event(C.EVENT_WARNING, C.REASON_FORCE_DELETED, message(p, timeout)) for p in due]

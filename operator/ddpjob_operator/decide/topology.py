@@ -22,14 +22,14 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.clock import format_time, parse_time
-from ddpjob_operator.decide.failure import (
-    Outcome, classify_pod, pod_created_at, pod_exit_code, pod_finished_at, pod_reason, starts_new_incident
-)
+from ddpjob_operator.api.clock import parse_time
 from ddpjob_operator.api.names import pod_name, rdzv_store_name
-from ddpjob_operator.decide.observed import current_pods, is_deleting, pod_index, pod_phase, pod_uid
-from ddpjob_operator.decide.observed import is_store_pod
 from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.decide.budget import ledger_fields, ledger_of, open_incident
+from ddpjob_operator.decide.failure import (
+    Outcome, classify_pod, describe_exit, pod_created_at, pod_exit_code, pod_finished_at, pod_reason
+)
+from ddpjob_operator.decide.observed import current_pods, is_deleting, is_store_pod, pod_index, pod_phase, pod_uid
 
 Pod = Mapping[str, Any]
 
@@ -102,9 +102,7 @@ def _loss(host: Pod | None, nodes: list[Pod], handled: set[str], who: str) -> St
         return None
     if pod_phase(host) != "Failed" or pod_uid(host) in handled:
         return None
-    code, reason = pod_exit_code(host), pod_reason(host)
-    detail = ", ".join([f"exit code {code}" if code is not None else "no exit code"] + ([reason] if reason else []))
-    return StoreLoss(f"{who} failed ({detail})", host)
+    return StoreLoss(describe_exit(who, pod_exit_code(host), pod_reason(host)), host)
 
 
 @dataclass(frozen=True)
@@ -133,23 +131,20 @@ def begin_group_restart(job: str, spec: DDPJobSpec, pods: list[Pod], status: dic
     outcome = classify_pod(loss.pod, spec.failure_policy.permanent_exit_codes) if loss.pod else Outcome.DISRUPTION
     if outcome == Outcome.PERMANENT:
         return None
-    counted = outcome == Outcome.RETRYABLE and _new_incident(loss.pod, status, now)
-    if counted:
-        status["restarts"] = int(status.get("restarts") or 0) + 1
+    opened = None
+    if outcome == Outcome.RETRYABLE:
         failed_at = min(parse_time(pod_finished_at(loss.pod)) or now, now)
-        status["lastFailureTime"] = format_time(failed_at)
+        opened = open_incident(ledger_of(status), failed_at, parse_time(pod_created_at(loss.pod)))
+    counted = opened is not None
+    if counted:
+        status.update(ledger_fields(opened, status))
     status["handledFailures"] = sorted(set(status.get("handledFailures") or []) | {
         pod_uid(p) for p in pods if pod_phase(p) == "Failed" and pod_generation(p) <= generation})
     status["rendezvousGeneration"] = generation + 1
     # Whether this incident is charged is decided afterwards, from the failed pods' progress
-    # records (status.progress.account); the message must not promise either way.
+    # records (budget.judge, in status.py); the message must not promise either way.
     budget = (f"one failure incident, charged to spec.failurePolicy.maxRestarts ({spec.failure_policy.max_restarts}) "
               "unless a newer snapshot was complete" if counted else "this does not use the restart budget")
     return GroupRestart(C.MSG_GROUP_RESTART.format(what=loss.what, generation=generation + 1, budget=budget),
                         counted)
 
-
-def _new_incident(pod: Pod, status: Mapping[str, Any], now: datetime) -> bool:
-    failed_at = min(parse_time(pod_finished_at(pod)) or now, now)
-    return starts_new_incident(failed_at, parse_time(pod_created_at(pod)),
-                               parse_time(status.get("lastFailureTime")))

@@ -1,8 +1,8 @@
 """What a local node's exit means for the run: the operator's failure policy, applied to processes.
 
-Pure: the decisions come from `ddpjob_operator.decide.failure` (classify, starts_new_incident,
-the progress-aware RestartBudget with account_incidents / budget_limit_passed /
-backoff_exponent, backoff_seconds) exactly as status.py applies them to Pods, and the
+Pure: the decisions come from `ddpjob_operator.decide.failure` (classify, describe_exit) and
+`ddpjob_operator.decide.budget` (the Ledger: open_incident, judge, limit_verdict, backoff_left),
+exactly as the operator applies them to Pods, and the
 messages are the operator's (constants.MSG_*), so a local run fails for the same
 reasons, with the same words, as the job would on a cluster. Progress is the newest
 complete snapshot, which a local run reads from the trainer's metrics (a Pod reports
@@ -12,19 +12,13 @@ it in its termination message).
 from __future__ import annotations
 
 import enum
-import signal
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.failure import Outcome, classify, newer_snapshot, starts_new_incident
-from ddpjob_operator.decide.budget import (
-    RestartBudget,
-    account_incidents,
-    backoff_exponent,
-    backoff_seconds,
-    budget_limit_passed,
-)
+from ddpjob_operator.decide.failure import Outcome, classify, describe_exit, signal_name
+from ddpjob_operator.decide.budget import Ledger, backoff_left, failure_message, judge, limit_verdict, open_incident
 from ddpjob_operator.api.spec import FailurePolicy
 
 
@@ -76,36 +70,24 @@ def container_exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def describe_exit(who: str, code: int) -> str:
-    """'node 1 failed (exit code 137, SIGKILL)', the local twin of status._describe."""
-    detail = f"exit code {code}"
-    if code > 128:
-        try:
-            detail += f", {signal.Signals(code - 128).name}"
-        except ValueError:
-            pass
-    return f"{who} failed ({detail})"
-
-
 class FailureBudget:
-    """The run's failure incidents, counted and charged as the operator does in the job status."""
+    """The run's failure incidents, charged as the operator charges them in the job status:
+    the same Ledger and functions (decide/budget.py), kept in memory."""
 
     def __init__(self, policy: FailurePolicy):
         self.policy = policy
-        self.budget = RestartBudget()  # restarts, with_progress, without_progress
-        self.incident_start: datetime | None = None  # status.lastFailureTime
-        self.snapshot_at_last_failure: dict | None = None  # status.recovery.snapshotAtLastFailure
-        self.progress_known = False  # a snapshot was ever reported (status.lastSnapshot is set)
+        self.ledger = Ledger()
+        self.snapshot: Mapping[str, Any] | None = None  # the newest complete snapshot seen (status.lastSnapshot)
 
     @property
     def restarts(self) -> int:
         """Every failure incident so far (status.restarts)."""
-        return self.budget.restarts
+        return self.ledger.budget.restarts
 
     @property
     def charged(self) -> int:
         """Incidents charged to failurePolicy.maxRestarts (those after a newer snapshot are free)."""
-        return self.budget.charged
+        return self.ledger.budget.charged
 
     def node_exited(self, index: int, code: int, *, started_at: datetime, failed_at: datetime,
                     finished: bool = False, snapshot: dict | None = None) -> Decision:
@@ -120,7 +102,7 @@ class FailureBudget:
         outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
         if outcome == Outcome.SUCCEEDED:
             return Decision(Action.FINISHED, f"node {index} finished (exit code 0)")
-        return self._failed(describe_exit(f"node {index}", code), outcome, started_at, failed_at, finished, snapshot)
+        return self._failed(describe_exit(f"node {index}", code, signal_name(code)), outcome, started_at, failed_at, finished, snapshot)
 
     def store_exited(self, code: int, *, started_at: datetime, failed_at: datetime,
                      finished: bool = False, snapshot: dict | None = None) -> Decision:
@@ -128,7 +110,7 @@ class FailureBudget:
         outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
         if outcome == Outcome.SUCCEEDED:
             outcome = Outcome.RETRYABLE  # a store never finishes while nodes train
-        return self._failed(describe_exit("the rendezvous store", code), outcome, started_at, failed_at,
+        return self._failed(describe_exit("the rendezvous store", code, signal_name(code)), outcome, started_at, failed_at,
                             finished, snapshot)
 
     def _failed(self, what: str, outcome: Outcome, started_at: datetime, failed_at: datetime,
@@ -137,47 +119,17 @@ class FailureBudget:
             return Decision(Action.FAIL, C.MSG_PERMANENT_ERROR.format(what=what), what=what)
         if finished:
             return Decision(Action.NONE, f"{what} after training finished; not replaced", what=what)
-        free = False
-        if starts_new_incident(failed_at, started_at, self.incident_start):
-            self.incident_start = failed_at
-            free = self._account(snapshot)
-        limit = budget_limit_passed(self.budget, self.policy.max_restarts, self.policy.max_restarts_without_progress)
+        self.snapshot = snapshot or self.snapshot
+        opened, free = open_incident(self.ledger, failed_at, started_at), False
+        if opened is not None:
+            self.ledger = judge(opened, self.snapshot)
+            free = self.ledger.budget.with_progress > opened.budget.with_progress
+        limit = limit_verdict(self.ledger, self.policy, self.snapshot, what)
         if limit is not None:
-            return Decision(Action.FAIL, self._limit_message(limit, what, snapshot), what=what)
-        message = C.MSG_NODE_FAILED.format(what=what, restarts=self.charged, max=self.policy.max_restarts)
-        if free:
-            message += f"; not charged: a newer snapshot (step {snapshot.get('step')}) was complete"
+            return Decision(Action.FAIL, limit[1], what=what)
+        message = failure_message(what, self.ledger, self.policy, free, self.snapshot)
         return Decision(Action.REPLACE, message, self.replacement_delay(failed_at), what)
 
-    def _account(self, snapshot: dict | None) -> bool:
-        """One more incident (progress.account's rule); True when it is free."""
-        progressed = None if not snapshot else newer_snapshot(snapshot, self.snapshot_at_last_failure)
-        before = self.budget.with_progress
-        raised = RestartBudget(self.budget.restarts + 1, self.budget.with_progress, self.budget.without_progress)
-        self.budget = account_incidents(raised, 1, progressed)
-        if progressed is not None:
-            self.progress_known = True
-            self.snapshot_at_last_failure = {"step": snapshot.get("step"), "time": snapshot.get("time")}
-        return self.budget.with_progress > before
-
-    def _limit_message(self, limit: str, what: str, snapshot: dict | None) -> str:
-        fp = self.policy
-        if limit == "maxRestartsWithoutProgress":
-            snapshot = snapshot or {}
-            return C.MSG_NO_PROGRESS.format(count=self.budget.without_progress, step=snapshot.get("step"),
-                                            epoch=snapshot.get("epoch"), max=fp.max_restarts_without_progress,
-                                            what=what)
-        message = C.MSG_RESTARTS_EXHAUSTED.format(restarts=self.charged, max=fp.max_restarts)
-        if self.budget.with_progress:
-            message += C.MSG_PROGRESS_NOT_CHARGED.format(count=self.budget.with_progress)
-        return message
-
     def replacement_delay(self, now: datetime) -> float:
-        """Seconds until a replacement may start: the backoff counted from the incident's start.
-
-        A failure after progress starts over at the first delay; a crash loop doubles it."""
-        nth = backoff_exponent(self.budget, self.progress_known)
-        if nth == 0 or self.incident_start is None:
-            return 0.0
-        wait = backoff_seconds(nth, self.policy.backoff_seconds, self.policy.max_backoff_seconds)
-        return max(0.0, wait - (now - self.incident_start).total_seconds())
+        """Seconds until a replacement may start: the backoff counted from the incident's start."""
+        return backoff_left(self.ledger, self.policy, self.snapshot is not None, now)

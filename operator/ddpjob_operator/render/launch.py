@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import DDPJobSpec, RdzvTimeouts
+from ddpjob_operator.api.spec import ETCD_V3, DDPJobSpec, RdzvTimeouts
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def credential_conf(backend: str, credentials_dir: str | None) -> dict[str, str]
     """rdzv_conf keys that point the backend at the mounted spec.elasticPolicy.rdzvSecretName."""
     if not credentials_dir:
         return {}
-    if backend == "etcd-v3":
+    if backend == ETCD_V3:
         # ddpjob's backend uses whichever of ca.crt, tls.crt, tls.key, username, password the
         # Secret holds (ddpjob_rdzv.settings), so the operator need not read the Secret to render.
         return {"credentials_dir": credentials_dir}

@@ -16,7 +16,7 @@ heavy is imported here: the implementation (and etcd3/protobuf) load on first us
 """
 from __future__ import annotations
 
-BACKEND_NAME = "etcd-v3"
+from ddpjob_rdzv import BACKEND_NAME  # noqa: F401  (one definition, shared with the operator)
 
 
 def create_rdzv_handler(params):

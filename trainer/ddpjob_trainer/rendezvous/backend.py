@@ -15,10 +15,9 @@ from typing import Callable, TypeVar
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 
-from ddpjob_rdzv import keys
+from ddpjob_rdzv import BACKEND_NAME, keys
 from ddpjob_rdzv.client import EtcdAccessError, EtcdConnection, EtcdUnreachableError
 
-BACKEND_NAME = "etcd-v3"
 
 T = TypeVar("T")
 
