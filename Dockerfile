@@ -21,8 +21,9 @@ COPY rdzv /src/rdzv
 COPY operator /src/operator
 # ddpjob-rdzv (etcd3, no torch) deletes a finished job's etcd rendezvous keys;
 # it is a local distribution, so it is installed from /src next to the operator.
-# protobuf and grpcio are etcd3's runtime, pinned as in the trainer image.
-RUN /opt/venv/bin/pip install --constraint /src/requirements-test.txt /src/rdzv /src/operator \
+# protobuf and grpcio are etcd3's runtime, pinned as in the trainer image. The [controller]
+# extra is the operator process; the image does not need `ddpjob run`'s [local] extra (torch).
+RUN /opt/venv/bin/pip install --constraint /src/requirements-test.txt /src/rdzv "/src/operator[controller]" \
         protobuf==7.36.2 grpcio==1.85.1
 
 FROM ${PYTHON_IMAGE} AS operator

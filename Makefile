@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): requirements-test.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-test.txt
-	$(PY) -m pip install -q -e rdzv -e trainer -e operator
+	$(PY) -m pip install -q -e rdzv -e trainer -e "operator[controller,local]"
 	touch $@
 
 setup: $(STAMP)
