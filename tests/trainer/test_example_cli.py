@@ -2,8 +2,11 @@
 import os
 import subprocess
 import sys
+import time
 
-from ddpjob_trainer.examples.mlp import config_from, make_dataset, parse_args
+import pytest
+
+from ddpjob_trainer.examples.mlp import config_from, fault_injection, make_dataset, parse_args
 
 
 def test_defaults_follow_the_contract(monkeypatch):
@@ -22,7 +25,20 @@ def test_explicit_flags_and_the_metrics_variable_win(monkeypatch):
                        "--accumulation-steps", "4", "--step-sleep", "0.5"])
     config = config_from(args)
     assert (config.snapshot_dir, config.metrics_file) == ("/other", "/logs/m.jsonl")
-    assert (config.snapshot_every_steps, config.accumulation_steps, config.step_sleep) == (7, 4, 0.5)
+    assert (config.snapshot_every_steps, config.accumulation_steps) == (7, 4)
+
+
+def test_the_test_flags_are_an_on_step_hook_not_trainer_config(monkeypatch):
+    """--step-sleep and --fail-at-step stay out of the public TrainerConfig."""
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    assert fault_injection(0.0, None, restart_count=0) is None
+    hook = fault_injection(0.5, 3, restart_count=0)
+    hook(2)
+    assert slept == [0.5]
+    with pytest.raises(RuntimeError, match="fail_at_step=3"):
+        hook(3)
+    fault_injection(0.0, 3, restart_count=1)(3)  # a restart passes
 
 
 def test_the_dataset_is_the_same_for_the_same_seed_and_differs_between_splits():

@@ -16,7 +16,7 @@ import torch
 
 from ddpjob_trainer import Trainer, TrainerConfig, distributed
 from ddpjob_trainer.env import DistEnv
-from ddpjob_trainer.examples.mlp import make_dataset, mse
+from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
 from ddpjob_trainer.termination import (
     DEFAULT_PATH,
     ENV_PATH,
@@ -202,7 +202,7 @@ def env():
             os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
-def train(env, directory, message, monkeypatch, restart_count=0, **overrides):
+def train(env, directory, message, monkeypatch, restart_count=0, fail_at_step=None, **overrides):
     monkeypatch.setenv(ENV_PATH, str(message))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
@@ -210,7 +210,8 @@ def train(env, directory, message, monkeypatch, restart_count=0, **overrides):
     config = TrainerConfig(batch_size=8, snapshot_dir=str(directory), snapshot_every_steps=5,
                            metrics_file=str(directory / "metrics.jsonl"), progress_bar=False, **overrides)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), DATA, config, loss_fn=mse,
-                      env=dataclasses.replace(env, restart_count=restart_count))
+                      env=dataclasses.replace(env, restart_count=restart_count),
+                      on_step=fault_injection(0.0, fail_at_step, restart_count))
     return trainer.train()
 
 

@@ -14,7 +14,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, distributed, read_metrics
 from ddpjob_trainer.env import DistEnv
-from ddpjob_trainer.examples.mlp import make_dataset, mse
+from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
 from ddpjob_trainer.metrics import read_raw_metrics
 from tests.support.procs import free_port
 
@@ -46,14 +46,15 @@ def build(seed=0, dropout=0.2):
     return model, optimizer, scheduler
 
 
-def run(env, directory, *, restart_count=0, extra=None, **overrides):
+def run(env, directory, *, restart_count=0, extra=None, fail_at_step=None, **overrides):
     model, optimizer, scheduler = build()
     config = TrainerConfig(
         epochs=2, batch_size=8, accumulation_steps=2, snapshot_dir=str(directory), snapshot_every_steps=4,
         metrics_file=str(directory / "metrics.jsonl"), progress_bar=False, **overrides,
     )
     trainer = Trainer(model, optimizer, DATA, config, loss_fn=mse, scheduler=scheduler,
-                      env=dataclasses.replace(env, restart_count=restart_count), extra=extra)
+                      env=dataclasses.replace(env, restart_count=restart_count), extra=extra,
+                      on_step=fault_injection(0.0, fail_at_step, restart_count))
     return trainer, trainer.train()
 
 

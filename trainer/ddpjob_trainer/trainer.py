@@ -76,11 +76,8 @@ class TrainerConfig:
         amp: mixed precision with a GradScaler (CUDA only; ignored on CPU).
         num_workers: DataLoader worker processes.
         progress_bar: tqdm bar on rank 0.
-        step_sleep: seconds to sleep after each optimizer step (slows the job for kill tests).
         tensorboard_dir: also log scalars to TensorBoard (needs tensorboard).
         wandb_project: also log scalars to W&B (needs wandb); the run id is kept in the snapshot.
-        fail_at_step: debugging: raise after this global step on the first attempt
-            (TORCHELASTIC_RESTART_COUNT=0), to exercise the restart path.
     """
 
     epochs: int
@@ -97,10 +94,8 @@ class TrainerConfig:
     amp: bool = False
     num_workers: int = 0
     progress_bar: bool = True
-    step_sleep: float = 0.0
     tensorboard_dir: str | None = None
     wandb_project: str | None = None
-    fail_at_step: int | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -122,7 +117,6 @@ _RULES = {
     "snapshot_keep": ">= 1",
     "bucket_cap_mb": "> 0",
     "num_workers": ">= 0",
-    "step_sleep": ">= 0",
 }
 _RULE_CHECKS = {">= 1": lambda v: v >= 1, ">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0}
 
@@ -161,6 +155,9 @@ class Trainer:
         val_data: validated on rank 0 after every epoch when given.
         env: the DistEnv (read from torchrun when omitted).
         extra: user state saved in and restored from every snapshot (``trainer.extra``).
+        on_step: called on every rank with the global step after each optimizer step and its
+            metrics; an exception from it fails the worker as one from the loop would (the
+            example's fault injection, profiling hooks).
     """
 
     def __init__(
@@ -175,6 +172,7 @@ class Trainer:
         val_data: Dataset | None = None,
         env: DistEnv | None = None,
         extra: dict[str, Any] | None = None,
+        on_step: Callable[[int], None] | None = None,
     ):
         if not torch_dist.is_initialized():
             raise RuntimeError("Trainer needs a process group: construct it inside `with ddpjob_trainer.distributed():`")
@@ -188,6 +186,7 @@ class Trainer:
         self.train_data = train_data
         self.val_data = val_data
         self.extra = dict(extra or {})
+        self.on_step = on_step
         self.scaler = torch.amp.GradScaler("cuda") if config.amp and self.device.type == "cuda" else None
         self.position = Position()
         # The data order's seed; a resumed job keeps the snapshot's.
@@ -358,10 +357,8 @@ class Trainer:
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", step=step)
         self.report.stepped()
-        if self.config.fail_at_step == step and self.env.restart_count == 0:
-            raise RuntimeError(f"fail_at_step={step}: failing on purpose on the first attempt (debugging flag)")
-        if self.config.step_sleep:
-            time.sleep(self.config.step_sleep)
+        if self.on_step is not None:
+            self.on_step(step)
 
     def _maybe_step_snapshot(self, epoch: int, consumed: int, last_in_epoch: bool) -> None:
         every = self.config.snapshot_every_steps

@@ -19,6 +19,8 @@ import argparse
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--async-snapshot", action="store_true", help="write snapshots in a background thread")
     parser.add_argument("--metrics-file", default=os.environ.get("DDPJOB_METRICS_FILE"),
                         help="JSON-lines metrics (default $DDPJOB_METRICS_FILE, else SNAPSHOT_DIR/metrics.jsonl)")
-    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step")
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="testing: seconds to sleep after each step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-at-step", type=int, default=None,
                         help="debugging: fail after this global step on the first attempt")
@@ -96,12 +98,26 @@ def config_from(args: argparse.Namespace) -> TrainerConfig:
         async_snapshot=args.async_snapshot,
         amp=args.amp,
         metrics_file=args.metrics_file,
-        step_sleep=args.step_sleep,
-        fail_at_step=args.fail_at_step,
         tensorboard_dir=args.tensorboard_dir,
         wandb_project=args.wandb_project,
         progress_bar=not args.no_progress_bar,
     )
+
+
+def fault_injection(step_sleep: float, fail_at_step: int | None, restart_count: int) -> Callable[[int], None] | None:
+    """The Trainer's on_step hook for the example's test flags: --step-sleep slows every step (so
+    tests can kill a node mid-epoch), --fail-at-step raises after that step on the first attempt
+    (TORCHELASTIC_RESTART_COUNT 0) to exercise the restart path. None when neither is set."""
+    if not step_sleep and fail_at_step is None:
+        return None
+
+    def on_step(step: int) -> None:
+        if fail_at_step == step and restart_count == 0:
+            raise RuntimeError(f"fail_at_step={step}: failing on purpose on the first attempt (debugging flag)")
+        if step_sleep:
+            time.sleep(step_sleep)
+
+    return on_step
 
 
 def _setup_logging(rank: int) -> None:
@@ -125,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         trainer = Trainer(
             model, optimizer, make_dataset(args.samples, args.seed), config,
             loss_fn=mse, scheduler=scheduler, val_data=val_data, env=env,
+            on_step=fault_injection(args.step_sleep, args.fail_at_step, env.restart_count),
         )
         result = trainer.train()
         if env.is_rank0:
