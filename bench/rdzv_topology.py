@@ -8,7 +8,7 @@ cluster a new pod waits for the backoff, the scheduler and the image):
 * ``c10d, store on node 0``: node 0 hosted the store, so the rendezvous is gone; the
   operator deletes the survivors and starts all three nodes again under a new rendezvous
   id (a whole-group restart, status.rendezvousGeneration + 1);
-* ``c10d, store pod``: a separate ``python -m ddpjob_trainer.rdzv_store`` process holds the
+* ``c10d, store pod``: a separate ``python -m ddpjob_trainer.store_server`` process holds the
   store and every agent is a client (``is_host=false``); only node 0 is started again;
 * ``etcd-v3``: the state is in etcd; only node 0 is started again.
 
@@ -87,7 +87,7 @@ def start_store(run_dir: Path) -> subprocess.Popen:
     """The store pod's program on a free port; returns once it listens."""
     port = free_port()
     log = open(run_dir / "store.log", "w")
-    process = start_in_own_group([sys.executable, "-m", "ddpjob_trainer.rdzv_store", "--port", str(port)],
+    process = start_in_own_group([sys.executable, "-m", "ddpjob_trainer.store_server", "--port", str(port)],
                                  stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + 60

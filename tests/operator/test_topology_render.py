@@ -27,7 +27,7 @@ def test_the_store_pod_runs_the_store_module_of_the_trainer_image_on_the_rendezv
     (container,) = pod["spec"]["containers"]
     assert pod["metadata"]["name"] == "mlp-rdzv"
     assert (container["image"], container["command"], container["args"]) == (
-        "ghcr.io/ddpjob/trainer:0.1.0", ["python", "-m", "ddpjob_trainer.rdzv_store"], ["--port", "29500"])
+        "ghcr.io/ddpjob/trainer:0.1.0", ["python", "-m", "ddpjob_trainer.store_server"], ["--port", "29500"])
     assert container["ports"] == [{"name": "rdzv", "containerPort": 29500, "protocol": "TCP"}]
     assert container["readinessProbe"]["tcpSocket"] == {"port": 29500}
     assert pod["spec"]["restartPolicy"] == "Never"

@@ -1,5 +1,5 @@
 """End to end in the sandbox with `elasticPolicy.rdzvStore: pod`: the real operator creates
-the store pod (`python -m ddpjob_trainer.rdzv_store`), real torchrun agents join it with
+the store pod (`python -m ddpjob_trainer.store_server`), real torchrun agents join it with
 is_host=false, and losing node 0 costs only node 0: the other agent keeps running,
 re-rendezvouses, resumes from the snapshot and the replacement joins under the same id;
 losing the store pod restarts the whole group under the next rendezvous generation."""

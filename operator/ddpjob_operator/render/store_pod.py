@@ -1,7 +1,7 @@
 """The dedicated c10d rendezvous store: one small pod and a Service in front of it.
 
 With c10d (unless `spec.elasticPolicy.rdzvStore: node`) no training node hosts torch's c10d TCPStore;
-a pod `<job>-rdzv` runs `python -m ddpjob_trainer.rdzv_store` (the trainer image, so
+a pod `<job>-rdzv` runs `python -m ddpjob_trainer.store_server` (the trainer image, so
 the store speaks exactly the torch version of the agents) and every agent joins as a
 client (`is_host=false` in PET_RDZV_CONF). Losing any training node then replaces only
 that node; losing the store loses the rendezvous state, which topology.py turns into a

@@ -1,4 +1,4 @@
-"""The standalone rendezvous store (`python -m ddpjob_trainer.rdzv_store`): it serves a
+"""The standalone rendezvous store (`python -m ddpjob_trainer.store_server`): it serves a
 TCPStore that clients share, and a SIGTERM (the kubelet's stop) ends it cleanly."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def wait_for_line(process: subprocess.Popen, needle: str, timeout: float = 60) -
 
 def test_the_store_serves_clients_and_exits_0_on_sigterm():
     port = free_port()
-    store = start_in_own_group([sys.executable, "-m", "ddpjob_trainer.rdzv_store", "--port", str(port)],
+    store = start_in_own_group([sys.executable, "-m", "ddpjob_trainer.store_server", "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert f":{port}" in wait_for_line(store, "listening")
@@ -42,9 +42,16 @@ def test_the_store_serves_clients_and_exits_0_on_sigterm():
 
 
 def test_help_answers_without_importing_torch():
-    result = subprocess.run([sys.executable, "-m", "ddpjob_trainer.rdzv_store", "--help"],
+    result = subprocess.run([sys.executable, "-m", "ddpjob_trainer.store_server", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "--port" in result.stdout
-    probe = subprocess.run([sys.executable, "-c", "import sys, ddpjob_trainer.rdzv_store; print('torch' in sys.modules)"],
+    probe = subprocess.run([sys.executable, "-c", "import sys, ddpjob_trainer.store_server; print('torch' in sys.modules)"],
                            capture_output=True, text=True, timeout=60)
     assert probe.stdout.strip() == "False"
+
+
+def test_the_old_module_path_still_starts_the_store():
+    """Store pods rendered before the rename run `python -m ddpjob_trainer.rdzv_store`."""
+    result = subprocess.run([sys.executable, "-m", "ddpjob_trainer.rdzv_store", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--port" in result.stdout, result.stderr
