@@ -154,7 +154,7 @@ def test_cross_field_cel_rules_are_present():
         "spec.elasticPolicy.maxReplicas must be >= spec.elasticPolicy.minReplicas",
         "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port when rdzvBackend is etcd or etcd-v3 (or set managedEtcd.enabled: true)",
         MANAGED_ETCD_RULE,
-        "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at node 0)",
+        "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at the job's c10d store: its <job>-rdzv pod, or node 0 with rdzvStore: node)",
         "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend",
         "spec.elasticPolicy.rdzvStore may be pod only when rdzvBackend is c10d (etcd backends keep their state in etcd): remove it or set rdzvBackend to c10d",
         "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)",
@@ -206,7 +206,7 @@ CEL_CAUGHT = {
     "replicas above max": "spec.replicas must be <= spec.elasticPolicy.maxReplicas",
     "etcd without endpoints": "spec.elasticPolicy.rdzvEndpoints must list at least one etcd host:port when rdzvBackend is etcd or etcd-v3 (or set managedEtcd.enabled: true)",
     "etcd v2 with two endpoints": "spec.elasticPolicy.rdzvEndpoints must have exactly one entry when rdzvBackend is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)",
-    "c10d with endpoints": "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at node 0)",
+    "c10d with endpoints": "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d (the operator points every node at the job's c10d store: its <job>-rdzv pod, or node 0 with rdzvStore: node)",
     "rdzv secret with c10d": "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to authenticate to): remove it or change rdzvBackend",
     "rdzv store pod with etcd": "spec.elasticPolicy.rdzvStore may be pod only when rdzvBackend is c10d (etcd backends keep their state in etcd): remove it or set rdzvBackend to c10d",
     "nproc word": 'spec.elasticPolicy.nProcPerNode must be an integer >= 1, "gpu" or "auto"',
@@ -254,8 +254,9 @@ def test_field_reference_lists_every_field_with_type_default_and_rules():
     row = next(line for line in text.splitlines() if line.startswith("| `spec.elasticPolicy.rdzvBackend` |"))
     assert row == ("| `spec.elasticPolicy.rdzvBackend` | `c10d` \\| `etcd` \\| `etcd-v3` | `c10d` | "
                    "spec.elasticPolicy.rdzvBackend is immutable: nodes of one job must share one rendezvous | "
-                   "Rendezvous backend: c10d (store on node 0, no extra service), etcd (torch's etcd v2 backend) "
-                   "or etcd-v3 (ddpjob's etcd v3 backend). |")
+                   "Rendezvous backend: c10d (torch's TCPStore, in a small <job>-rdzv store pod by default or on "
+                   "node 0 with rdzvStore: node; no etcd needed), etcd (torch's etcd v2 backend) or etcd-v3 "
+                   "(ddpjob's etcd v3 backend). |")
     documented = {line.split("`")[1] for line in text.splitlines()[2:]}
     assert {"spec.image", "spec.snapshot.volume", "spec.runPolicy.cleanPodPolicy", "spec.env[].name",
             "spec.podOverrides.annotations", "spec.elasticPolicy.rdzvTimeouts.keepAliveMaxAttempts"} <= documented

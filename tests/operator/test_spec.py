@@ -59,7 +59,7 @@ INVALID_SPECS = [
      ['spec.elasticPolicy.rdzvSecretName ("Etcd_Client") must match ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$']),
     ("c10d with endpoints", {"elasticPolicy": {"rdzvEndpoints": ["etcd:2379"]}},
      ['spec.elasticPolicy.rdzvEndpoints (["etcd:2379"]) must be empty when rdzvBackend is c10d '
-      "(the operator points every node at node 0)"]),
+      "(the operator points every node at the job's c10d store: its <job>-rdzv pod, or node 0 with rdzvStore: node)"]),
     ("nproc word", {"elasticPolicy": {"nProcPerNode": "many"}},
      ['spec.elasticPolicy.nProcPerNode ("many") must be an integer >= 1, "gpu" or "auto"']),
     ("nproc zero", {"elasticPolicy": {"nProcPerNode": 0}},

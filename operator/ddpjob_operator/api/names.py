@@ -33,7 +33,7 @@ def pod_fqdn(job: str, namespace: str, index: int, domain: str = CLUSTER_DOMAIN)
 
 
 def c10d_host(job: str, namespace: str, domain: str = CLUSTER_DOMAIN) -> str:
-    """Host of the c10d rendezvous store: node 0, which always exists while the job runs
+    """Host of the c10d store with `rdzvStore: node`: node 0, which always exists while the job runs
     (scale-down removes the highest indexes and minReplicas is at least 1)."""
     return pod_fqdn(job, namespace, 0, domain)
 

@@ -220,7 +220,7 @@ class ElasticPolicy(_Model):
         cel("(has(self.rdzvBackend) && self.rdzvBackend != 'c10d') || "
             "!has(self.rdzvEndpoints) || size(self.rdzvEndpoints) == 0",
             "spec.elasticPolicy.rdzvEndpoints must be empty when rdzvBackend is c10d "
-            "(the operator points every node at node 0)"),
+            "(the operator points every node at the job's c10d store: its <job>-rdzv pod, or node 0 with rdzvStore: node)"),
         cel("!has(self.rdzvSecretName) || (has(self.rdzvBackend) && self.rdzvBackend != 'c10d')",
             "spec.elasticPolicy.rdzvSecretName may only be set when rdzvBackend is etcd or etcd-v3 "
             "(c10d has no etcd to authenticate to): remove it or change rdzvBackend"),
@@ -257,12 +257,13 @@ class ElasticPolicy(_Model):
         "Worker group restarts torchrun does inside a pod before the pod fails "
         "(torchrun --max-restarts)."))
     rdzv_backend: Literal["c10d", "etcd", ETCD_V3] = Field("c10d", description=(
-        "Rendezvous backend: c10d (store on node 0, no extra service), etcd (torch's etcd v2 "
-        "backend) or etcd-v3 (ddpjob's etcd v3 backend)."),
+        "Rendezvous backend: c10d (torch's TCPStore, in a small <job>-rdzv store pod by default or "
+        "on node 0 with rdzvStore: node; no etcd needed), etcd (torch's etcd v2 backend) or etcd-v3 "
+        "(ddpjob's etcd v3 backend)."),
         json_schema_extra=immutable(
             "spec.elasticPolicy.rdzvBackend", "nodes of one job must share one rendezvous"))
     rdzv_port: int = Field(C.DEFAULT_RDZV_PORT, ge=1, le=65535, description=(
-        "Port of the c10d rendezvous store on node 0 (c10d only)."),
+        "Port of the c10d rendezvous store: the store pod's, or node 0's with rdzvStore: node (c10d only)."),
         json_schema_extra=immutable(
             "spec.elasticPolicy.rdzvPort", "nodes of one job must share one rendezvous"))
     rdzv_endpoints: list[str] = Field(default_factory=list, description=(
@@ -589,7 +590,8 @@ def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
                            "(or set managedEtcd.enabled: true)")]
     if ep.rdzv_backend == "c10d" and ep.rdzv_endpoints:
         return [FieldError(path, ep.rdzv_endpoints,
-                           "must be empty when rdzvBackend is c10d (the operator points every node at node 0)")]
+                           "must be empty when rdzvBackend is c10d "
+                           "(the operator points every node at the job's c10d store: its <job>-rdzv pod, or node 0 with rdzvStore: node)")]
     if ep.rdzv_backend == "etcd" and len(ep.rdzv_endpoints) > 1:
         return [FieldError(path, ep.rdzv_endpoints,
                            "must have exactly one entry when rdzvBackend is etcd "

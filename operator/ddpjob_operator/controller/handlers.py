@@ -1,7 +1,7 @@
 """kopf wiring: which events start a reconciliation pass of which DDPJob.
 
-A pass only observes and applies; every decision is made by the pure ``reconcile`` (spec ->
-plan -> status) and every API call goes through ``kube``. A pass:
+A pass only observes and applies; every decision is made by the pure ``decide.reconcile``
+(observed state -> status, Events and actions) and every API call goes through ``kube``. A pass:
 
 1. reads the job, its pods and whether its Service exists (fresh, not kopf's cached body, so
    the failure bookkeeping in the status is never older than our own last write);

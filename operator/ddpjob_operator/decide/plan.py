@@ -9,7 +9,7 @@ Rules, in order:
     delete the job runPolicy.ttlSecondsAfterFinished after completionTime;
   * suspended: delete every pod;
   * otherwise: create the Service when missing; delete pods with index >= replicas
-    (scale-down removes the highest indexes, never node 0, the c10d host); delete
+    (scale-down removes the highest indexes, never node 0, the store host with rdzvStore: node); delete
     failed pods and re-create them under the same name once the backoff after the
     current failure incident has elapsed and the old pod is gone; create the
     missing indexes; create nothing once a node succeeded (training is over and

@@ -74,7 +74,7 @@ def credential_conf(backend: str, credentials_dir: str | None) -> dict[str, str]
 
 
 def rdzv_endpoint_for(spec: DDPJobSpec, rdzv_host: str) -> str:
-    """PET_RDZV_ENDPOINT: node 0's store for c10d, the managed etcd, or the etcd endpoints."""
+    """PET_RDZV_ENDPOINT: the c10d store (its pod's Service, or node 0), the managed etcd, or the etcd endpoints."""
     ep = spec.elastic_policy
     if ep.rdzv_backend == "c10d":
         return f"{rdzv_host}:{ep.rdzv_port}"
@@ -113,7 +113,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         uid: metadata.uid; the rendezvous id, unique per job (a finished id cannot be reused).
         spec: the parsed spec.
         node_index: 0..replicas-1.
-        rdzv_host: host of node 0 (names.c10d_host in a cluster, 127.0.0.1 locally); unused by etcd backends.
+        rdzv_host: host of the c10d store (the store pod's Service, or node 0 with rdzvStore: node) or of
+            the managed etcd; 127.0.0.1 locally; unused by external etcd backends.
         snapshot_dir: where the snapshot volume is seen (spec.snapshot.mountPath in pods), None for none.
         rdzv_credentials_dir: where spec.elasticPolicy.rdzvSecretName is mounted, None for none.
         rdzv_generation: status.rendezvousGeneration (whole-group restarts so far).
