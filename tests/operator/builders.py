@@ -15,6 +15,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import JobRef, parse_spec
+from ddpjob_operator.decide.observed import Observed, ObservedEtcd, view_pods
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)  # the fixed clock of the tests
 
@@ -100,3 +101,9 @@ def running_pods(body: dict[str, Any], count: int | None = None) -> list[dict[st
     """`count` Running+Ready pods (default: spec.replicas) for indexes 0..count-1."""
     count = body["spec"].get("replicas", 1) if count is None else count
     return [make_pod(body, i) for i in range(count)]
+
+
+def observe(pods=(), *, service_exists: bool = True, live_progress=(), managed_etcd: ObservedEtcd | None = None,
+            nodes=None) -> Observed:
+    """What a pass observes when the API returns these pod dicts (as controller/handlers.py builds it)."""
+    return Observed(view_pods(pods), service_exists, tuple(live_progress), managed_etcd, nodes or {})

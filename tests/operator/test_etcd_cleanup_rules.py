@@ -5,6 +5,7 @@ import base64
 
 import pytest
 
+from ddpjob_operator.decide.observed import view_pods
 from ddpjob_operator.controller.etcd_cleanup import (
     CleanupTarget, cleanup_target, due_on_finish, needs_finalizer, write_credentials
 )
@@ -50,7 +51,7 @@ def test_every_rendezvous_generation_of_the_job_is_cleaned():
 ])
 def test_keys_go_on_finish_only_once_no_agent_is_left(phase, pod_phases, due):
     body = make_ddpjob(elasticPolicy=V3)
-    pods = [make_pod(body, i, phase=p) for i, p in enumerate(pod_phases)]
+    pods = view_pods(make_pod(body, i, phase=p) for i, p in enumerate(pod_phases))
 
     assert due_on_finish({"phase": phase}, pods) is due
 

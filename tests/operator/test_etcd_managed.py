@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.managed_etcd import ObservedEtcd, plan_managed_etcd, requested
+from ddpjob_operator.decide.managed_etcd import plan_managed_etcd, requested
+from ddpjob_operator.decide.observed import ObservedEtcd, view_pod
 from ddpjob_operator.render.etcd_pod import etcd_selector, render_etcd_pod, render_etcd_service
 from ddpjob_operator.decide.actions import CreatePod, CreateService, DeletePod
 from ddpjob_operator.render.node_pod import render_pod
@@ -21,7 +22,7 @@ def job(**elastic):
 
 def plan(body, phase="Running", pod=None, service_exists=False):
     spec = parse_spec(body["spec"])
-    return plan_managed_etcd(job_ref(body), spec, phase, ObservedEtcd(pod, service_exists))
+    return plan_managed_etcd(job_ref(body), spec, phase, ObservedEtcd(view_pod(pod) if pod else None, service_exists))
 
 
 def etcd_pod(phase="Running", deleting=False):

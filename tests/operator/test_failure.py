@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.decide.failure import Outcome, classify, classify_pod, starts_new_incident
+from ddpjob_operator.decide.failure import Outcome, classify, classify_pod
+from ddpjob_operator.decide.budget import starts_new_incident
+from ddpjob_operator.decide.observed import view_pod
 from ddpjob_operator.decide.budget import backoff_seconds, budget_exhausted
 from tests.operator.builders import at, make_ddpjob, make_pod
 
@@ -45,13 +47,13 @@ def test_budget_allows_max_restarts_incidents(restarts, budget, exhausted):
 
 def test_classify_pod_reads_phase_exit_code_reason_and_disruption_condition():
     job = make_ddpjob()
-    assert classify_pod(make_pod(job, 0)) is None
-    assert classify_pod(make_pod(job, 0, phase="Pending")) is None
-    assert classify_pod(make_pod(job, 0, phase="Succeeded")) == Outcome.SUCCEEDED
-    assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=2)) == Outcome.RETRYABLE
-    assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=127), PERMANENT) == Outcome.PERMANENT
-    assert classify_pod(make_pod(job, 0, phase="Failed", reason="Evicted")) == Outcome.DISRUPTION
-    assert classify_pod(make_pod(job, 0, phase="Failed", exit_code=143, disrupted=True)) == Outcome.DISRUPTION
+    assert classify_pod(view_pod(make_pod(job, 0))) is None
+    assert classify_pod(view_pod(make_pod(job, 0, phase="Pending"))) is None
+    assert classify_pod(view_pod(make_pod(job, 0, phase="Succeeded"))) == Outcome.SUCCEEDED
+    assert classify_pod(view_pod(make_pod(job, 0, phase="Failed", exit_code=2))) == Outcome.RETRYABLE
+    assert classify_pod(view_pod(make_pod(job, 0, phase="Failed", exit_code=127)), PERMANENT) == Outcome.PERMANENT
+    assert classify_pod(view_pod(make_pod(job, 0, phase="Failed", reason="Evicted"))) == Outcome.DISRUPTION
+    assert classify_pod(view_pod(make_pod(job, 0, phase="Failed", exit_code=143, disrupted=True))) == Outcome.DISRUPTION
 
 
 @pytest.mark.parametrize("failed,started,incident,new", [

@@ -7,16 +7,9 @@ import json
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.failure import (
-    Outcome,
-    classify_pod,
-    diagnose_deleted,
-    diagnose_pod,
-    image_pull_stuck,
-    newer_snapshot,
-    pod_progress,
-    read_progress,
-)
+from ddpjob_operator.decide.failure import Outcome, classify_pod, diagnose_deleted, diagnose_pod, image_pull_stuck
+from ddpjob_operator.decide.budget import newer_snapshot
+from ddpjob_operator.decide.observed import read_progress, view_pod
 from ddpjob_operator.decide.budget import RestartBudget, account_incidents, backoff_exponent, budget_limit_passed
 from tests.operator.builders import T0, at, make_ddpjob, make_pod
 
@@ -64,18 +57,18 @@ DIAGNOSES = [
 
 @pytest.mark.parametrize("pod,outcome,cause,reason,message", DIAGNOSES)
 def test_a_failed_pod_is_diagnosed_with_cause_reason_and_message(pod, outcome, cause, reason, message):
-    diagnosis = diagnose_pod(pod, permanent_exit_codes=(126, 127))
+    diagnosis = diagnose_pod(view_pod(pod), permanent_exit_codes=(126, 127))
     assert (diagnosis.outcome, diagnosis.cause, diagnosis.reason, diagnosis.message) == (outcome, cause, reason, message)
-    assert classify_pod(pod, (126, 127)) == outcome
+    assert classify_pod(view_pod(pod), (126, 127)) == outcome
 
 
 def test_running_and_succeeded_pods_have_no_diagnosis():
-    assert diagnose_pod(make_pod(JOB, 0)) is None
-    assert diagnose_pod(make_pod(JOB, 0, phase="Succeeded")) is None
+    assert diagnose_pod(view_pod(make_pod(JOB, 0))) is None
+    assert diagnose_pod(view_pod(make_pod(JOB, 0, phase="Succeeded"))) is None
 
 
 def test_a_long_log_tail_keeps_its_end():
-    diagnosis = diagnose_pod(failed(message="x" * 1000 + " the real error"))
+    diagnosis = diagnose_pod(view_pod(failed(message="x" * 1000 + " the real error")))
     assert len(diagnosis.message) == 300 and diagnosis.message.endswith("the real error")
 
 
@@ -83,9 +76,9 @@ def test_a_pod_deleted_under_disruption_target_is_a_disruption_even_while_runnin
     pod = make_pod(JOB, 1, deleting=True)
     pod["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
                                         "reason": "DeletionByTaintManager", "message": "taint node.kubernetes.io/unreachable"})
-    diagnosis = diagnose_deleted(pod)
+    diagnosis = diagnose_deleted(view_pod(pod))
     assert (diagnosis.outcome, diagnosis.cause) == (Outcome.DISRUPTION, C.CAUSE_NODE_LOST)
-    assert diagnose_deleted(make_pod(JOB, 1, deleting=True)) is None  # an ordinary deletion (scale down)
+    assert diagnose_deleted(view_pod(make_pod(JOB, 1, deleting=True))) is None  # an ordinary deletion (scale down)
 
 
 def waiting(reason, created):
@@ -99,7 +92,7 @@ def waiting(reason, created):
     ("ImagePullBackOff", 299, False), ("ImagePullBackOff", 300, True), ("ErrImagePull", 400, True),
     ("InvalidImageName", 0, True), ("ContainerCreating", 10_000, False)])
 def test_image_pull_errors_fail_after_the_timeout_and_invalid_names_at_once(reason, age, stuck):
-    assert image_pull_stuck(waiting(reason, at(-age)), T0, 300) is stuck
+    assert image_pull_stuck(view_pod(waiting(reason, at(-age))), T0, 300) is stuck
 
 
 def test_only_our_records_are_read_from_termination_messages():
@@ -111,7 +104,7 @@ def test_only_our_records_are_read_from_termination_messages():
 def test_records_come_from_the_current_and_the_last_termination():
     pod = failed(message=record(9))
     pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"message": record(4)}}
-    assert [r["snapshot"]["step"] for r in pod_progress(pod)] == [9, 4]
+    assert [r["snapshot"]["step"] for r in view_pod(pod).progress] == [9, 4]
 
 
 @pytest.mark.parametrize("candidate,current,newer", [

@@ -11,6 +11,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller.live_progress import progress_urls
+from ddpjob_operator.decide.observed import view_pods
 from tests.operator.builders import make_ddpjob, make_pod
 from tests.support.kubelet import ddpjob, pod_names, progress_message, set_running, status
 from tests.support.operator_harness import OperatorProcess, cluster, k8s, operator_command  # noqa: F401  (fixtures)
@@ -26,14 +27,14 @@ def test_the_running_node_pods_are_asked_lowest_index_first():
     pods = [with_ip(make_pod(job, 2), "10.0.0.2"), with_ip(make_pod(job, 0, phase="Pending"), "10.0.0.0"),
             with_ip(make_pod(job, 1), "fd00::1"), make_pod(job, 3),  # no IP yet
             with_ip(make_pod(job, 4, deleting=True), "10.0.0.4")]
-    assert progress_urls(pods) == ["http://[fd00::1]:29410/progress", "http://10.0.0.2:29410/progress"]
+    assert progress_urls(view_pods(pods)) == ["http://[fd00::1]:29410/progress", "http://10.0.0.2:29410/progress"]
 
 
 def test_a_pod_without_the_progress_port_is_not_asked():
     job = make_ddpjob(replicas=1)
     pod = with_ip(make_pod(job, 0), "10.0.0.1")
     pod["spec"]["containers"][0]["ports"] = []  # rendered by an operator from before the endpoint
-    assert progress_urls([pod]) == []
+    assert progress_urls(view_pods([pod])) == []
 
 
 class FakeNode:

@@ -10,13 +10,13 @@ from ddpjob_operator.render.store_pod import render_store_pod, render_store_serv
 from ddpjob_operator.decide.reconcile import reconcile
 from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.api.spec import parse_spec
-from tests.operator.builders import at, job_ref, make_ddpjob, make_pod, running_pods
+from tests.operator.builders import at, job_ref, make_ddpjob, make_pod, observe, running_pods
 from tests.operator.topology_builders import store, with_store
 
 
 def actions_at(job: dict, pods: list, seconds: float, service_exists: bool = True) -> list:
     """One reconciliation at T0+seconds; the job keeps the new status like the API would."""
-    result = reconcile(job, with_store(job, pods), at(seconds), service_exists=service_exists)
+    result = reconcile(job, observe(with_store(job, pods), service_exists=service_exists), at(seconds))
     job["status"] = result.status
     return result.actions
 
@@ -40,7 +40,7 @@ def test_a_new_job_gets_its_service_and_store_pod_then_one_pod_per_replica():
     assert actions[:3] == [CreateService(render_service(ref, spec)), CreateService(render_store_service(ref, spec)),
                            CreatePod(render_store_pod(ref, spec))]
     assert created(actions) == ["mlp-rdzv"]  # the nodes wait for the store pod to exist
-    actions = reconcile(job, [store(job)], at(1), service_exists=True).actions
+    actions = reconcile(job, observe([store(job)], service_exists=True), at(1)).actions
     assert actions == [CreatePod(render_pod(ref, spec, 0)), CreatePod(render_pod(ref, spec, 1))]
 
 
@@ -168,9 +168,9 @@ def test_only_the_earliest_requeue_is_returned():
 def test_plan_actions_can_be_called_with_any_status():
     job = make_ddpjob(replicas=1)
     spec = parse_spec(job["spec"])
-    actions = plan_actions(job_ref(job), spec, {"phase": "Running"}, [store(job)], at(0), service_exists=True)
+    actions = plan_actions(job_ref(job), spec, {"phase": "Running"}, observe([store(job)], service_exists=True), at(0))
     assert created(actions) == ["mlp-node-0"]
-    assert plan_actions(job_ref(job), None, {}, [], at(0), service_exists=False) == []
+    assert plan_actions(job_ref(job), None, {}, observe([], service_exists=False), at(0)) == []
 
 
 def test_success_with_unscheduled_pods_deletes_them_under_the_default_policy():

@@ -13,7 +13,7 @@ from ddpjob_operator.decide.actions import Requeue
 from ddpjob_operator.decide.reconcile import reconcile
 from ddpjob_operator.api.spec import parse_spec
 from ddpjob_operator.decide.budget import replacement_delay
-from tests.operator.builders import at, make_ddpjob, make_pod, running_pods
+from tests.operator.builders import at, make_ddpjob, make_pod, observe, running_pods
 from tests.operator.test_status import step
 
 
@@ -207,7 +207,7 @@ def test_a_pass_looks_again_when_an_image_pull_error_reaches_the_timeout():
     job = etcd_job(failurePolicy={"imagePullTimeoutSeconds": 120})
     pod = make_pod(job, 0, phase="Pending", created_at=at(0))
     pod["status"]["containerStatuses"] = [{"name": C.CONTAINER_NAME, "state": {"waiting": {"reason": "ErrImagePull"}}}]
-    result = reconcile(job, [pod, make_pod(job, 1, phase="Pending", created_at=at(0))], at(100), service_exists=True)
+    result = reconcile(job, observe([pod, make_pod(job, 1, phase="Pending", created_at=at(0))]), at(100))
     assert [a for a in result.actions if isinstance(a, Requeue)] == [Requeue(20.0)]
     assert result.status["phase"] == "Pending"
 

@@ -6,6 +6,7 @@ import pytest
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.decide.actions import DeletePod, Requeue
 from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.decide.observed import view_pod
 from ddpjob_operator.decide.stuck import nodes_to_read, stuck_pods, with_force_deletions
 from tests.operator.builders import at, make_ddpjob, make_pod
 
@@ -21,7 +22,7 @@ def terminating(index=1, deleted_at=0, node_name="gpu-a"):
     pod = make_pod(JOB, index)
     pod["metadata"]["deletionTimestamp"] = format_time(at(deleted_at))
     pod["spec"]["nodeName"] = node_name
-    return pod
+    return view_pod(pod)
 
 
 @pytest.mark.parametrize("state,forced", [("False", "NotReady"), ("Unknown", "Unknown"), (None, "Unknown"),
@@ -47,7 +48,7 @@ def test_the_timeout_null_turns_force_deletion_off():
 
 def test_only_nodes_of_pods_past_their_deletion_timestamp_are_read():
     pods = [terminating(0, deleted_at=10, node_name="a"), terminating(1, deleted_at=-5, node_name="b"),
-            make_pod(JOB, 0), terminating(1, deleted_at=-5, node_name="")]
+            view_pod(make_pod(JOB, 0)), terminating(1, deleted_at=-5, node_name="")]
     assert nodes_to_read(pods, at(0)) == ["b"]
 
 

@@ -8,7 +8,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import parse_spec, validate_spec
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.status import StatusUpdate, compute_status, set_condition
-from tests.operator.builders import T0, at, job_ref, make_ddpjob, make_pod, running_pods
+from tests.operator.builders import T0, at, job_ref, make_ddpjob, make_pod, observe, running_pods
 from tests.operator.topology_builders import with_store
 
 
@@ -17,7 +17,7 @@ def step(job: dict, pods: list, seconds: float) -> StatusUpdate:
     errors = validate_spec(job["spec"])
     spec = None if errors else parse_spec(job["spec"])
     pods = with_store(job, pods) if spec else pods
-    update = compute_status(job_ref(job), spec, pods, job.get("status"), at(seconds), errors=errors)
+    update = compute_status(job_ref(job), spec, observe(pods), job.get("status"), at(seconds), errors=errors)
     job["status"] = update.status
     return update
 
@@ -225,11 +225,11 @@ def test_a_live_record_with_a_newer_snapshot_replaces_last_snapshot_keeping_only
     job = make_ddpjob(status={"lastSnapshot": {"epoch": 3, "step": 120, "time": "2026-01-01T11:00:00Z"}})
     newer = {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z", "path": "/s/e4", "samples_consumed": 1}
     live = [{"kind": "ddpjob.progress", "version": 1, "snapshot": newer, "resume": None}]
-    update = compute_status(job_ref(job), parse_spec(job["spec"]), [], job["status"], at(0), live_progress=live)
+    update = compute_status(job_ref(job), parse_spec(job["spec"]), observe(live_progress=live), job["status"], at(0))
     assert update.status["lastSnapshot"] == {"epoch": 4, "step": 160, "time": "2026-01-01T12:00:00Z",
                                              "path": "/s/e4"}
     older = [{**live[0], "snapshot": {**newer, "step": 80, "time": "2026-01-01T10:00:00Z"}}]
-    kept = compute_status(job_ref(job), parse_spec(job["spec"]), [], job["status"], at(0), live_progress=older)
+    kept = compute_status(job_ref(job), parse_spec(job["spec"]), observe(live_progress=older), job["status"], at(0))
     assert kept.status["lastSnapshot"]["step"] == 120, "a node that lags behind never moves lastSnapshot back"
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import rdzv_id
-from ddpjob_operator.decide.observed import is_store_pod
+from ddpjob_operator.decide.observed import view_pod
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import parse_spec
@@ -39,7 +39,7 @@ def test_the_store_pod_is_labelled_as_the_store_not_as_a_node():
     labels = render_store_pod(ref, spec)["metadata"]["labels"]
     assert labels[C.LABEL_JOB_NAME] == "mlp" and labels[C.LABEL_COMPONENT] == "rdzv-store"
     assert C.LABEL_NODE_INDEX not in labels
-    assert is_store_pod(render_store_pod(ref, spec)) and not is_store_pod(render_pod(ref, spec, 0))
+    assert view_pod(render_store_pod(ref, spec)).is_store and not view_pod(render_pod(ref, spec, 0)).is_store
 
 
 def test_the_store_pod_keeps_priority_and_tolerations_but_not_the_gpu_placement():

@@ -8,12 +8,11 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
-from ddpjob_operator.decide.observed import is_store_pod
 from ddpjob_operator.render.store_pod import render_store_pod
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
-from ddpjob_operator.decide.observed import pod_phase
+from ddpjob_operator.decide.observed import view_pod
 from ddpjob_operator.api.spec import parse_spec, validate_spec
-from tests.operator.builders import T0, at, job_ref, make_pod
+from tests.operator.builders import T0, at, job_ref, make_pod, observe
 
 STORE_POD = {"elasticPolicy": {"rdzvStore": "pod"}}  # the c10d default, spelled out
 STORE_ON_NODE = {"elasticPolicy": {"rdzvStore": "node"}}  # node 0's agent hosts the store
@@ -48,7 +47,7 @@ def with_store(body: dict, pods: list[dict]) -> list[dict]:
     store pod comes first and goes in the pass where a node succeeds); unchanged for a job
     without one, an invalid spec, or a list that already has it."""
     if (not pods or validate_spec(body["spec"]) or not parse_spec(body["spec"]).elastic_policy.store_on_pod
-            or any(is_store_pod(p) or pod_phase(p) == "Succeeded" for p in pods)):
+            or any(view_pod(p).is_store or view_pod(p).phase == "Succeeded" for p in pods)):
         return pods
     return [*pods, store(body)]
 
@@ -73,7 +72,7 @@ def scheduled_pending(body: dict, index: int, generation: int = 0) -> dict:
 
 def step(job: dict, pods: list, seconds: float, *, service_exists: bool = True) -> Reconciliation:
     """One reconciliation at T0+seconds; the job keeps the new status as the API would."""
-    result = reconcile(job, pods, at(seconds), service_exists=service_exists)
+    result = reconcile(job, observe(pods, service_exists=service_exists), at(seconds))
     job["status"] = result.status
     return result
 

@@ -40,7 +40,7 @@ import kopf
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube
 from ddpjob_operator.render.launch import rdzv_id
-from ddpjob_operator.decide.observed import is_active
+from ddpjob_operator.decide.observed import PodView
 from ddpjob_operator.api.spec import DDPJobSpec, validate_job
 from ddpjob_rdzv import BACKEND_NAME, keys
 from ddpjob_rdzv.settings import CREDENTIAL_FILES
@@ -94,9 +94,9 @@ def needs_finalizer(body: Mapping[str, Any], **_: Any) -> bool:
     return cleanup_target(body) is not None
 
 
-def due_on_finish(status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
+def due_on_finish(status: Mapping[str, Any], pods: Iterable[PodView]) -> bool:
     """Finished, and no node pod still runs an agent that would miss its rendezvous state."""
-    return status.get("phase") in C.FINISHED_PHASES and not any(is_active(p) for p in pods)
+    return status.get("phase") in C.FINISHED_PHASES and not any(p.active for p in pods)
 
 
 def timeout_seconds() -> float:
@@ -135,7 +135,7 @@ class RendezvousCleaner:
         self._tried_on_finish: set[str] = set()  # uids whose finish cleanup ran (once per process)
         self._cleaned: set[str] = set()  # uids whose keys this process deleted
 
-    async def after_pass(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]],
+    async def after_pass(self, job: Mapping[str, Any], pods: Iterable[PodView],
                          status: Mapping[str, Any]) -> None:
         """Once per finished job: delete its keys; a failure is a Warning Event, deletion retries."""
         target = cleanup_target(job)

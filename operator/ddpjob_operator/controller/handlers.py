@@ -35,6 +35,7 @@ from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metric
 from ddpjob_operator.decide import managed_etcd, stuck
 from ddpjob_operator.api.names import managed_etcd_name
 from ddpjob_operator.decide.actions import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.decide.observed import Observed, ObservedEtcd, PodView, view_pod, view_pods
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render.etcd_pod import etcd_selector
 from ddpjob_operator.render.common import job_selector
@@ -130,14 +131,14 @@ async def run_pass(api: kube.Kube, key: JobKey,
         if job is None:
             metrics.observe_job(namespace, name, None)
             return PassOutcome(gone=True)
-        pods = await api.list_pods(namespace, job_selector(name))
+        pods = view_pods(await api.list_pods(namespace, job_selector(name)))  # read once, for every decision
         service_exists = await api.exists("Service", namespace, name)
         polled = bool(progress_poll) and (job.get("status") or {}).get("phase") in POLLED_PHASES
         live = await live_progress.read_live_progress(pods) if polled else []
         now = datetime.datetime.now(datetime.timezone.utc)
-        result = reconcile(job, pods, now, service_exists=service_exists, live_progress=live,
-                           managed_etcd=await _observe_managed_etcd(api, namespace, name, job),
-                           nodes=await _observe_nodes(api, stuck.nodes_to_read(pods, now)))
+        observed = Observed(pods, service_exists, tuple(live), await _observe_managed_etcd(api, namespace, name, job),
+                            await _observe_nodes(api, stuck.nodes_to_read(pods, now)))
+        result = reconcile(job, observed, now)
         await _write_status(api, job, result)
         requeue = await _apply(api, job, pods, result)
         await _record(api, job, result)
@@ -151,13 +152,13 @@ async def run_pass(api: kube.Kube, key: JobKey,
 
 
 async def _observe_managed_etcd(api: kube.Kube, namespace: str, name: str,
-                                job: dict) -> managed_etcd.ObservedEtcd | None:
+                                job: dict) -> ObservedEtcd | None:
     """The job's own etcd pod and Service, when the job asks for one (see managed_etcd)."""
     if not managed_etcd.requested(job):
         return None
     pods = await api.list_pods(namespace, etcd_selector(name))
-    return managed_etcd.ObservedEtcd(
-        pod=pods[0] if pods else None,
+    return ObservedEtcd(
+        pod=view_pod(pods[0]) if pods else None,
         service_exists=await api.exists("Service", namespace, managed_etcd_name(name)))
 
 
@@ -204,9 +205,9 @@ async def _record(api: kube.Kube, job: dict, result: Reconciliation) -> None:
             logger.warning("Could not post the %s Event about %s: %s", event.reason, job["metadata"]["name"], e)
 
 
-async def _apply(api: kube.Kube, job: dict, pods: list[dict], result: Reconciliation) -> float | None:
+async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: Reconciliation) -> float | None:
     namespace = job["metadata"]["namespace"]
-    uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods}
+    uids = {p.name: p.uid or None for p in pods}
     writes, requeue = [], None
     for action in result.actions:
         if isinstance(action, (CreatePod, CreateService)):

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.failure import read_progress
-from ddpjob_operator.decide.observed import is_deleting, pod_index, pod_phase
-from ddpjob_operator.decide.topology import node_pods
+from ddpjob_operator.decide.observed import PodView, read_progress
 
 log = logging.getLogger("ddpjob_operator")
 
@@ -31,30 +29,19 @@ MAX_PODS = 2  # the nodes share one snapshot record; a second is asked only when
 PATH = "/progress"
 
 
-def progress_urls(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+def progress_urls(pods: Iterable[PodView]) -> list[str]:
     """The progress endpoints of the running node pods, lowest node index first."""
     urls = []
-    running = [p for p in node_pods(pods) if pod_phase(p) == "Running" and not is_deleting(p)]
-    for pod in sorted(running, key=lambda p: pod_index(p) if pod_index(p) is not None else 1 << 30):
-        ip = (pod.get("status") or {}).get("podIP")
-        port = _progress_port(pod)
-        if ip and port:
-            host = f"[{ip}]" if ":" in ip else ip
+    running = [p for p in pods if not p.is_store and p.phase == "Running" and not p.deleting]
+    for pod in sorted(running, key=lambda p: p.index if p.index is not None else 1 << 30):
+        port = pod.ports.get(C.PROGRESS_PORT_NAME)
+        if pod.ip and port:
+            host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
             urls.append(f"http://{host}:{port}{PATH}")
     return urls
 
 
-def _progress_port(pod: Mapping[str, Any]) -> int | None:
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") != C.CONTAINER_NAME:
-            continue
-        for port in container.get("ports") or []:
-            if port.get("name") == C.PROGRESS_PORT_NAME:
-                return port.get("containerPort")
-    return None
-
-
-async def read_live_progress(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+async def read_live_progress(pods: Iterable[PodView]) -> list[dict[str, Any]]:
     """The progress record of the first running node that answers ([] when none does)."""
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)
     async with aiohttp.ClientSession(timeout=timeout) as session:

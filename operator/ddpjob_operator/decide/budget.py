@@ -12,13 +12,54 @@ with these functions. An incident after which a newer snapshot was complete is f
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec, FailurePolicy
-from ddpjob_operator.decide.failure import newer_snapshot, starts_new_incident
+
+
+# Failures that start within this many seconds of the current incident's first failure
+# belong to that incident: when node 0 (the c10d store host) dies, the other agents exit
+# within seconds, and that is one failure, not replicas-many.
+INCIDENT_WINDOW_SECONDS = 60.0
+
+
+def starts_new_incident(failed_at: datetime, started_at: datetime | None,
+                        incident_start: datetime | None) -> bool:
+    """Whether a failure opens a new incident (and so uses one restart of the budget).
+
+    It joins the current incident only when the failed node already existed when the
+    incident began (a cascade, e.g. agents losing node 0's store) and it failed within
+    INCIDENT_WINDOW_SECONDS of it. A replacement that fails again is always new:
+    otherwise a node crashing right after start would never use up the budget.
+
+    Args:
+        failed_at: when the node's process exited.
+        started_at: when the node (pod or local agent) was created; None if unknown.
+        incident_start: when the current incident began; None if there was none.
+    """
+    if incident_start is None:
+        return True
+    if started_at is not None and started_at > incident_start:
+        return True
+    return abs((failed_at - incident_start).total_seconds()) > INCIDENT_WINDOW_SECONDS
+
+
+def snapshot_key(snapshot: Mapping[str, Any] | None) -> tuple[datetime, int] | None:
+    """Orders snapshots: by completion time, then step (a wiped volume restarts at step 0,
+    and the newest snapshot is what a resume uses, whatever its step)."""
+    if not snapshot or snapshot.get("step") is None:
+        return None
+    moment = parse_time(snapshot.get("time")) or datetime.min.replace(tzinfo=timezone.utc)
+    return moment, int(snapshot["step"])
+
+
+def newer_snapshot(candidate: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> bool:
+    """`candidate` was completed after `current` (any snapshot is newer than none)."""
+    new, old = snapshot_key(candidate), snapshot_key(current)
+    return new is not None and (old is None or new > old)
 
 
 def backoff_seconds(restarts: int, base: float, maximum: float) -> float:
@@ -114,7 +155,7 @@ class Ledger:
 
 
 def open_incident(ledger: Ledger, failed_at: datetime, started_at: datetime | None) -> Ledger | None:
-    """The ledger with one more incident when this failure opens one (failure.starts_new_incident),
+    """The ledger with one more incident when this failure opens one (starts_new_incident),
     None when it joins the current incident."""
     if not starts_new_incident(failed_at, started_at, ledger.incident_start):
         return None

@@ -14,69 +14,63 @@ rendezvous store (nor exec into pods), and an agent's container is Ready once it
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 from ddpjob_operator.api.clock import parse_time, seconds_between
-from ddpjob_operator.decide.observed import is_active, is_ready, pod_name_of, pod_phase
+from ddpjob_operator.decide.observed import PodView
 from ddpjob_operator.api.spec import DDPJobSpec
 
-Pod = Mapping[str, Any]
 
 
 
 
-def _scheduled_condition(pod: Pod) -> Mapping[str, Any]:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "PodScheduled"), {})
 
-
-def is_scheduled(pod: Pod) -> bool:
+def is_scheduled(pod: PodView) -> bool:
     """Bound to a node: spec.nodeName set, PodScheduled True, or already past Pending."""
-    if (pod.get("spec") or {}).get("nodeName") or _scheduled_condition(pod).get("status") == "True":
+    if pod.node_name or pod.condition("PodScheduled").get("status") == "True":
         return True
-    return pod_phase(pod) != "Pending"
+    return pod.phase != "Pending"
 
 
-def waiting_reason(pod: Pod) -> str | None:
+def waiting_reason(pod: PodView) -> str | None:
     """'<reason>: <message>' of an active pod the scheduler has not placed (Unschedulable,
     or SchedulingGated while a queue such as Kueue holds it); None otherwise."""
-    cond = _scheduled_condition(pod)
-    if not is_active(pod) or is_scheduled(pod) or cond.get("status") != "False":
+    cond = pod.condition("PodScheduled")
+    if not pod.active or is_scheduled(pod) or cond.get("status") != "False":
         return None
     reason, message = cond.get("reason") or "Unschedulable", cond.get("message") or ""
     return f"{reason}: {message}" if message else reason
 
 
-def waiting_since(pod: Pod) -> datetime | None:
+def waiting_since(pod: PodView) -> datetime | None:
     """When the scheduler first could not place the pod (else when the pod was created)."""
-    return parse_time(_scheduled_condition(pod).get("lastTransitionTime")) or parse_time(
-        (pod.get("metadata") or {}).get("creationTimestamp"))
+    return parse_time(pod.condition("PodScheduled").get("lastTransitionTime")) or pod.created_at
 
 
-def node_counts(spec: DDPJobSpec, nodes: Iterable[Pod]) -> dict[str, int]:
+def node_counts(spec: DDPJobSpec, nodes: Iterable[PodView]) -> dict[str, int]:
     """desired/scheduled/running/rendezvous counts over the current generation's node pods."""
-    active = [p for p in nodes if is_active(p)]
+    active = [p for p in nodes if p.active]
     return {
         "desiredReplicas": spec.desired_replicas,
         "scheduledReplicas": sum(1 for p in active if is_scheduled(p)),
-        "runningReplicas": sum(1 for p in active if pod_phase(p) == "Running"),
-        "rendezvousReplicas": sum(1 for p in active if is_ready(p)),
+        "runningReplicas": sum(1 for p in active if p.phase == "Running"),
+        "rendezvousReplicas": sum(1 for p in active if p.running_ready),
     }
 
 
-def unschedulable(nodes: Iterable[Pod]) -> list[str]:
+def unschedulable(nodes: Iterable[PodView]) -> list[str]:
     """status.unschedulable: '<pod>: <reason>: <message>' for each node pod waiting for the scheduler."""
-    return sorted(f"{pod_name_of(p)}: {r}" for p in nodes if (r := waiting_reason(p)))
+    return sorted(f"{p.name}: {r}" for p in nodes if (r := waiting_reason(p)))
 
 
-def overdue(spec: DDPJobSpec, nodes: Iterable[Pod], now: datetime) -> list[str]:
+def overdue(spec: DDPJobSpec, nodes: Iterable[PodView], now: datetime) -> list[str]:
     """Entries of `unschedulable` for pods that waited longer than pendingTimeoutSeconds."""
     timeout = spec.scheduling.pending_timeout_seconds
     late = [p for p in nodes if waiting_reason(p) and _waited(p, now) >= timeout]
     return unschedulable(late)
 
 
-def next_overdue_in(spec: DDPJobSpec, nodes: Iterable[Pod], now: datetime) -> float | None:
+def next_overdue_in(spec: DDPJobSpec, nodes: Iterable[PodView], now: datetime) -> float | None:
     """Seconds until the next waiting pod passes the timeout (a requeue: nothing else
     would wake the operator then); None when no pod is about to."""
     timeout = spec.scheduling.pending_timeout_seconds
@@ -85,7 +79,7 @@ def next_overdue_in(spec: DDPJobSpec, nodes: Iterable[Pod], now: datetime) -> fl
     return min(left) if left else None
 
 
-def _waited(pod: Pod, now: datetime) -> float:
+def _waited(pod: PodView, now: datetime) -> float:
     since = waiting_since(pod)
     return seconds_between(since, now) if since else 0.0
 

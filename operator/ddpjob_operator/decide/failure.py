@@ -7,19 +7,14 @@ operator (from Pod status) and `ddpjob run` (from local processes) decide alike.
 from __future__ import annotations
 
 import enum
-import json
 import signal
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.clock import parse_time
+from ddpjob_operator.decide.observed import PodView, read_progress
 
-# Failures that start within this many seconds of the current incident's first failure
-# belong to that incident: when node 0 (the c10d store host) dies, the other agents exit
-# within seconds, and that is one failure, not replicas-many.
-INCIDENT_WINDOW_SECONDS = 60.0
 
 DISRUPTION_REASONS = ("Evicted", "Preempting", "Preempted", "Shutdown", "NodeShutdown", "Terminated",
                       "DeletionByTaintManager", "NodeLost")  # the node went away, not the code
@@ -70,73 +65,13 @@ def signal_name(exit_code: int | None) -> str | None:
         return None
 
 
-def starts_new_incident(failed_at: datetime, started_at: datetime | None,
-                        incident_start: datetime | None) -> bool:
-    """Whether a failure opens a new incident (and so uses one restart of the budget).
-
-    It joins the current incident only when the failed node already existed when the
-    incident began (a cascade, e.g. agents losing node 0's store) and it failed within
-    INCIDENT_WINDOW_SECONDS of it. A replacement that fails again is always new:
-    otherwise a node crashing right after start would never use up the budget.
-
-    Args:
-        failed_at: when the node's process exited.
-        started_at: when the node (pod or local agent) was created; None if unknown.
-        incident_start: when the current incident began; None if there was none.
-    """
-    if incident_start is None:
-        return True
-    if started_at is not None and started_at > incident_start:
-        return True
-    return abs((failed_at - incident_start).total_seconds()) > INCIDENT_WINDOW_SECONDS
-
-
-# --- Reading a Pod ----------------------------------------------------------
-
-def _trainer_state(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    for status in statuses:
-        if status.get("name") == C.CONTAINER_NAME:
-            return status.get("state") or {}
-    return (statuses[0].get("state") or {}) if statuses else {}
-
-
-def pod_exit_code(pod: Mapping[str, Any]) -> int | None:
-    """Exit code of the trainer container, None while it runs or when unknown."""
-    terminated = _trainer_state(pod).get("terminated") or {}
-    code = terminated.get("exitCode")
-    return int(code) if code is not None else None
-
-
-def pod_finished_at(pod: Mapping[str, Any]) -> str | None:
-    """When the trainer container finished (RFC 3339), if the kubelet said."""
-    return (_trainer_state(pod).get("terminated") or {}).get("finishedAt")
-
-
-def pod_created_at(pod: Mapping[str, Any]) -> str | None:
-    """metadata.creationTimestamp (RFC 3339), if the API server set it."""
-    return (pod.get("metadata") or {}).get("creationTimestamp")
-
-
-def pod_reason(pod: Mapping[str, Any]) -> str | None:
-    """The Pod's status reason, else the container's termination reason."""
-    return (pod.get("status") or {}).get("reason") or (_trainer_state(pod).get("terminated") or {}).get("reason")
-
-
-def pod_disrupted(pod: Mapping[str, Any]) -> bool:
-    """The Pod carries DisruptionTarget=True (preempted, drained, tainted away)."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in conditions)
-
-
-def classify_pod(pod: Mapping[str, Any], permanent_exit_codes: Iterable[int] = ()) -> Outcome | None:
+def classify_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Outcome | None:
     """Outcome of a finished Pod; None while it is still pending or running."""
-    phase = (pod.get("status") or {}).get("phase")
-    if phase == "Succeeded":
+    if pod.phase == "Succeeded":
         return Outcome.SUCCEEDED
-    if phase != "Failed":
+    if pod.phase != "Failed":
         return None
-    return classify(pod_exit_code(pod), pod_reason(pod), disrupted=pod_disrupted(pod),
+    return classify(pod.exit_code, pod.reason, disrupted=pod.disruption is not None,
                     permanent_exit_codes=permanent_exit_codes)
 
 
@@ -161,126 +96,68 @@ class Diagnosis:
     message: str
 
 
-def diagnose_pod(pod: Mapping[str, Any], permanent_exit_codes: Iterable[int] = ()) -> Diagnosis | None:
+def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Diagnosis | None:
     """Why a Failed pod failed; None when it has not failed (pending, running, succeeded)."""
     outcome = classify_pod(pod, permanent_exit_codes)
     if outcome in (None, Outcome.SUCCEEDED):
         return None
-    disruption = _disruption_condition(pod)
-    reason = (disruption or {}).get("reason") or pod_reason(pod) or ""
+    disruption = pod.disruption
+    reason = (disruption or {}).get("reason") or pod.reason or ""
     if outcome == Outcome.DISRUPTION:
         cause = C.CAUSE_NODE_LOST if reason in NODE_LOST_REASONS else C.CAUSE_DISRUPTED
     elif outcome == Outcome.PERMANENT:
         cause = C.CAUSE_PERMANENT
     else:
-        cause = C.CAUSE_OOM if pod_reason(pod) == "OOMKilled" else C.CAUSE_ERROR
-    return Diagnosis(outcome, cause, pod_exit_code(pod), reason, _failure_message(pod, disruption))
+        cause = C.CAUSE_OOM if pod.reason == "OOMKilled" else C.CAUSE_ERROR
+    return Diagnosis(outcome, cause, pod.exit_code, reason, _failure_message(pod, disruption))
 
 
-def diagnose_deleted(pod: Mapping[str, Any]) -> Diagnosis | None:
+def diagnose_deleted(pod: PodView) -> Diagnosis | None:
     """A pod being deleted under a DisruptionTarget condition (drained, preempted, node gone)
     before it finished: a disruption worth reporting, though no failure is counted."""
-    disruption = _disruption_condition(pod)
-    if disruption is None or not (pod.get("metadata") or {}).get("deletionTimestamp"):
+    disruption = pod.disruption
+    if disruption is None or not pod.deleting:
         return None
     reason = disruption.get("reason") or ""
     cause = C.CAUSE_NODE_LOST if reason in NODE_LOST_REASONS else C.CAUSE_DISRUPTED
-    return Diagnosis(Outcome.DISRUPTION, cause, pod_exit_code(pod), reason, _failure_message(pod, disruption))
+    return Diagnosis(Outcome.DISRUPTION, cause, pod.exit_code, reason, _failure_message(pod, disruption))
 
 
-def _disruption_condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None)
-
-
-def _failure_message(pod: Mapping[str, Any], disruption: Mapping[str, Any] | None) -> str:
+def _failure_message(pod: PodView, disruption: Mapping[str, Any] | None) -> str:
     """DisruptionTarget's message, else the trainer's error from its progress record, else the
     kubelet's termination message (a log tail under FallbackToLogsOnError), else the pod's."""
-    terminated = _trainer_state(pod).get("terminated") or {}
-    record = read_progress(terminated.get("message"))
+    record = read_progress(pod.termination_message)
     text = ((disruption or {}).get("message") or (record or {}).get("error")
-            or ("" if record else terminated.get("message")) or (pod.get("status") or {}).get("message") or "")
+            or ("" if record else pod.termination_message) or pod.status_message or "")
     text = " ".join(str(text).split())
     return text if len(text) <= MESSAGE_CHARS else "..." + text[-(MESSAGE_CHARS - 3):]  # a log tail ends well
 
 
-def pod_waiting(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The trainer container's waiting state ({} when it is not waiting)."""
-    return _trainer_state(pod).get("waiting") or {}
-
-
-def diagnose_image_pull(pod: Mapping[str, Any], now: datetime, timeout_seconds: float) -> Diagnosis | None:
+def diagnose_image_pull(pod: PodView, now: datetime, timeout_seconds: float) -> Diagnosis | None:
     """A pod whose image cannot be pulled (see image_pull_stuck): permanent, cause ImagePull."""
     if not image_pull_stuck(pod, now, timeout_seconds):
         return None
-    waiting = pod_waiting(pod)
+    waiting = pod.waiting
     return Diagnosis(Outcome.PERMANENT, C.CAUSE_IMAGE_PULL, None, waiting.get("reason") or "",
                      waiting.get("message") or "")
 
 
-def image_pull_stuck(pod: Mapping[str, Any], now: datetime, timeout_seconds: float) -> bool:
+def image_pull_stuck(pod: PodView, now: datetime, timeout_seconds: float) -> bool:
     """The trainer image cannot be pulled: a name that can never work, or pull errors for
     longer than `timeout_seconds` after the pod was created (a registry outage may pass)."""
-    reason = pod_waiting(pod).get("reason")
+    reason = pod.waiting.get("reason")
     if reason in INVALID_IMAGE_REASONS:
         return True
     if reason not in IMAGE_PULL_REASONS:
         return False
-    created = parse_time(pod_created_at(pod))
-    return created is not None and (now - created).total_seconds() >= timeout_seconds
+    return pod.created_at is not None and (now - pod.created_at).total_seconds() >= timeout_seconds
 
 
-# --- Progress reported by the trainer (its termination message) -----------------------
-
-def read_progress(message: str | None) -> dict[str, Any] | None:
-    """The trainer's progress record in a termination message; None for anything else
-    (a log tail, an empty message). See ddpjob_trainer/termination.py for the format."""
-    if not message or not message.lstrip().startswith("{"):
-        return None
-    try:
-        record = json.loads(message)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and record.get("kind") == C.PROGRESS_RECORD_KIND else None
-
-
-def pod_progress(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Progress records in the trainer container's current and previous terminations."""
-    found = []
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") != C.CONTAINER_NAME:
-            continue
-        for key in ("state", "lastState"):
-            record = read_progress(((status.get(key) or {}).get("terminated") or {}).get("message"))
-            if record is not None:
-                found.append(record)
-    return found
-
-
-def snapshot_key(snapshot: Mapping[str, Any] | None) -> tuple[datetime, int] | None:
-    """Orders snapshots: by completion time, then step (a wiped volume restarts at step 0,
-    and the newest snapshot is what a resume uses, whatever its step)."""
-    if not snapshot or snapshot.get("step") is None:
-        return None
-    moment = parse_time(snapshot.get("time")) or datetime.min.replace(tzinfo=timezone.utc)
-    return moment, int(snapshot["step"])
-
-
-def newer_snapshot(candidate: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> bool:
-    """`candidate` was completed after `current` (any snapshot is newer than none)."""
-    new, old = snapshot_key(candidate), snapshot_key(current)
-    return new is not None and (old is None or new > old)
-
-
-# --- Restart budget by progress ------------------------------------------------------------
-
-
-def image_pull_check_in(pods: Iterable[Mapping[str, Any]], now: datetime, timeout_seconds: float) -> float | None:
+def image_pull_check_in(pods: Iterable[PodView], now: datetime, timeout_seconds: float) -> float | None:
     """Seconds until a pod now failing to pull its image passes the timeout (None: none is),
     so the job fails on time even if the kubelet reports nothing new meanwhile."""
     waits = []
     for pod in pods:
-        created = parse_time(pod_created_at(pod))
-        if pod_waiting(pod).get("reason") in IMAGE_PULL_REASONS and created is not None:
-            waits.append(max(timeout_seconds - (now - created).total_seconds(), 0.0))
+        if pod.waiting.get("reason") in IMAGE_PULL_REASONS and pod.created_at is not None:
+            waits.append(max(timeout_seconds - (now - pod.created_at).total_seconds(), 0.0))
     return min(waits) if waits else None

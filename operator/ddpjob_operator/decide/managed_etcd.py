@@ -19,42 +19,20 @@ job finishes (it holds nothing worth keeping), the Service goes with the job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import managed_etcd_name
 from ddpjob_operator.decide.actions import Action, CreatePod, CreateService, DeletePod
-from ddpjob_operator.decide.observed import is_deleting, pod_phase
+from ddpjob_operator.decide.observed import ObservedEtcd
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
-
-
-
-@dataclass(frozen=True)
-class ObservedEtcd:
-    """What the pass saw of the managed etcd."""
-
-    pod: Mapping[str, Any] | None  # the etcd pod, None when it does not exist
-    service_exists: bool
 
 
 def requested(body: Mapping[str, Any]) -> bool:
     """The body asks for a managed etcd (read before validation, to decide what to observe)."""
     ep = (body.get("spec") or {}).get("elasticPolicy") or {}
     return bool((ep.get("managedEtcd") or {}).get("enabled"))
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,
@@ -71,10 +49,10 @@ def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,
         return []
     pod, name = observed.pod, managed_etcd_name(ref.name)
     if phase in C.FINISHED_PHASES:
-        return [DeletePod(name, "the job finished")] if pod is not None and not is_deleting(pod) else []
+        return [DeletePod(name, "the job finished")] if pod is not None and not pod.deleting else []
     actions: list[Action] = [] if observed.service_exists else [CreateService(render_etcd_service(ref))]
     if pod is None:
         actions.append(CreatePod(render_etcd_pod(ref, spec)))
-    elif pod_phase(pod) in ("Failed", "Succeeded") and not is_deleting(pod):
+    elif pod.phase in ("Failed", "Succeeded") and not pod.deleting:
         actions.append(DeletePod(name, "replacing the failed managed etcd pod"))
     return actions

@@ -1,60 +1,249 @@
-"""Read the facts plan and status need from observed Pod dicts (pure helpers)."""
+"""What one pass observed, read once into typed, read-only views (pure).
+
+The only module of decide/ that reads Pod dicts: `view_pod` takes every fact a decision
+uses out of a Pod as the API returned it (labels, phase, conditions, the trainer
+container's state, its progress records), and `Observed` holds a pass's whole
+observation with the node pods sorted once, as JobSet sorts its child Jobs into
+active / successful / failed. Policies read `Observed` and `PodView`, never a dict.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
 from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import parse_time
 
 Pod = Mapping[str, Any]
+Node = Mapping[str, Any]
 ACTIVE_PHASES = ("Pending", "Running", "Unknown")  # a pod in these may still do work
 
 
-def pod_index(pod: Pod) -> int | None:
-    """Node index from the ddpjob.io/node-index label; None when absent or malformed."""
-    raw = ((pod.get("metadata") or {}).get("labels") or {}).get(C.LABEL_NODE_INDEX)
+@dataclass(frozen=True)
+class PodView:
+    """One observed pod: what the decisions read, taken from the dict once.
+
+    Times are parsed (None when the API left them out); `exit_code`, `finished_at`,
+    `termination` and `waiting` are the trainer container's (its current state).
+    """
+
+    name: str
+    uid: str = ""
+    index: int | None = None  # ddpjob.io/node-index; None when absent or malformed
+    generation: int = 0  # ddpjob.io/rdzv-generation; pods made before generations existed are 0
+    component: str = ""  # app.kubernetes.io/component: node, rdzv-store, etcd
+    phase: str = "Pending"  # status.phase; a pod without status is Pending (just created)
+    created_at: datetime | None = None
+    deletion_at: datetime | None = None  # metadata.deletionTimestamp: it is going away
+    node_name: str = ""  # spec.nodeName ('' while unscheduled)
+    ip: str = ""  # status.podIP
+    ports: Mapping[str, int] = field(default_factory=dict)  # the trainer container's named ports
+    ready: bool = False  # the Ready condition is True
+    conditions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # by type
+    status_reason: str | None = None  # status.reason (Evicted, ...)
+    status_message: str = ""
+    exit_code: int | None = None
+    finished_at: datetime | None = None
+    termination_reason: str | None = None  # OOMKilled, Error, ...
+    termination_message: str = ""
+    waiting: Mapping[str, Any] = field(default_factory=dict)  # the container's waiting state
+    progress: tuple[dict[str, Any], ...] = ()  # progress records in its current and previous terminations
+
+    @property
+    def deleting(self) -> bool:
+        """It has a deletionTimestamp: it must not be counted or reused."""
+        return self.deletion_at is not None
+
+    @property
+    def active(self) -> bool:
+        """Not deleting and not finished: it may still do work."""
+        return not self.deleting and self.phase in ACTIVE_PHASES
+
+    @property
+    def running_ready(self) -> bool:
+        """Running with the Ready condition True (its agent is in the rendezvous)."""
+        return self.active and self.phase == "Running" and self.ready
+
+    @property
+    def is_store(self) -> bool:
+        """The job's dedicated c10d store pod."""
+        return self.component == C.COMPONENT_RDZV_STORE
+
+    @property
+    def reason(self) -> str | None:
+        """The Pod's status reason, else the container's termination reason."""
+        return self.status_reason or self.termination_reason
+
+    def condition(self, type_: str) -> Mapping[str, Any]:
+        """The condition of that type ({} when absent)."""
+        return self.conditions.get(type_) or {}
+
+    @property
+    def disruption(self) -> Mapping[str, Any] | None:
+        """DisruptionTarget=True (preempted, drained, tainted away), else None."""
+        condition = self.condition("DisruptionTarget")
+        return condition if condition.get("status") == "True" else None
+
+
+def view_pod(pod: Pod) -> PodView:
+    """Every fact the decisions read from one Pod dict."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    container = _trainer_status(status)
+    terminated = (container.get("state") or {}).get("terminated") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+    code = terminated.get("exitCode")
+    return PodView(
+        name=meta.get("name") or "", uid=meta.get("uid") or "", index=_number(labels.get(C.LABEL_NODE_INDEX)),
+        generation=_number(labels.get(C.LABEL_RDZV_GENERATION)) or 0, component=labels.get(C.LABEL_COMPONENT) or "",
+        phase=status.get("phase") or "Pending", created_at=parse_time(meta.get("creationTimestamp")),
+        deletion_at=parse_time(meta.get("deletionTimestamp")), node_name=spec.get("nodeName") or "",
+        ip=status.get("podIP") or "", ports=_ports(spec),
+        ready=(conditions.get("Ready") or {}).get("status") == "True", conditions=conditions,
+        status_reason=status.get("reason"), status_message=status.get("message") or "",
+        exit_code=int(code) if code is not None else None, finished_at=parse_time(terminated.get("finishedAt")),
+        termination_reason=terminated.get("reason"), termination_message=terminated.get("message") or "",
+        waiting=(container.get("state") or {}).get("waiting") or {}, progress=_progress_records(container),
+    )
+
+
+def view_pods(pods: Iterable[Pod]) -> tuple[PodView, ...]:
+    return tuple(view_pod(p) for p in pods)
+
+
+def _number(raw: Any) -> int | None:
     return int(raw) if isinstance(raw, str) and raw.isdigit() else None
 
 
-def pod_uid(pod: Pod) -> str:
-    """metadata.uid ('' when the emulator or a test left it out)."""
-    return (pod.get("metadata") or {}).get("uid") or ""
+def _trainer_status(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = status.get("containerStatuses") or []
+    found = next((s for s in statuses if s.get("name") == C.CONTAINER_NAME), None)
+    return found or (statuses[0] if statuses else {})
 
 
-def pod_name_of(pod: Pod) -> str:
-    """metadata.name."""
-    return (pod.get("metadata") or {}).get("name") or ""
+def _ports(spec: Mapping[str, Any]) -> dict[str, int]:
+    container = next((c for c in spec.get("containers") or [] if c.get("name") == C.CONTAINER_NAME), {})
+    return {p["name"]: p.get("containerPort") for p in container.get("ports") or [] if p.get("name")}
 
 
-def pod_phase(pod: Pod) -> str:
-    """status.phase; a pod without status is Pending (just created)."""
-    return (pod.get("status") or {}).get("phase") or "Pending"
+def _progress_records(container: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The trainer's progress records in the container's current and previous terminations."""
+    if container.get("name") != C.CONTAINER_NAME:
+        return ()
+    messages = [((container.get(key) or {}).get("terminated") or {}).get("message") for key in ("state", "lastState")]
+    return tuple(r for r in map(read_progress, messages) if r is not None)
 
 
-def is_deleting(pod: Pod) -> bool:
-    """The pod has a deletionTimestamp: it is going away and must not be counted or reused."""
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+def read_progress(message: str | None) -> dict[str, Any] | None:
+    """The trainer's progress record in a termination message; None for anything else
+    (a log tail, an empty message). See ddpjob_trainer/termination.py for the format."""
+    if not message or not message.lstrip().startswith("{"):
+        return None
+    try:
+        record = json.loads(message)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("kind") == C.PROGRESS_RECORD_KIND else None
 
 
-def is_active(pod: Pod) -> bool:
-    """Not deleting and not finished."""
-    return not is_deleting(pod) and pod_phase(pod) in ACTIVE_PHASES
+def node_state(node: Node | None) -> str:
+    """'Ready', 'NotReady', 'Unknown' (the node controller lost its heartbeats) or 'gone'."""
+    if node is None:
+        return "gone"
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+    return {"True": "Ready", "False": "NotReady"}.get(ready.get("status"), "Unknown")
 
 
-def is_ready(pod: Pod) -> bool:
-    """Running with the Ready condition True."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return is_active(pod) and pod_phase(pod) == "Running" and ready
+@dataclass(frozen=True)
+class ObservedEtcd:
+    """What the pass saw of the job's managed etcd."""
+
+    pod: PodView | None  # the etcd pod, None when it does not exist
+    service_exists: bool
 
 
-def current_pods(pods: Iterable[Pod], replicas: int) -> list[Pod]:
-    """Pods with a node index below `replicas` that are not being deleted."""
-    return [p for p in pods if not is_deleting(p) and (pod_index(p) is not None)
-            and pod_index(p) < replicas]
+@dataclass(frozen=True)
+class Observed:
+    """Everything one pass observed, sorted once; every decision reads this.
+
+    Attributes:
+        pods: the job's pods (node pods of every generation and the store pod).
+        service_exists: the job's headless Service exists.
+        live_progress: progress records read from running pods' endpoints this pass.
+        managed_etcd: the job's managed etcd (None when it asks for none).
+        nodes: Node objects (None: gone) of pods past their deletionTimestamp, by name; a node
+            left out is unknown, and its pods are not force-deleted.
+    """
+
+    pods: tuple[PodView, ...] = ()
+    service_exists: bool = True
+    live_progress: tuple[Mapping[str, Any], ...] = ()
+    managed_etcd: ObservedEtcd | None = None
+    nodes: Mapping[str, Node | None] = field(default_factory=dict)
+
+    @cached_property
+    def node_pods(self) -> tuple[PodView, ...]:
+        """Every pod but the store pod, of every generation."""
+        return tuple(p for p in self.pods if not p.is_store)
+
+    @cached_property
+    def store(self) -> PodView | None:
+        """The store pod that is not being deleted, if any."""
+        return next((p for p in self.pods if p.is_store and not p.deleting), None)
+
+    @cached_property
+    def stores(self) -> tuple[PodView, ...]:
+        """Every store pod, deleting ones included."""
+        return tuple(p for p in self.pods if p.is_store)
+
+    def of_generation(self, generation: int, replicas: int) -> NodeGroups:
+        """The node pods sorted for rendezvous generation `generation` and `replicas` nodes."""
+        return NodeGroups.sort(self.pods, generation, replicas)
 
 
-def is_store_pod(pod: Mapping[str, Any]) -> bool:
-    """The pod is a job's dedicated rendezvous store."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get(C.LABEL_COMPONENT) == C.COMPONENT_RDZV_STORE
+@dataclass(frozen=True)
+class NodeGroups:
+    """The pods of one rendezvous generation, sorted once (JobSet's childJobs).
+
+    Attributes:
+        live: the pods that still count: this generation's node pods and the store pod.
+        stale: node pods of an older generation (they must go, never rejoin).
+        current: live node pods with an index below replicas, not being deleted.
+        extra: live node pods at or above replicas (or without an index), not deleting.
+    """
+
+    live: tuple[PodView, ...]
+    stale: tuple[PodView, ...]
+    current: tuple[PodView, ...]
+    extra: tuple[PodView, ...]
+
+    @classmethod
+    def sort(cls, pods: Iterable[PodView], generation: int, replicas: int) -> NodeGroups:
+        pods = tuple(pods)
+        stale = tuple(p for p in pods if not p.is_store and p.index is not None and p.generation < generation)
+        live = tuple(p for p in pods if p.is_store or p.index is None or p.generation >= generation)
+        nodes = [p for p in live if not p.is_store and not p.deleting]
+        current = tuple(p for p in nodes if p.index is not None and p.index < replicas)
+        extra = tuple(p for p in nodes if p.index is None or p.index >= replicas)
+        return cls(live, stale, current, extra)
+
+    @cached_property
+    def running(self) -> tuple[PodView, ...]:
+        return tuple(p for p in self.current if p.active and p.phase == "Running")
+
+    @cached_property
+    def succeeded(self) -> tuple[PodView, ...]:
+        return tuple(p for p in self.current if p.phase == "Succeeded")
+
+    @cached_property
+    def failed(self) -> tuple[PodView, ...]:
+        return tuple(p for p in self.current if p.phase == "Failed")
+
+    @property
+    def training_over(self) -> bool:
+        """A node succeeded: training is done and torchrun cannot rejoin a closed rendezvous."""
+        return bool(self.succeeded)

@@ -28,38 +28,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from ddpjob_operator.decide import capacity, topology
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time, seconds_between
 from ddpjob_operator.api.names import pod_name
-from ddpjob_operator.decide.observed import current_pods, is_active, is_deleting, pod_index, pod_name_of, pod_phase
-from ddpjob_operator.decide.observed import is_store_pod
-from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
-from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.decide import capacity, topology
 from ddpjob_operator.decide.actions import (
     Action, CreatePod, CreateService, DeleteJob, DeletePod, Requeue, with_one_requeue
 )
 from ddpjob_operator.decide.budget import replacement_delay
+from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
+from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 
 DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted name terminates
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any],
-                 pods: Iterable[Mapping[str, Any]], now: datetime, *,
-                 service_exists: bool) -> list[Action]:
+                 observed: Observed, now: datetime) -> list[Action]:
     """The actions that move the cluster toward the spec.
 
     Args:
@@ -67,42 +53,38 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
         spec: the parsed spec; None when invalid (no actions).
         status: the status computed for this pass by status.compute_status (phase,
             restarts, lastFailureTime, completionTime, startTime, rendezvousGeneration).
-        pods: the job's observed pods.
+        observed: what the pass observed (the job's pods, whether its Service exists).
         now: the current time.
-        service_exists: whether the job's Service was observed.
     """
-    pods = list(pods)
     if spec is None:
         return []
     phase = status.get("phase")
     if phase in C.FINISHED_PHASES:
-        return _finished(spec, status, pods, now)
+        return _finished(spec, status, observed.pods, now)
     if phase == C.PHASE_SUSPENDED or spec.run_policy.suspend:
-        return [DeletePod(pod_name_of(p), "the job is suspended") for p in pods if not is_deleting(p)]
-    actions: list[Action] = [] if service_exists else [CreateService(render_service(ref, spec))]
+        return [DeletePod(p.name, "the job is suspended") for p in observed.pods if not p.deleting]
+    actions: list[Action] = [] if observed.service_exists else [CreateService(render_service(ref, spec))]
     generation = topology.generation_of(status)
-    stale = [p for p in pods if topology.is_stale(p, generation)]
-    actions += [DeletePod(pod_name_of(p), f"a whole-group restart began rendezvous generation {generation}")
-                for p in stale if not is_deleting(p)]
-    pods = topology.without_stale(pods, generation)
-    actions += _scale_down(spec, pods)
-    actions += _replace_failed(spec, pods)
-    actions += _store(ref, spec, pods)
-    if stale or (spec.elastic_policy.store_on_pod and topology.store_pod(pods) is None):
+    groups = observed.of_generation(generation, spec.desired_replicas)
+    actions += [DeletePod(p.name, f"a whole-group restart began rendezvous generation {generation}")
+                for p in groups.stale if not p.deleting]
+    actions += _scale_down(spec, groups)
+    actions += _replace_failed(groups)
+    actions += _store(ref, spec, observed, groups)
+    if groups.stale or (spec.elastic_policy.store_on_pod and observed.store is None):
         actions.append(Requeue(DELETION_POLL_SECONDS))  # the old group goes, or the store comes, first
     else:
-        actions += _create_missing(ref, spec, status, pods, now)
-    actions += _pending_requeue(spec, pods, now)
+        actions += _create_missing(ref, spec, status, groups, now)
+    actions += _pending_requeue(spec, groups, now)
     return with_one_requeue(actions + _deadline_requeue(spec, status, now))
 
 
-def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: list[Mapping[str, Any]],
+def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: Iterable[PodView],
               now: datetime) -> list[Action]:
     policy = spec.run_policy.clean_pod_policy
-    doomed = [p for p in pods if not is_deleting(p)
-              and (policy == "All" or (policy == "Running" and is_active(p)) or (is_store_pod(p) and is_active(p)))]
-    actions: list[Action] = [DeletePod(pod_name_of(p), f"the job finished (cleanPodPolicy {policy})")
-                             for p in doomed]
+    doomed = [p for p in pods if not p.deleting
+              and (policy == "All" or (policy == "Running" and p.active) or (p.is_store and p.active))]
+    actions: list[Action] = [DeletePod(p.name, f"the job finished (cleanPodPolicy {policy})") for p in doomed]
     ttl, done = spec.run_policy.ttl_seconds_after_finished, parse_time(status.get("completionTime"))
     if ttl is not None and done is not None:
         left = ttl - seconds_between(done, now)
@@ -110,32 +92,24 @@ def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: list[Mapping[st
     return actions
 
 
-def _scale_down(spec: DDPJobSpec, pods: list[Mapping[str, Any]]) -> list[Action]:
-    extra = [p for p in pods if not is_deleting(p) and not is_store_pod(p)
-             and (pod_index(p) is None or pod_index(p) >= spec.desired_replicas)]
-    return [DeletePod(pod_name_of(p), f"node index is not below spec.replicas ({spec.desired_replicas})")
-            for p in sorted(extra, key=lambda p: -(pod_index(p) or 0))]
+def _scale_down(spec: DDPJobSpec, groups: NodeGroups) -> list[Action]:
+    return [DeletePod(p.name, f"node index is not below spec.replicas ({spec.desired_replicas})")
+            for p in sorted(groups.extra, key=lambda p: -(p.index or 0))]
 
 
-def _replace_failed(spec: DDPJobSpec, pods: list[Mapping[str, Any]]) -> list[Action]:
-    if _training_over(spec, pods):
+def _replace_failed(groups: NodeGroups) -> list[Action]:
+    if groups.training_over:
         return []
-    return [DeletePod(pod_name_of(p), "replacing a failed node pod")
-            for p in current_pods(pods, spec.desired_replicas) if pod_phase(p) == "Failed"]
-
-
-def _training_over(spec: DDPJobSpec, pods: list[Mapping[str, Any]]) -> bool:
-    return any(pod_phase(p) == "Succeeded" for p in current_pods(pods, spec.desired_replicas))
+    return [DeletePod(p.name, "replacing a failed node pod") for p in groups.failed]
 
 
 def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
-                    pods: list[Mapping[str, Any]], now: datetime) -> list[Action]:
-    if _training_over(spec, pods):
+                    groups: NodeGroups, now: datetime) -> list[Action]:
+    if groups.training_over:
         return []
-    taken = {pod_name_of(p) for p in pods}  # a name is reusable only once the old pod is gone
+    taken = {p.name for p in groups.live}  # a name is reusable only once the old pod is gone
     missing = [i for i in range(spec.desired_replicas) if pod_name(ref.name, i) not in taken]
-    failed = [p for p in current_pods(pods, spec.desired_replicas) if pod_phase(p) == "Failed"]
-    waiting_for_deletion = any(is_deleting(p) for p in pods) or bool(failed)
+    waiting_for_deletion = any(p.deleting for p in groups.live) or bool(groups.failed)
     delay = replacement_delay(spec, status, now)
     if missing and delay > 0:
         return [Requeue(delay)]
@@ -146,22 +120,21 @@ def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
     return actions
 
 
-def _store(ref: JobRef, spec: DDPJobSpec, pods: list[Mapping[str, Any]]) -> list[Action]:
+def _store(ref: JobRef, spec: DDPJobSpec, observed: Observed, groups: NodeGroups) -> list[Action]:
     """Create the dedicated store pod (and its Service, create-or-skip) when there is none;
     delete a failed one (topology.py already turned its loss into a group restart)."""
-    if not spec.elastic_policy.store_on_pod or _training_over(spec, pods):
+    if not spec.elastic_policy.store_on_pod or groups.training_over:
         return []
-    stores = [p for p in pods if is_store_pod(p)]
-    actions: list[Action] = [DeletePod(pod_name_of(p), "replacing the failed rendezvous store pod")
-                             for p in stores if not is_deleting(p) and pod_phase(p) in ("Failed", "Succeeded")]
-    if not stores:
+    actions: list[Action] = [DeletePod(p.name, "replacing the failed rendezvous store pod")
+                             for p in observed.stores if not p.deleting and p.phase in ("Failed", "Succeeded")]
+    if not observed.stores:
         actions += [CreateService(render_store_service(ref, spec)), CreatePod(render_store_pod(ref, spec))]
     return actions
 
 
-def _pending_requeue(spec: DDPJobSpec, pods: list[Mapping[str, Any]], now: datetime) -> list[Action]:
+def _pending_requeue(spec: DDPJobSpec, groups: NodeGroups, now: datetime) -> list[Action]:
     """Look again when a waiting node pod passes scheduling.pendingTimeoutSeconds."""
-    after = capacity.next_overdue_in(spec, current_pods(pods, spec.desired_replicas), now)
+    after = capacity.next_overdue_in(spec, groups.current, now)
     return [Requeue(after)] if after is not None else []
 
 

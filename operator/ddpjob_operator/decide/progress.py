@@ -25,24 +25,18 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
-from ddpjob_operator.decide.failure import (
-    Diagnosis,
-    diagnose_deleted,
-    diagnose_pod,
-    newer_snapshot,
-    pod_finished_at,
-    pod_progress,
-)
-from ddpjob_operator.decide.observed import pod_index, pod_name_of, pod_uid
+from ddpjob_operator.decide.failure import Diagnosis, diagnose_deleted, diagnose_pod
+from ddpjob_operator.decide.budget import newer_snapshot
+from ddpjob_operator.decide.observed import PodView
 
 SNAPSHOT_KEYS = ("epoch", "step", "time", "path")  # status.lastSnapshot (the contract's fields)
 
 
-def ingest(pods: Iterable[Mapping[str, Any]], status: dict[str, Any],
+def ingest(pods: Iterable[PodView], status: dict[str, Any],
            live: Iterable[Mapping[str, Any]] = ()) -> None:
     """Update lastSnapshot and recovery from every record found (in the pods' termination
     messages, and ``live`` ones read from running pods); idempotent per record."""
-    records = [r for pod in pods for r in pod_progress(pod)] + list(live)
+    records = [r for pod in pods for r in pod.progress] + list(live)
     for record in records:
         snapshot = record.get("snapshot")
         if isinstance(snapshot, Mapping) and newer_snapshot(snapshot, status.get("lastSnapshot")):
@@ -78,8 +72,8 @@ def _take_resume(resume: Mapping[str, Any], status: dict[str, Any]) -> None:
 
 # --- status.failures ------------------------------------------------------------------------
 
-def note_failures(pods: Iterable[Mapping[str, Any]], status: dict[str, Any], now: datetime,
-                  permanent_exit_codes: Iterable[int] = ()) -> list[tuple[Mapping[str, Any], Diagnosis]]:
+def note_failures(pods: Iterable[PodView], status: dict[str, Any], now: datetime,
+                  permanent_exit_codes: Iterable[int] = ()) -> list[tuple[PodView, Diagnosis]]:
     """Add failed and disrupted pods not listed yet to status.failures (newest last, at most
     C.MAX_FAILURES_KEPT); returns the new ones."""
     new = []
@@ -90,17 +84,17 @@ def note_failures(pods: Iterable[Mapping[str, Any]], status: dict[str, Any], now
     return new
 
 
-def add_failure(status: dict[str, Any], pod: Mapping[str, Any], diagnosis: Diagnosis, now: datetime) -> bool:
+def add_failure(status: dict[str, Any], pod: PodView, diagnosis: Diagnosis, now: datetime) -> bool:
     """List `pod` in status.failures unless it is there already (by uid); True when added."""
     failures = list(status.get("failures") or [])
-    if pod_uid(pod) in {f.get("podUID") for f in failures}:
+    if pod.uid in {f.get("podUID") for f in failures}:
         return False
     status["failures"] = (failures + [failure_entry(pod, diagnosis, now)])[-C.MAX_FAILURES_KEPT:]
     return True
 
 
-def failure_entry(pod: Mapping[str, Any], diagnosis: Diagnosis, now: datetime) -> dict[str, Any]:
-    entry = {"index": pod_index(pod), "pod": pod_name_of(pod), "podUID": pod_uid(pod), "cause": diagnosis.cause,
+def failure_entry(pod: PodView, diagnosis: Diagnosis, now: datetime) -> dict[str, Any]:
+    entry = {"index": pod.index, "pod": pod.name, "podUID": pod.uid, "cause": diagnosis.cause,
              "exitCode": diagnosis.exit_code, "reason": diagnosis.reason or None,
-             "message": diagnosis.message or None, "time": pod_finished_at(pod) or format_time(now)}
+             "message": diagnosis.message or None, "time": format_time(pod.finished_at or now)}
     return {k: v for k, v in entry.items() if v is not None}

@@ -1,19 +1,19 @@
-"""One reconciliation pass as a pure function: body + observed pods + now ->
-(status, events, actions). The kopf handlers call this and execute the result."""
+"""One reconciliation pass as a pure function: body + what was observed + now ->
+(status, events, actions). The controller (or a test) observes, calls this and executes the result."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.failure import image_pull_check_in
-from ddpjob_operator.decide.managed_etcd import ObservedEtcd, plan_managed_etcd
-from ddpjob_operator.decide.actions import Action, with_one_requeue
-from ddpjob_operator.decide.plan import plan_actions
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
-from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
+from ddpjob_operator.decide.failure import image_pull_check_in
+from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
+from ddpjob_operator.decide.observed import Observed
+from ddpjob_operator.decide.plan import plan_actions
 from ddpjob_operator.decide.status import compute_status
 from ddpjob_operator.decide.stuck import with_force_deletions
 
@@ -29,32 +29,22 @@ class Reconciliation:
     errors: list[FieldError] = field(default_factory=list)
 
 
-def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime, *,
-              service_exists: bool, live_progress: Iterable[Mapping[str, Any]] = (),
-              managed_etcd: ObservedEtcd | None = None,
-              nodes: Mapping[str, Any] | None = None) -> Reconciliation:
+def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
         body: the DDPJob object (metadata, spec, status).
-        pods: the job's pods, listed fresh for this pass.
+        observed: what the pass observed, read once (decide/observed.py).
         now: the current time.
-        service_exists: whether the job's Service exists.
-        live_progress: progress records read from running pods this pass.
-        managed_etcd: the job's managed etcd as observed (None when the job asks for none).
-        nodes: Node objects (None: gone) of the pods past their deletionTimestamp, by name;
-            a node left out is unknown and its pods are not force-deleted.
     """
-    pods = list(pods)
     ref = JobRef.from_body(body)
     errors = validate_job(body)
     spec = None if errors else DDPJobSpec.model_validate(body.get("spec") or {})
-    update = compute_status(ref, spec, pods, body.get("status"), now, errors=errors,
-                            live_progress=live_progress)
-    actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
-    actions = plan_managed_etcd(ref, spec, update.status.get("phase"), managed_etcd) + actions
-    actions, forced = with_force_deletions(spec, pods, nodes or {}, now, actions)
+    update = compute_status(ref, spec, observed, body.get("status"), now, errors=errors)
+    actions = plan_actions(ref, spec, update.status, observed, now)
+    actions = plan_managed_etcd(ref, spec, update.status.get("phase"), observed.managed_etcd) + actions
+    actions, forced = with_force_deletions(spec, observed.pods, observed.nodes, now, actions)
     if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES:
-        actions = with_one_requeue(actions, image_pull_check_in(pods, now, spec.failure_policy.image_pull_timeout_seconds))
+        pull_wait = image_pull_check_in(observed.pods, now, spec.failure_policy.image_pull_timeout_seconds)
+        actions = with_one_requeue(actions, pull_wait)
     return Reconciliation(update.status, update.events + forced, actions, spec, errors)
-

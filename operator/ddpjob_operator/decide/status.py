@@ -7,7 +7,7 @@ Kubernetes convention: lastTransitionTime moves only when a condition's status f
 
 Failure bookkeeping lives in the status so that a pass is idempotent:
 `handledFailures` holds the uids of failed pods already counted (pruned to pods
-still observed), `restarts` counts failure incidents (see failure.starts_new_incident:
+still observed), `restarts` counts failure incidents (see budget.starts_new_incident:
 nodes that were running when an incident began and fail within a minute join it;
 a replacement that fails again always opens a new one),
 `lastFailureTime` is when the current incident began; plan.py waits
@@ -23,30 +23,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from ddpjob_operator.decide import capacity, progress, topology
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
-from ddpjob_operator.decide.failure import (
-    INVALID_IMAGE_REASONS,
-    Outcome,
-    classify_pod,
-    describe_exit,
-    diagnose_image_pull,
-    diagnose_pod,
-    pod_created_at,
-    pod_exit_code,
-    pod_finished_at,
-    pod_reason,
-)
+from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
+from ddpjob_operator.decide import capacity, progress, topology
+from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.budget import (
     failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
 )
-from ddpjob_operator.decide.observed import (
-    current_pods, is_active, is_ready, pod_index, pod_name_of, pod_phase, pod_uid
+from ddpjob_operator.decide.failure import (
+    INVALID_IMAGE_REASONS, Outcome, classify_pod, describe_exit, diagnose_image_pull, diagnose_pod
 )
+from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
 from ddpjob_operator.render.common import selector
-from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
-from ddpjob_operator.decide.actions import Event
 
 
 @dataclass(frozen=True)
@@ -67,28 +56,28 @@ class _Verdict:
     events: list[Event] = field(default_factory=list)
 
 
-def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[str, Any]],
+def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
                    previous: Mapping[str, Any] | None, now: datetime, *,
-                   errors: Iterable[FieldError] = (),
-                   live_progress: Iterable[Mapping[str, Any]] = ()) -> StatusUpdate:
+                   errors: Iterable[FieldError] = ()) -> StatusUpdate:
     """The status after one observation.
 
     Args:
         ref: the job's identity (generation becomes observedGeneration).
         spec: the parsed spec, or None when it is invalid (then `errors` says why).
-        pods: the job's pods as the API returned them.
+        observed: what the pass observed: the job's pods, and the progress records read
+            from running pods (taken like those in termination messages).
         previous: the status stored on the object (None or {} for a new job).
         now: the current time (tests pass a fixed clock).
         errors: validation errors of the spec; non-empty means InvalidSpec.
-        live_progress: progress records read from running pods (live_progress.py), taken
-            like those in termination messages.
     """
-    pods, prev, errors = list(pods), dict(previous or {}), list(errors)
+    prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
-    progress.ingest(pods, status, live_progress)  # before failures: the failed pods' records tell if training progressed
-    status.update(_counts(ref, spec, topology.node_pods(pods)))
+    # Before failures: the failed pods' records tell whether training progressed.
+    progress.ingest(observed.pods, status, observed.live_progress)
+    status.update(_counts(ref, spec, observed.node_pods))
     status["observedGeneration"] = ref.generation
-    live = topology.without_stale(pods, topology.generation_of(status))
+    replicas = spec.desired_replicas if spec is not None else 0
+    groups = observed.of_generation(topology.generation_of(status), replicas)
     if errors or spec is None:
         verdict = _invalid(errors)
     elif prev.get("phase") in C.FINISHED_PHASES and prev.get("completionTime"):
@@ -98,18 +87,18 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
         verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED)
     else:
         status["startTime"] = status.get("startTime") or format_time(now)
-        noted = _note_failures(spec, pods, status, now)  # every pod, the old generation's too
-        restart = topology.begin_group_restart(ref.name, spec, pods, status, now)
-        live = topology.without_stale(pods, topology.generation_of(status))
-        verdict = _active_verdict(spec, live, status, now, prev.get("phase"))
+        noted = _note_failures(spec, observed.pods, status, now)  # every pod, the old generation's too
+        restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
+        groups = observed.of_generation(topology.generation_of(status), replicas)
+        verdict = _active_verdict(spec, groups, status, now, prev.get("phase"))
         verdict.events[:0] = noted
         if restart:
             verdict = _group_restart_verdict(verdict, restart, prev.get("phase"))
     if spec is not None and not errors:
-        status.update(_capacity_counts(spec, live))
+        status.update(_capacity_counts(spec, groups))
     update = _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
     if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
-        _report_capacity(update, prev, spec, live, now)
+        _report_capacity(update, prev, spec, groups, now)
     return update
 
 
@@ -123,19 +112,20 @@ def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     return status
 
 
-def _counts(ref: JobRef, spec: DDPJobSpec | None, pods: list[Mapping[str, Any]]) -> dict[str, Any]:
-    ready = sum(1 for p in pods if is_ready(p))
+def _counts(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[PodView]) -> dict[str, Any]:
+    pods = tuple(pods)
+    ready = sum(1 for p in pods if p.running_ready)
     desired = spec.desired_replicas if spec else 0
     return {
-        "replicas": sum(1 for p in pods if is_active(p)),
+        "replicas": sum(1 for p in pods if p.active),
         "readyReplicas": ready,
         "ready": f"{ready}/{desired}",
         "selector": selector(ref.name),
     }
 
 
-def _capacity_counts(spec: DDPJobSpec, live: list[Mapping[str, Any]]) -> dict[str, Any]:
-    current = current_pods(live, spec.desired_replicas)
+def _capacity_counts(spec: DDPJobSpec, groups: NodeGroups) -> dict[str, Any]:
+    current = groups.current
     return {**capacity.node_counts(spec, current), "unschedulable": capacity.unschedulable(current) or None}
 
 
@@ -151,14 +141,14 @@ def _group_restart_verdict(verdict: _Verdict, restart: topology.GroupRestart, pr
 
 
 def _report_capacity(update: StatusUpdate, prev: Mapping[str, Any], spec: DDPJobSpec,
-                     live: list[Mapping[str, Any]], now: datetime) -> None:
+                     groups: NodeGroups, now: datetime) -> None:
     """The NodesUnschedulable condition, and an Event when it flips."""
-    current = current_pods(live, spec.desired_replicas)
+    current = groups.current
     late, now_s = capacity.overdue(spec, current, now), format_time(now)
     old = next((c for c in prev.get("conditions") or [] if c.get("type") == C.COND_NODES_UNSCHEDULABLE), {})
     conditions = update.status.get("conditions") or []
     if late:
-        running = sum(1 for p in current if is_active(p) and pod_phase(p) == "Running")
+        running = len(groups.running)
         message = C.MSG_UNSCHEDULABLE.format(count=len(late), timeout=spec.scheduling.pending_timeout_seconds,
                                              effect=capacity.capacity_effect(spec, running), pods="; ".join(late))
         update.status["conditions"] = set_condition(conditions, C.COND_NODES_UNSCHEDULABLE, "True",
@@ -176,10 +166,10 @@ def _invalid(errors: list[FieldError]) -> _Verdict:
     return _Verdict(C.PHASE_FAILED, C.REASON_INVALID_SPEC, message)
 
 
-def _active_verdict(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any],
+def _active_verdict(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any],
                     now: datetime, prev_phase: str | None) -> _Verdict:
     """Phase of a job that is neither invalid, finished nor suspended."""
-    failure = _record_failures(spec, pods, status, now)
+    failure = _record_failures(spec, groups, status, now)
     if failure.phase == C.PHASE_FAILED:
         return failure
     deadline = spec.run_policy.active_deadline_seconds
@@ -187,10 +177,9 @@ def _active_verdict(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dic
     if deadline and started and seconds_between(started, now) >= deadline:
         return _with_events(failure, _Verdict(C.PHASE_FAILED, C.REASON_DEADLINE,
                                               C.MSG_DEADLINE.format(deadline=deadline)))
-    current = current_pods(pods, spec.desired_replicas)
-    succeeded = [p for p in current if pod_phase(p) == "Succeeded"]
+    current, succeeded = groups.current, groups.succeeded
     # Pending pods do not hold completion up: they can never join the closed rendezvous.
-    if succeeded and not any(is_active(p) and pod_phase(p) != "Pending" for p in current):
+    if succeeded and not any(p.active and p.phase != "Pending" for p in current):
         return _with_events(failure, _Verdict(C.PHASE_SUCCEEDED, C.REASON_SUCCEEDED,
                                               C.MSG_SUCCEEDED.format(count=len(succeeded))))
     if succeeded:  # torchrun agents finish together; wait for the rest to exit
@@ -206,15 +195,15 @@ def _with_events(source: _Verdict, target: _Verdict) -> _Verdict:
     return target
 
 
-def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any],
+def _record_failures(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any],
                      now: datetime) -> _Verdict:
     """Count failed pods not seen before; Failed when one is permanent or the budget is spent."""
-    observed = {pod_uid(p) for p in pods}
+    observed = {p.uid for p in groups.live}
     handled = [uid for uid in status["handledFailures"] if uid in observed]
     verdict = _Verdict("", "", "")
     fp = spec.failure_policy
-    for pod in current_pods(pods, spec.desired_replicas):
-        uid = pod_uid(pod)
+    for pod in groups.current:
+        uid = pod.uid
         outcome = classify_pod(pod, fp.permanent_exit_codes)
         if outcome in (None, Outcome.SUCCEEDED) or uid in handled:
             continue
@@ -225,19 +214,19 @@ def _record_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: di
     if verdict.phase != C.PHASE_FAILED:
         _check_budget(spec, status, verdict)
     if verdict.phase != C.PHASE_FAILED:
-        _check_image_pull(spec, pods, status, now, verdict)
+        _check_image_pull(spec, groups, status, now, verdict)
     return verdict
 
 
-def _note_failures(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any],
+def _note_failures(spec: DDPJobSpec, pods: Iterable[PodView], status: dict[str, Any],
                    now: datetime) -> list[Event]:
     """List every failed or disrupted pod in status.failures; a pod deleted under a
     DisruptionTarget before it failed (drained, preempted, its node lost) gets its only Event here."""
     events = []
     for pod, diagnosis in progress.note_failures(pods, status, now, spec.failure_policy.permanent_exit_codes):
-        if pod_phase(pod) != "Failed":
+        if pod.phase != "Failed":
             events.append(Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED, C.MSG_NODE_DISRUPTED.format(
-                what=f"node pod {pod_name_of(pod)} is being deleted ({diagnosis.reason or diagnosis.cause})")))
+                what=f"node pod {pod.name} is being deleted ({diagnosis.reason or diagnosis.cause})")))
     return events
 
 
@@ -258,10 +247,10 @@ def _last_failure(status: Mapping[str, Any]) -> str:
     return f"node pod {last['pod']} ({detail}){': ' + last['message'] if last.get('message') else ''}"
 
 
-def _check_image_pull(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: dict[str, Any], now: datetime,
+def _check_image_pull(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any], now: datetime,
                       verdict: _Verdict) -> None:
     timeout = spec.failure_policy.image_pull_timeout_seconds
-    for pod in current_pods(pods, spec.desired_replicas):
+    for pod in groups.current:
         diagnosis = diagnose_image_pull(pod, now, timeout)
         if diagnosis is None:
             continue
@@ -269,15 +258,15 @@ def _check_image_pull(spec: DDPJobSpec, pods: list[Mapping[str, Any]], status: d
         invalid = diagnosis.reason in INVALID_IMAGE_REASONS
         verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_IMAGE_PULL
         verdict.message = C.MSG_IMAGE_PULL.format(
-            pod=pod_name_of(pod), image=spec.image, reason=diagnosis.reason, message=diagnosis.message or "no message",
+            pod=pod.name, image=spec.image, reason=diagnosis.reason, message=diagnosis.message or "no message",
             rule=C.MSG_IMAGE_INVALID if invalid else C.MSG_IMAGE_PULL_TIMEOUT.format(timeout=timeout))
         return
 
 
-def _describe(pod: Mapping[str, Any], spec: DDPJobSpec | None = None) -> str:
+def _describe(pod: PodView, spec: DDPJobSpec | None = None) -> str:
     diagnosis = diagnose_pod(pod, spec.failure_policy.permanent_exit_codes if spec else ())
     detail = f": {diagnosis.message}" if diagnosis and diagnosis.message else ""
-    return describe_exit(f"node pod {pod_name_of(pod)}", pod_exit_code(pod), pod_reason(pod)) + detail
+    return describe_exit(f"node pod {pod.name}", pod.exit_code, pod.reason) + detail
 
 
 def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
@@ -296,8 +285,8 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
                                     C.MSG_NODE_DISRUPTED.format(what=what)))
         return
     verdict.reason = C.REASON_NODE_FAILED
-    failed_at = min(parse_time(pod_finished_at(pod)) or now, now)  # a skewed kubelet clock
-    opened, free = open_incident(ledger_of(status), failed_at, parse_time(pod_created_at(pod))), False
+    failed_at = min(pod.finished_at or now, now)  # a skewed kubelet clock
+    opened, free = open_incident(ledger_of(status), failed_at, pod.created_at), False
     if opened is not None:
         judged = judge(opened, status.get("lastSnapshot"))
         free = judged.budget.with_progress > opened.budget.with_progress
@@ -307,7 +296,7 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
 
 
 def _missing_indexes(spec: DDPJobSpec, current: list[Mapping[str, Any]]) -> list[int]:
-    present = {pod_index(p) for p in current if is_active(p) or pod_phase(p) == "Succeeded"}
+    present = {p.index for p in current if p.active or p.phase == "Succeeded"}
     return [i for i in range(spec.desired_replicas) if i not in present]
 
 
@@ -327,7 +316,7 @@ def _restarting(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime,
 
 def _running_or_pending(spec: DDPJobSpec, current: list[Mapping[str, Any]],
                         prev_phase: str | None) -> _Verdict:
-    running = sum(1 for p in current if is_active(p) and pod_phase(p) == "Running")
+    running = sum(1 for p in current if p.active and p.phase == "Running")
     counts = dict(running=running, desired=spec.desired_replicas, min=spec.min_replicas,
                   max=spec.max_replicas)
     if running >= spec.min_replicas:

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.clock import parse_time, seconds_between
+from ddpjob_operator.api.clock import seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.decide.actions import Action, DeletePod, Event, with_one_requeue
-from ddpjob_operator.decide.observed import pod_name_of
+from ddpjob_operator.decide.observed import Node, PodView, node_state
 
-Node = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -41,31 +40,18 @@ class StuckPod:
     seconds: float  # how long past its deletionTimestamp
 
 
-def node_of(pod: Mapping[str, Any]) -> str:
-    """spec.nodeName ('' while unscheduled: such a pod is deleted at once by the API server)."""
-    return (pod.get("spec") or {}).get("nodeName") or ""
-
-
-def overdue_seconds(pod: Mapping[str, Any], now: datetime) -> float | None:
+def overdue_seconds(pod: PodView, now: datetime) -> float | None:
     """Seconds since the pod's deletionTimestamp; None when it is not being deleted."""
-    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
-    return None if deadline is None else seconds_between(deadline, now)
+    return None if pod.deletion_at is None else seconds_between(pod.deletion_at, now)
 
 
-def nodes_to_read(pods: Iterable[Mapping[str, Any]], now: datetime) -> list[str]:
-    """Nodes of pods still there after their deletionTimestamp: only these need a look."""
-    return sorted({node_of(p) for p in pods if node_of(p) and (overdue_seconds(p, now) or -1) > 0})
+def nodes_to_read(pods: Iterable[PodView], now: datetime) -> list[str]:
+    """Nodes of pods still there after their deletionTimestamp (a pod not yet scheduled has
+    none: the API server deletes it at once): only these need a look."""
+    return sorted({p.node_name for p in pods if p.node_name and (overdue_seconds(p, now) or -1) > 0})
 
 
-def node_state(node: Node | None) -> str:
-    """'Ready', 'NotReady', 'Unknown' (the node controller lost its heartbeats) or 'gone'."""
-    if node is None:
-        return "gone"
-    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
-    return {"True": "Ready", "False": "NotReady"}.get(ready.get("status"), "Unknown")
-
-
-def stuck_pods(pods: Iterable[Mapping[str, Any]], nodes: Mapping[str, Node | None], now: datetime,
+def stuck_pods(pods: Iterable[PodView], nodes: Mapping[str, Node | None], now: datetime,
                timeout_seconds: float | None) -> tuple[list[StuckPod], float | None]:
     """The pods to force-delete now, and when to look again for one that will be due.
 
@@ -80,7 +66,7 @@ def stuck_pods(pods: Iterable[Mapping[str, Any]], nodes: Mapping[str, Node | Non
         return [], None
     due, wait = [], None
     for pod in pods:
-        overdue, node = overdue_seconds(pod, now), node_of(pod)
+        overdue, node = overdue_seconds(pod, now), pod.node_name
         if overdue is None or not node:
             continue
         if overdue < timeout_seconds:
@@ -91,7 +77,7 @@ def stuck_pods(pods: Iterable[Mapping[str, Any]], nodes: Mapping[str, Node | Non
             continue
         state = node_state(nodes[node])
         if state != "Ready":
-            due.append(StuckPod(pod_name_of(pod), (pod.get("metadata") or {}).get("uid") or "", node, state, overdue))
+            due.append(StuckPod(pod.name, pod.uid, node, state, overdue))
     return due, wait
 
 
@@ -100,7 +86,7 @@ def message(pod: StuckPod, timeout_seconds: float) -> str:
                                       timeout=timeout_seconds)
 
 
-def with_force_deletions(spec: DDPJobSpec | None, pods: Iterable[Mapping[str, Any]], nodes: Mapping[str, Node | None],
+def with_force_deletions(spec: DDPJobSpec | None, pods: Iterable[PodView], nodes: Mapping[str, Node | None],
                          now: datetime, actions: list[Action]) -> tuple[list[Action], list[Event]]:
     """`actions` plus a grace-period-0 DeletePod per stuck pod (replacing a plain delete of the
     same pod), with the Requeue moved earlier when a pod will be due sooner; and their Events."""

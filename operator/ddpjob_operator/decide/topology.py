@@ -22,16 +22,13 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.clock import parse_time
+
 from ddpjob_operator.api.names import pod_name, rdzv_store_name
 from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.decide.budget import ledger_fields, ledger_of, open_incident
-from ddpjob_operator.decide.failure import (
-    Outcome, classify_pod, describe_exit, pod_created_at, pod_exit_code, pod_finished_at, pod_reason
-)
-from ddpjob_operator.decide.observed import current_pods, is_deleting, is_store_pod, pod_index, pod_phase, pod_uid
+from ddpjob_operator.decide.failure import Outcome, classify_pod, describe_exit
+from ddpjob_operator.decide.observed import Observed, PodView
 
-Pod = Mapping[str, Any]
 
 
 def generation_of(status: Mapping[str, Any] | None) -> int:
@@ -39,70 +36,44 @@ def generation_of(status: Mapping[str, Any] | None) -> int:
     return int((status or {}).get("rendezvousGeneration") or 0)
 
 
-def pod_generation(pod: Pod) -> int:
-    """The generation label of a node pod; pods made before generations existed are 0."""
-    raw = ((pod.get("metadata") or {}).get("labels") or {}).get(C.LABEL_RDZV_GENERATION, "0")
-    return int(raw) if isinstance(raw, str) and raw.isdigit() else 0
-
-
-def is_stale(pod: Pod, generation: int) -> bool:
-    """A node pod of an older rendezvous generation: it must go, never rejoin."""
-    return pod_index(pod) is not None and not is_store_pod(pod) and pod_generation(pod) < generation
-
-
-def without_stale(pods: Iterable[Pod], generation: int) -> list[Pod]:
-    """The pods that still count: current-generation node pods and the store pod."""
-    return [p for p in pods if not is_stale(p, generation)]
-
-
-def node_pods(pods: Iterable[Pod]) -> list[Pod]:
-    """Every pod but the store pod."""
-    return [p for p in pods if not is_store_pod(p)]
-
-
-def store_pod(pods: Iterable[Pod]) -> Pod | None:
-    """The job's store pod that is not being deleted, if any."""
-    return next((p for p in pods if is_store_pod(p) and not is_deleting(p)), None)
-
-
 @dataclass(frozen=True)
 class StoreLoss:
     """The rendezvous store was lost: what happened, and the failed pod if it failed."""
 
     what: str
-    pod: Pod | None  # None when the pod was deleted rather than failed
+    pod: PodView | None  # None when the pod was deleted rather than failed
 
 
-def store_loss(job: str, spec: DDPJobSpec, pods: list[Pod], generation: int,
+def store_loss(job: str, spec: DDPJobSpec, observed: Observed, generation: int,
                handled: Iterable[str]) -> StoreLoss | None:
-    """The loss of the rendezvous store among `pods`, if one happened and was not handled.
+    """The loss of the rendezvous store, if one happened and was not handled.
 
     A missing store counts as lost only while a node of the current generation runs (it
     was deleted under a live group); at start-up or after a restart it is simply created.
     """
     handled = set(handled)
-    current = current_pods(without_stale(pods, generation), spec.desired_replicas)
-    if any(pod_phase(p) == "Succeeded" for p in current):
+    groups = observed.of_generation(generation, spec.desired_replicas)
+    if groups.training_over:
         return None  # training is over; nothing to restart
     if spec.elastic_policy.store_on_node:
-        host = next((p for p in current if pod_index(p) == 0), None)
-        others = [p for p in current if pod_index(p) != 0]
+        host = next((p for p in groups.current if p.index == 0), None)
+        others = [p for p in groups.current if p.index != 0]
         if not others:
             return None  # a single node: replacing it is all a group restart would do
         return _loss(host, others, handled, f"node pod {pod_name(job, 0)} (the c10d store host)")
     if spec.elastic_policy.store_on_pod:
-        return _loss(store_pod(pods), current, handled, f"rendezvous store pod {rdzv_store_name(job)}")
+        return _loss(observed.store, list(groups.current), handled, f"rendezvous store pod {rdzv_store_name(job)}")
     return None
 
 
-def _loss(host: Pod | None, nodes: list[Pod], handled: set[str], who: str) -> StoreLoss | None:
+def _loss(host: PodView | None, nodes: list[PodView], handled: set[str], who: str) -> StoreLoss | None:
     if host is None:
-        if any(pod_phase(p) == "Running" for p in nodes):
+        if any(p.phase == "Running" for p in nodes):
             return StoreLoss(f"{who} was deleted", None)
         return None
-    if pod_phase(host) != "Failed" or pod_uid(host) in handled:
+    if host.phase != "Failed" or host.uid in handled:
         return None
-    return StoreLoss(describe_exit(who, pod_exit_code(host), pod_reason(host)), host)
+    return StoreLoss(describe_exit(who, host.exit_code, host.reason), host)
 
 
 @dataclass(frozen=True)
@@ -113,7 +84,7 @@ class GroupRestart:
     counted: bool  # it used one restart of failurePolicy.maxRestarts
 
 
-def begin_group_restart(job: str, spec: DDPJobSpec, pods: list[Pod], status: dict[str, Any],
+def begin_group_restart(job: str, spec: DDPJobSpec, observed: Observed, status: dict[str, Any],
                         now: datetime) -> GroupRestart | None:
     """Start a whole-group restart when the store was lost; updates `status` in place.
 
@@ -125,7 +96,7 @@ def begin_group_restart(job: str, spec: DDPJobSpec, pods: list[Pod], status: dic
     path, which fails the job.
     """
     generation = generation_of(status)
-    loss = store_loss(job, spec, pods, generation, status.get("handledFailures") or ())
+    loss = store_loss(job, spec, observed, generation, status.get("handledFailures") or ())
     if loss is None:
         return None
     outcome = classify_pod(loss.pod, spec.failure_policy.permanent_exit_codes) if loss.pod else Outcome.DISRUPTION
@@ -133,13 +104,13 @@ def begin_group_restart(job: str, spec: DDPJobSpec, pods: list[Pod], status: dic
         return None
     opened = None
     if outcome == Outcome.RETRYABLE:
-        failed_at = min(parse_time(pod_finished_at(loss.pod)) or now, now)
-        opened = open_incident(ledger_of(status), failed_at, parse_time(pod_created_at(loss.pod)))
+        failed_at = min(loss.pod.finished_at or now, now)
+        opened = open_incident(ledger_of(status), failed_at, loss.pod.created_at)
     counted = opened is not None
     if counted:
         status.update(ledger_fields(opened, status))
     status["handledFailures"] = sorted(set(status.get("handledFailures") or []) | {
-        pod_uid(p) for p in pods if pod_phase(p) == "Failed" and pod_generation(p) <= generation})
+        p.uid for p in observed.pods if p.phase == "Failed" and p.generation <= generation})
     status["rendezvousGeneration"] = generation + 1
     # Whether this incident is charged is decided afterwards, from the failed pods' progress
     # records (budget.judge, in status.py); the message must not promise either way.
