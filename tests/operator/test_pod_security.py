@@ -300,3 +300,18 @@ def test_the_managed_etcd_pod_runs_non_root_read_only_and_without_a_token():
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": C.POD_UID, "runAsGroup": C.POD_GID,
                                       "fsGroup": C.POD_GID, "seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_override_example_in_the_install_docs_is_valid_and_stays_restricted():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+    section = docs.split("### Your own trainer image", 1)[1]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))["spec"]
+    assert validate_spec(make_spec(**example)) == []
+    pods = rendered_pods(example)
+    assert {name: violations(pod) for name, pod in pods.items()} == {name: [] for name in pods}
+    assert pods["mlp-node-0"]["spec"]["securityContext"]["runAsUser"] == 1000
