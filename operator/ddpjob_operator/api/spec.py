@@ -387,8 +387,8 @@ class Scheduling(_Model):
 
 # --- Pod security and /dev/shm (render/common.py holds the defaults these merge over) ------
 
-# A size in bytes, > 0: a quantity without sign, milli or exponent (zero is spelt out so the
-# schema alone rejects it).
+# A size in bytes above zero: a quantity without sign, milli or exponent, with at least one
+# non-zero digit, so the CRD schema itself rejects "0" (no CEL rule needed).
 SIZE_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[kMGTPE])?$"
 MAX_ID = 2147483647  # largest uid/gid Kubernetes accepts
 

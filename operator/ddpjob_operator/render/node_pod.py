@@ -32,6 +32,8 @@ SHM_FLOOR = 256 * MI
 # holding 8 DataLoader workers x prefetch 2 of ImageNet-sized batches (256 x 3 x 224 x 224 fp32,
 # 154 MB each: 2.5 GB) with room for NCCL's shared-memory transport.
 SHM_WITHOUT_LIMIT = 8 * GI
+
+
 def render_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
     """The headless Service that gives every node pod a DNS name."""
     port = spec.elastic_policy.rdzv_port

@@ -58,7 +58,7 @@ def render_store_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
         "resources": STORE_RESOURCES,
         # The store writes nothing: tested with `python -m ddpjob_trainer.rdzv_store` on a
-        # read-only root (agents joined and set keys; Python skips the bytecode cache it cannot
+        # read-only root (a client set and read a key; Python skips the bytecode cache it cannot
         # write). The trainer's containerSecurityContext is not applied: the store needs none of it.
         "securityContext": {**restricted_container(), "readOnlyRootFilesystem": True},
     }
