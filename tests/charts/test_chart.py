@@ -10,6 +10,7 @@ import yaml
 from tests.charts.support import (
     CHART_DIR, KUBE_VERSIONS, NAMESPACE, RELEASE, by_kind, one, render, render_notes, validate_k8s,
 )
+from tests.support.pod_security import violations
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
 METRICS_ON = {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}}
@@ -157,6 +158,21 @@ def test_operator_pod_is_hardened():
     assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]}}
     assert pod["containers"][0]["resources"]["limits"]["memory"]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_every_rendered_workload_passes_the_restricted_pod_security_profile(values):
+    workloads = [obj for obj in render(values) if obj["kind"] in ("Deployment", "StatefulSet")]
+    assert one(workloads, "Deployment")
+    assert {obj["metadata"]["name"]: violations(obj) for obj in workloads} == {
+        obj["metadata"]["name"]: [] for obj in workloads}
+
+
+def test_the_operator_pod_keeps_its_api_token():
+    # The one pod that needs the API: the token must not be switched off by a later edit.
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    assert pod.get("automountServiceAccountToken", True) is True
+    assert pod["serviceAccountName"] == "ddpjob-operator"
 
 
 def test_liveness_probe_hits_healthz_on_the_liveness_port():

@@ -61,6 +61,7 @@ def test_etcd_pod_is_hardened_like_the_operator():
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
     assert {"name": "data", "mountPath": "/var/lib/etcd"} in container["volumeMounts"]
+    assert pod["automountServiceAccountToken"] is False  # etcd never calls the Kubernetes API
 
 
 def test_a_long_release_name_keeps_the_etcd_name_within_63_characters():

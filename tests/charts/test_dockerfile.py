@@ -98,7 +98,10 @@ def test_operator_image_is_python_slim_and_trainer_image_is_torch_2_13_cuda():
 
 @pytest.mark.parametrize("stage", ["operator", "trainer"])
 def test_final_images_run_as_uid_65532(stage):
-    assert last(stage, "USER") == "65532:65532"
+    # The uid the operator renders into every pod's runAsUser/runAsGroup: image and pods must agree.
+    from ddpjob_operator.api import constants as C
+
+    assert last(stage, "USER") == "65532:65532" == f"{C.POD_UID}:{C.POD_GID}"
 
 
 def test_entrypoints_start_the_operator_and_torchrun():

@@ -41,7 +41,8 @@ def full_spec():
         scheduling={"nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
                     "priorityClassName": "training"},
         podOverrides={"serviceAccountName": "trainer", "imagePullSecrets": [{"name": "ghcr"}],
-                      "securityContext": {"runAsNonRoot": True},
+                      "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
+                      "containerSecurityContext": {"readOnlyRootFilesystem": True},
                       "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}],
                       "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
                       "labels": {"team": "vision"}, "annotations": {"owner": "ana"}},
@@ -106,9 +107,72 @@ def test_dev_shm_is_a_memory_volume_and_the_snapshot_volume_is_mounted_at_mount_
     pod = render_pod(REF, parse_spec(make_spec(snapshot={"mountPath": "/ckpt"})), 0)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
     assert volumes["snapshots"] == {"name": "snapshots", "emptyDir": {}}
     assert mounts == {"snapshots": "/ckpt", "dshm": "/dev/shm"}
+
+
+@pytest.mark.parametrize("limits,size,expected", [
+    ({}, None, "8Gi"),  # no memory limit: SHM_WITHOUT_LIMIT
+    ({"memory": "16Gi"}, None, "8Gi"),  # half the limit
+    ({"memory": "3Gi"}, None, "1536Mi"),
+    ({"memory": 17179869184}, None, "8Gi"),  # a limit written as plain bytes
+    ({"memory": "1G"}, None, "476Mi"),  # half of 10^9 bytes, rounded down to whole MiB
+    ({"memory": "300Mi"}, None, "256Mi"),  # half is 150Mi: the floor
+    ({"memory": "128Mi"}, None, "128Mi"),  # the floor never goes above the limit
+    ({"memory": "16Gi"}, "2Gi", "2Gi"),  # spec.sharedMemorySize wins
+    ({}, "32Gi", "32Gi"),
+], ids=["no limit", "16Gi", "3Gi", "bytes", "decimal", "floor", "below floor", "set", "set without limit"])
+def test_dev_shm_size_limit_is_half_the_memory_limit_unless_the_spec_sets_it(limits, size, expected):
+    fields = {"resources": {"limits": limits}, **({"sharedMemorySize": size} if size else {})}
+    (shm,) = [v for v in render_pod(REF, parse_spec(make_spec(**fields)), 0)["spec"]["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": expected}
+
+
+def test_without_a_service_account_no_token_is_mounted_in_node_or_store_pods():
+    spec = parse_spec(make_spec())
+    for pod in (render_pod(REF, spec, 0), render_store_pod(REF, spec)):
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in pod["spec"]
+
+
+def test_a_service_account_set_by_the_user_decides_about_its_token_itself():
+    spec = parse_spec(make_spec(podOverrides={"serviceAccountName": "trainer"}))
+    for pod in (render_pod(REF, spec, 0), render_store_pod(REF, spec)):
+        assert pod["spec"]["serviceAccountName"] == "trainer"
+        assert "automountServiceAccountToken" not in pod["spec"]
+
+
+def test_node_pods_run_as_the_image_uid_with_seccomp_and_no_privileges_by_default():
+    pod = render_pod(REF, parse_spec(make_spec()), 0)["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"}, "fsGroupChangePolicy": "OnRootMismatch"}
+    assert pod["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                       "capabilities": {"drop": ["ALL"]}}
+
+
+def test_security_overrides_replace_only_the_fields_they_set():
+    spec = parse_spec(make_spec(podOverrides={
+        "securityContext": {"runAsUser": 1000, "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}},
+        "containerSecurityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+                                     "readOnlyRootFilesystem": True}}))
+    pod = render_pod(REF, spec, 0)["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 65532, "fsGroup": 65532,
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}, "fsGroupChangePolicy": "OnRootMismatch"}
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+        "readOnlyRootFilesystem": True}
+
+
+def test_the_store_pod_runs_as_the_nodes_but_keeps_its_read_only_container_defaults():
+    spec = parse_spec(make_spec(podOverrides={"securityContext": {"runAsUser": 1000},
+                                              "containerSecurityContext": {"readOnlyRootFilesystem": False}}))
+    store = render_store_pod(REF, spec)["spec"]
+    assert store["securityContext"] == render_pod(REF, spec, 0)["spec"]["securityContext"]
+    assert store["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
 
 
 def test_without_a_snapshot_there_is_no_snapshot_volume_or_variable():
@@ -133,7 +197,7 @@ def test_etcd_pods_expose_no_rdzv_port_only_the_progress_endpoint_they_are_told_
 
 
 @pytest.mark.parametrize("field", ["nodeSelector", "tolerations", "affinity", "priorityClassName",
-                                   "schedulerName", "serviceAccountName", "imagePullSecrets", "securityContext"])
+                                   "schedulerName", "serviceAccountName", "imagePullSecrets"])
 def test_unset_scheduling_and_override_fields_are_left_to_the_cluster_defaults(field):
     assert field not in render_pod(REF, parse_spec(make_spec()), 0)["spec"]
 

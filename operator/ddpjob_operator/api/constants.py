@@ -43,6 +43,11 @@ RDZV_SECRET_MOUNT_PATH = "/etc/ddpjob/rdzv"  # read-only mount of that Secret; r
 COMPONENT_ETCD = "etcd"  # value of LABEL_COMPONENT on a job's managed etcd pod and Service
 ETCD_CONTAINER = "etcd"  # the one container of the managed etcd pod
 MANAGED_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # default managed etcd (3.5: the last with the v2 API)
+# Every pod the operator renders runs as this non-root uid/gid unless spec.podOverrides says
+# otherwise: the trainer and operator images' USER (Dockerfile), and distroless's "nonroot"
+# account, which the etcd image (distroless static, no USER of its own) carries too.
+POD_UID = 65532  # runAsUser (Pod Security "restricted" wants non-root)
+POD_GID = 65532  # runAsGroup and fsGroup: volumes become group-writable for the non-root user
 
 # --- Environment of the trainer --------------------------------------------
 ENV_SNAPSHOT_DIR = "DDPJOB_SNAPSHOT_DIR"  # where the trainer reads and writes snapshots

@@ -387,6 +387,102 @@ class Scheduling(_Model):
         "pod-group-total-count annotation (= replicas) on every node pod."))
 
 
+# --- Pod security and /dev/shm (render/common.py holds the defaults these merge over) ------
+
+# A size in bytes above zero: a quantity without sign, milli or exponent, with at least one
+# non-zero digit, so the CRD schema itself rejects "0" (no CEL rule needed).
+SIZE_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[kMGTPE])?$"
+MAX_ID = 2147483647  # largest uid/gid Kubernetes accepts
+
+
+def _check_size(value: Any) -> str:
+    if isinstance(value, str) and re.match(SIZE_PATTERN, value):
+        return value
+    raise ValueError('must be a size in bytes above zero, written as a quantity string such as "8Gi" or "512Mi"')
+
+
+Size = Annotated[str, PlainValidator(_check_size), WithJsonSchema({"type": "string", "pattern": SIZE_PATTERN})]
+Id = Annotated[int, Field(ge=0, le=MAX_ID)]
+
+
+class SeccompProfile(_Model):
+    """core/v1 SeccompProfile."""
+
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(description=(
+        "RuntimeDefault (the container runtime's filter), Localhost (a file on the node) or Unconfined."))
+    localhost_profile: str | None = Field(None, description="Path of the profile on the node (Localhost only).")
+
+
+class AppArmorProfile(_Model):
+    """core/v1 AppArmorProfile."""
+
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(description=(
+        "RuntimeDefault, Localhost (a profile loaded on the node) or Unconfined."))
+    localhost_profile: str | None = Field(None, description="Name of the profile (Localhost only).")
+
+
+class SELinuxOptions(_Model):
+    """core/v1 SELinuxOptions."""
+
+    level: str | None = Field(None, description="SELinux level label.")
+    role: str | None = Field(None, description="SELinux role label.")
+    type: str | None = Field(None, description="SELinux type label.")
+    user: str | None = Field(None, description="SELinux user label.")
+
+
+class Capabilities(_Model):
+    """core/v1 Capabilities."""
+
+    add: list[str] | None = Field(None, description=(
+        "Capabilities to add; only a process running as root gets them (the runtime sets no ambient capabilities)."))
+    drop: list[str] | None = Field(None, description="Capabilities to drop; the default drops ALL.")
+
+
+class Sysctl(_Model):
+    """core/v1 Sysctl."""
+
+    name: str = Field(min_length=1, description="Sysctl name, e.g. net.ipv4.ip_unprivileged_port_start.")
+    value: str = Field(description="Its value.")
+
+
+class _SecurityContext(_Model):
+    """Fields a pod and a container securityContext share (core/v1)."""
+
+    run_as_user: Id | None = Field(None, description=f"uid of the container processes (default {C.POD_UID}).")
+    run_as_group: Id | None = Field(None, description=f"Primary gid of the container processes (default {C.POD_GID}).")
+    run_as_non_root: bool | None = Field(None, description=(
+        "The kubelet refuses to start a container that would run as uid 0 (default true)."))
+    seccomp_profile: SeccompProfile | None = Field(None, description="Seccomp filter (default RuntimeDefault).")
+    app_armor_profile: AppArmorProfile | None = Field(None, description="AppArmor profile.")
+    se_linux_options: SELinuxOptions | None = Field(None, description="SELinux labels.")
+
+
+class PodSecurityContext(_SecurityContext):
+    """A pod securityContext (core/v1 PodSecurityContext) merged field by field over the operator's."""
+
+    fs_group: Id | None = Field(None, description=(
+        f"gid that owns the pod's volumes (default {C.POD_GID}, so the non-root user can write the snapshot volume)."))
+    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = Field(None, description=(
+        "When the kubelet re-owns a volume for fsGroup (default OnRootMismatch: only when its root "
+        "directory is not owned yet, so a replaced pod does not walk a large snapshot volume again)."))
+    supplemental_groups: list[Id] | None = Field(None, description="Further gids of the container processes.")
+    sysctls: list[Sysctl] | None = Field(None, description="Namespaced sysctls of the pod.")
+
+
+class ContainerSecurityContext(_SecurityContext):
+    """A container securityContext (core/v1 SecurityContext) merged field by field over the operator's."""
+
+    allow_privilege_escalation: bool | None = Field(None, description=(
+        "Whether a process may gain more privileges than its parent, e.g. through setuid binaries (default false)."))
+    capabilities: Capabilities | None = Field(None, description=(
+        "Linux capabilities (default: drop ALL); replaces the default as a whole."))
+    privileged: bool | None = Field(None, description="Run with the host's full privileges (never by default).")
+    proc_mount: Literal["Default", "Unmasked"] | None = Field(None, description="How /proc is masked.")
+    read_only_root_filesystem: bool | None = Field(None, description=(
+        "Mount the image read-only (default: not set for the trainer, since torchrun writes its logs under /tmp; "
+        "set it together with a /tmp emptyDir in volumes and volumeMounts)."))
+
+
 class PodOverrides(_Model):
     """Extra settings copied into every node pod."""
 
@@ -396,10 +492,21 @@ class PodOverrides(_Model):
             "spec.podOverrides.labels may not set the labels the operator selects pods by"),
     ]})
 
-    service_account_name: str = Field("", description="Pod serviceAccountName.")
+    service_account_name: str = Field("", description=(
+        "Pod serviceAccountName of the node pods and the rendezvous store pod. Empty: no ServiceAccount "
+        "token is mounted (automountServiceAccountToken: false; training reports progress without API "
+        "access). Set: the account's own automountServiceAccountToken decides."))
     image_pull_secrets: list[KubeObject] = Field(default_factory=list, description=(
         "Pod imagePullSecrets ([{name: secret}])."))
-    security_context: KubeObject = Field(default_factory=dict, description="Pod securityContext.")
+    security_context: PodSecurityContext = Field(default_factory=PodSecurityContext, description=(
+        f"Pod securityContext of the node pods and the rendezvous store pod, merged over the operator's "
+        f"(runAsNonRoot, runAsUser/runAsGroup/fsGroup {C.POD_UID}, seccomp RuntimeDefault): a field set "
+        "here replaces the operator's value of that field."))
+    container_security_context: ContainerSecurityContext = Field(
+        default_factory=ContainerSecurityContext, description=(
+            "securityContext of the trainer container, merged over the operator's (allowPrivilegeEscalation "
+            "false, capabilities drop ALL): a field set here replaces the operator's value of that field. "
+            "The rendezvous store container keeps the defaults."))
     volumes: list[KubeObject] = Field(default_factory=list, description="Extra pod volumes.")
     volume_mounts: list[KubeObject] = Field(default_factory=list, description=(
         "Extra volume mounts of the trainer container."))
@@ -459,6 +566,11 @@ class DDPJobSpec(_Model):
         "Extra environment (core/v1 EnvVar list); entries come after the operator's and win, "
         "except the reserved PET_*/DDPJOB_* names, which are rejected."))
     resources: Resources = _object(Resources, "Resources of the trainer container.")
+    shared_memory_size: Size | None = Field(None, description=(
+        "sizeLimit of the memory-backed /dev/shm of the node pods (DataLoader workers and NCCL pass "
+        "tensors through it; its pages count against the memory limit). Default: half of "
+        "resources.limits.memory, at least 256Mi but never above the limit; 8Gi without a memory limit. "
+        "The kubelet caps it at the pod's memory limit."))
     elastic_policy: ElasticPolicy = _object(ElasticPolicy, "Elastic rendezvous settings.")
     snapshot: Snapshot | None = Field(None, description=(
         "Snapshot volume; without it the job cannot resume after a failure."))
@@ -569,7 +681,7 @@ def _cross_field_errors(spec: DDPJobSpec) -> list[FieldError]:
     if fp.max_backoff_seconds < fp.backoff_seconds:
         errors.append(FieldError("spec.failurePolicy.maxBackoffSeconds", fp.max_backoff_seconds,
                                  f"must be >= spec.failurePolicy.backoffSeconds ({fp.backoff_seconds})"))
-    return errors + _env_errors(spec) + _override_errors(spec)
+    return errors + _env_errors(spec) + _override_errors(spec) + _security_errors(spec.pod_overrides)
 
 
 def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
@@ -641,6 +753,24 @@ def _override_errors(spec: DDPJobSpec) -> list[FieldError]:
                                      "is already mounted by the operator (/dev/shm, spec.snapshot.mountPath or the "
                                      f"rdzvSecretName mount {C.RDZV_SECRET_MOUNT_PATH})"))
     return errors
+
+
+def _security_errors(po: PodOverrides) -> list[FieldError]:
+    """uid 0 with runAsNonRoot true (the default) never starts: the kubelet refuses the container
+    (CreateContainerConfigError) and the pod waits forever. A pod-level uid 0 needs a pod-level
+    runAsNonRoot: false, since the rendezvous store pod takes the pod level only."""
+    pod, box = po.security_context, po.container_security_context
+    if pod.run_as_user == 0 and pod.run_as_non_root is not False:
+        return [_root_error("securityContext")]
+    uid = pod.run_as_user if box.run_as_user is None else box.run_as_user
+    non_root = pod.run_as_non_root if box.run_as_non_root is None else box.run_as_non_root
+    return [_root_error("containerSecurityContext")] if uid == 0 and non_root is not False else []
+
+
+def _root_error(context: str) -> FieldError:
+    return FieldError(f"spec.podOverrides.{context}.runAsUser", 0,
+                      "is root, which runAsNonRoot: true (the default) forbids, so the kubelet would never "
+                      f"start the container: also set spec.podOverrides.{context}.runAsNonRoot: false")
 
 
 def _pydantic_errors(exc: ValidationError) -> list[FieldError]:

@@ -97,3 +97,59 @@ def borrowed_scheduling(spec: DDPJobSpec) -> dict[str, Any]:
         "imagePullSecrets": [dict(x) for x in po.image_pull_secrets],
     }
     return {k: v for k, v in fields.items() if v}
+
+
+# --- Pod security: every pod passes Pod Security "restricted" unless the spec says otherwise --
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted
+
+# The container half of "restricted" (runAsNonRoot and seccomp sit at the pod level): no
+# privilege gains through setuid or file-capability binaries, and an empty capability bounding
+# set. A non-root process holds no effective capabilities anyway, so this costs nothing.
+def restricted_container() -> dict[str, Any]:
+    """The container securityContext fields "restricted" requires (a fresh dict each call)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def restricted_pod_security() -> dict[str, Any]:
+    """The pod half of "restricted", as the uid and gid of the ddpjob images (C.POD_UID)."""
+    return {
+        "runAsNonRoot": True,
+        # Numeric, so the kubelet can check non-root even for an image whose USER is a name.
+        "runAsUser": C.POD_UID,
+        "runAsGroup": C.POD_GID,
+        # The kubelet makes the pod's volumes (the snapshot claim among them) group-owned by this
+        # gid and group-writable, so the non-root trainer can write to a freshly provisioned claim.
+        "fsGroup": C.POD_GID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def trainer_pod_security(spec: DDPJobSpec) -> dict[str, Any]:
+    """Pod securityContext of the pods that run spec.image (node pods, the store pod):
+    restricted defaults, then each field set in spec.podOverrides.securityContext."""
+    defaults = {
+        **restricted_pod_security(),
+        # Re-own a volume only while its root is not owned by fsGroup yet: the default (Always)
+        # walks every file of the snapshot claim again each time a replaced pod mounts it.
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
+    return {**defaults, **spec.pod_overrides.security_context.model_dump(by_alias=True, exclude_none=True)}
+
+
+def trainer_container_security(spec: DDPJobSpec) -> dict[str, Any]:
+    """securityContext of the trainer container: restricted, then each field set in
+    spec.podOverrides.containerSecurityContext. The root filesystem stays writable:
+    torchrun keeps its worker logs in a temporary directory under /tmp (tested: on a
+    read-only root it exits with "No usable temporary directory found"), and training
+    code writes caches under $HOME and /tmp."""
+    user = spec.pod_overrides.container_security_context.model_dump(by_alias=True, exclude_none=True)
+    return {**restricted_container(), **user}
+
+
+def service_account(spec: DDPJobSpec) -> dict[str, Any]:
+    """The account fields of a pod running spec.image. Training needs no API access (progress
+    goes out through the termination message and an HTTP endpoint the operator polls), so
+    without a serviceAccountName no token is mounted; with one, that account's own
+    automountServiceAccountToken decides (the user chose it for a reason)."""
+    name = spec.pod_overrides.service_account_name
+    return {"serviceAccountName": name} if name else {"automountServiceAccountToken": False}

@@ -24,7 +24,9 @@ from typing import Any
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import managed_etcd_name
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
-from ddpjob_operator.render.common import borrowed_scheduling, companion_pod, companion_service
+from ddpjob_operator.render.common import (
+    borrowed_scheduling, companion_pod, companion_service, restricted_container, restricted_pod_security,
+)
 
 PEER_PORT = 2380  # etcd's peer port; one member, so it only listens on loopback
 
@@ -58,9 +60,12 @@ def render_etcd_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
         "containers": [_container(ref, spec)],
         "volumes": [{"name": "data", "emptyDir": {}}],
         **borrowed_scheduling(spec),
-        # The image's own user may be root; run as the trainer image's uid, which owns the emptyDir.
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        # The etcd image (distroless static) has no USER and would run as root. Its binary is
+        # static and needs no account, and it writes only --data-dir: the emptyDir, which fsGroup
+        # makes writable. C.POD_UID is distroless's own "nonroot" uid.
+        "securityContext": restricted_pod_security(),
+        # etcd never calls the Kubernetes API.
+        "automountServiceAccountToken": False,
     })
 
 
@@ -94,7 +99,7 @@ def _container(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
         "readinessProbe": {**probe, "periodSeconds": 2},
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 20, "failureThreshold": 6},
         "resources": RESOURCES,
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        # etcd writes only under --data-dir (a volume), so the image can be read-only.
+        "securityContext": {**restricted_container(), "readOnlyRootFilesystem": True},
         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
     }

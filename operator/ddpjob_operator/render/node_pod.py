@@ -15,19 +15,23 @@ from ddpjob_operator.api.names import (
     c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
 )
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
-from ddpjob_operator.render.common import common_labels, owner_reference, pod_labels, selector_labels
+from ddpjob_operator.api.quantity import GI, MI, format_bytes, parse_quantity
+from ddpjob_operator.render.common import (
+    common_labels, owner_reference, pod_labels, selector_labels, service_account, trainer_container_security,
+    trainer_pod_security,
+)
 
-
-
-
-
-
-
-
-
-
-
-
+# /dev/shm is a tmpfs whose pages count against the pod's memory limit: unbounded, a DataLoader
+# that fills it gets the pod OOM-killed with nothing pointing at shared memory. Bounded, the
+# writer fails inside /dev/shm instead (DataLoader: "insufficient shared memory (shm)"), and
+# the rest of the limit stays for the processes.
+# Half the limit leaves both sides room; the floor (4x the container runtime's 64Mi default)
+# keeps a few DataLoader workers going on small limits, never above the limit itself.
+SHM_FLOOR = 256 * MI
+# Without a memory limit the pod may use the node's memory anyway; 8Gi bounds a runaway while
+# holding 8 DataLoader workers x prefetch 2 of ImageNet-sized batches (256 x 3 x 224 x 224 fp32,
+# 154 MB each: 2.5 GB) with room for NCCL's shared-memory transport.
+SHM_WITHOUT_LIMIT = 8 * GI
 
 
 def render_service(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
@@ -101,6 +105,8 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) ->
         "enableServiceLinks": False,
         "containers": [_container(ref, spec, index, generation)],
         "volumes": _volumes(spec),
+        "securityContext": trainer_pod_security(spec),
+        **service_account(spec),
     }
     return {**body, **_scheduling(spec), **_pod_overrides(spec)}
 
@@ -130,6 +136,7 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
     if resources:
         container["resources"] = resources
     container["volumeMounts"] = _volume_mounts(spec)
+    container["securityContext"] = trainer_container_security(spec)
     return container
 
 
@@ -150,13 +157,26 @@ def _volumes(spec: DDPJobSpec) -> list[dict[str, Any]]:
         volumes.append({"name": C.SNAPSHOT_VOLUME, **spec.snapshot.volume})
     # The container runtime's default /dev/shm is 64 MiB; DataLoader workers and NCCL
     # exchange tensors through it and die with "bus error" when it is full.
-    volumes.append({"name": C.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    volumes.append({"name": C.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size_limit(spec)}})
     secret = spec.elastic_policy.rdzv_secret_name
     if secret:
         # The kubelet's default file mode (0644): the files belong to root and the trainer image
         # runs as a non-root user, so an owner-only mode would lock the agent out.
         volumes.append({"name": C.RDZV_SECRET_VOLUME, "secret": {"secretName": secret}})
     return volumes + [dict(v) for v in spec.pod_overrides.volumes]
+
+
+def shm_size_limit(spec: DDPJobSpec) -> str:
+    """sizeLimit of /dev/shm: spec.sharedMemorySize, else half the memory limit in whole MiB
+    (at least SHM_FLOOR, at most the limit), else SHM_WITHOUT_LIMIT."""
+    if spec.shared_memory_size:
+        return spec.shared_memory_size
+    limit = spec.resources.limits.get("memory")
+    if limit is None:
+        return format_bytes(SHM_WITHOUT_LIMIT)
+    limit_bytes = int(parse_quantity(limit))
+    half = limit_bytes // 2 // MI * MI
+    return format_bytes(min(max(half, SHM_FLOOR), limit_bytes))
 
 
 def _volume_mounts(spec: DDPJobSpec) -> list[dict[str, Any]]:
@@ -183,9 +203,5 @@ def _scheduling(spec: DDPJobSpec) -> dict[str, Any]:
 
 def _pod_overrides(spec: DDPJobSpec) -> dict[str, Any]:
     po = spec.pod_overrides
-    fields = {
-        "serviceAccountName": po.service_account_name,
-        "imagePullSecrets": [dict(s) for s in po.image_pull_secrets],
-        "securityContext": dict(po.security_context),
-    }
+    fields = {"imagePullSecrets": [dict(s) for s in po.image_pull_secrets]}
     return {k: v for k, v in fields.items() if v}

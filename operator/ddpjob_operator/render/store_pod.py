@@ -16,8 +16,10 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import rdzv_store_name
-from ddpjob_operator.render.common import borrowed_scheduling, companion_pod, companion_service
-from ddpjob_operator.render.common import common_labels
+from ddpjob_operator.render.common import (
+    borrowed_scheduling, common_labels, companion_pod, companion_service, restricted_container, service_account,
+    trainer_pod_security,
+)
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 
 # Enough for a TCPStore holding a few hundred rendezvous keys; torch's import dominates.
@@ -55,17 +57,19 @@ def render_store_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
         # the container starts (importing torch takes seconds).
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
         "resources": STORE_RESOURCES,
+        # The store writes nothing: tested with `python -m ddpjob_trainer.rdzv_store` on a
+        # read-only root (a client set and read a key; Python skips the bytecode cache it cannot
+        # write). The trainer's containerSecurityContext is not applied: the store needs none of it.
+        "securityContext": {**restricted_container(), "readOnlyRootFilesystem": True},
     }
-    po = spec.pod_overrides
-    # The trainer image runs it, so it runs as the node pods do (their account and security context).
-    as_nodes = {k: v for k, v in {"serviceAccountName": po.service_account_name,
-                                  "securityContext": dict(po.security_context)}.items() if v}
     return companion_pod(ref, rdzv_store_name(ref.name), store_labels(ref.name), {
         # The operator replaces a failed store itself: a kubelet restart would bring the
         # port back empty while agents believe their rendezvous still exists.
         "restartPolicy": "Never",
         "containers": [container],
         **borrowed_scheduling(spec),
-        **as_nodes,
+        # The trainer image runs it, so it runs as the node pods do (their uid and account).
+        "securityContext": trainer_pod_security(spec),
+        **service_account(spec),
     })
 
