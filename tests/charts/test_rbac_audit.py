@@ -172,7 +172,8 @@ def install_peering(cluster, k8s, objects: list[dict]) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_the_operator_works_with_exactly_the_chart_rbac_and_uses_every_grant(mode, cluster, k8s, tmp_path):  # noqa: F811
+def test_the_operator_works_with_exactly_the_chart_rbac_and_uses_every_grant(mode, cluster, k8s,  # noqa: F811
+                                                                            tmp_path):
     values = chart_values(mode, k8s.namespace)
     rbac = values.get("rbac", {})
     may_read_secrets, may_read_nodes = rbac.get("readSecrets", False), rbac.get("readNodes", True)

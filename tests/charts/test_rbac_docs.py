@@ -116,7 +116,8 @@ def test_watched_namespaces_without_node_reads_leave_nothing_cluster_scoped():
 
 def test_a_row_the_chart_does_not_grant_is_caught():
     """The comparison is not vacuous: a docs table with a made-up grant disagrees with the chart."""
-    rows = doc_rows() + [{"API group": "core", "Resource": "`configmaps`", "Verbs": "get", "All namespaces": "ClusterRole",
-                          "`watchNamespaces`": "Role", "Only with": ""}]
+    made_up = {"API group": "core", "Resource": "`configmaps`", "Verbs": "get", "All namespaces": "ClusterRole",
+               "`watchNamespaces`": "Role", "Only with": ""}
+    rows = doc_rows() + [made_up]
     cluster, _ = promised(rows, merged(with_switches((False, False, True, False))))
     assert ("get", "", "configmaps") in cluster - grants_of(render()).cluster

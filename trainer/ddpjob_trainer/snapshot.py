@@ -288,7 +288,8 @@ class SnapshotStore:
         problem = _verify(info)
         return (problem, None) if problem is not None else self._read(info, map_location)
 
-    def _first_usable(self, attempt: Callable[[SnapshotInfo], tuple[str | None, Any]]) -> tuple[SnapshotInfo | None, Any]:
+    def _first_usable(self, attempt: Callable[[SnapshotInfo], tuple[str | None, Any]]
+                      ) -> tuple[SnapshotInfo | None, Any]:
         """Tries the snapshots newest first; the first one ``attempt`` finds no problem with, and its result."""
         found, unreadable = self._scan()
         rejected = [(str(manifest), f"its manifest is unreadable ({problem})") for manifest, problem in unreadable]
@@ -316,8 +317,9 @@ class SnapshotStore:
             return
         raise SnapshotsUnreadableError(
             f"none of the snapshots in {self.directory} can be read, and resuming without one would restart "
-            f"training from step 0:\n  {_listing(rejected, chr(10) + '  ')}\nRepair or remove them; or, if they are only "
-            f"refused by weights_only and every writer of the directory is trusted, set {TRUST_SNAPSHOTS_ENV}=1; "
+            f"training from step 0:\n  {_listing(rejected, chr(10) + '  ')}\nRepair or remove them; or, if they "
+            f"are only refused by weights_only and every writer of the directory is trusted, set "
+            f"{TRUST_SNAPSHOTS_ENV}=1; "
             f"or set spec.snapshot.onUnreadable: StartOver ({SNAPSHOT_ON_UNREADABLE_ENV}=StartOver) to train "
             f"from scratch")
 
