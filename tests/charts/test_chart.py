@@ -50,8 +50,7 @@ NAMESPACED_GRANTS = {
     ("", "pods"): {"list", "watch", "create", "delete"},
     ("", "services"): {"get", "create"},
     ("", "events"): {"create"},
-    ("", "secrets"): {"get"},  # spec.elasticPolicy.rdzvSecretName, to delete etcd rendezvous keys
-}
+}  # Secrets only with rbac.readSecrets (tests/charts/test_rbac_docs.py)
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NODE_READ = {("", "nodes"): {"get"}}  # a stuck terminating pod's node: NotReady or gone -> force delete
 
@@ -190,7 +189,7 @@ def test_peering_replaces_standalone_and_creates_the_peering_object_and_its_rbac
     assert "--peering=ddpjob" in args and "--standalone" not in args
     assert one(objects, "Deployment")["spec"]["replicas"] == 2
     assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "ddpjob"
-    assert rules_of(one(objects, "ClusterRole"))[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
+    assert rules_of(one(objects, "ClusterRole"))[("kopf.dev", "clusterkopfpeerings")] == {"list", "watch", "patch"}
     # kopf's peer identity is the pod name, so the peering object shows which replica acts.
     pod_id = {e["name"]: e for e in container(objects)["env"]}["POD_ID"]
     assert pod_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -202,7 +201,7 @@ def test_namespaced_peering_uses_a_kopfpeering_per_watched_namespace():
     assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in by_kind(objects, "KopfPeering")] == [
         ("team-a", "ddpjob"), ("team-b", "ddpjob")]
     for role in by_kind(objects, "Role"):
-        assert rules_of(role)[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+        assert rules_of(role)[("kopf.dev", "kopfpeerings")] == {"list", "watch", "patch"}
 
 
 def test_kopf_peering_crds_ship_with_the_chart():

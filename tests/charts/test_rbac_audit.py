@@ -1,83 +1,44 @@
-"""Every API request the real operator makes is allowed by the chart's RBAC, and nothing granted goes unused.
+"""The real operator runs with exactly the chart's RBAC: every request it needs is allowed, every grant is used,
+and what an opt-out value withholds is refused and handled.
 
 The operator runs with the exact arguments the chart's Deployment renders,
-against the API emulator (tests/support), through a job's whole life: create,
-run, a node failure and its replacement, scale up, success, pod cleanup and
-deletion after ttlSecondsAfterFinished, a pod stuck terminating on a NotReady node
-(force-deleted after reading its Node), and an etcd-v3 job (a real etcd)
-whose rendezvous keys are deleted with the credentials of its Secret, and a
-job with a managed etcd. Each request the operator sent (told
-apart from the test's own by User-Agent) is turned into an RBAC attribute
-(verb, API group, resource, namespace) and checked against the rendered
-ClusterRole (all namespaces) or the Role of the watched namespace.
+against the API emulator (tests/support), which enforces the rendered
+ClusterRoles and Roles (tests/support/rbac.py: 403 for anything they do not
+grant, as a cluster would), through a job's whole life: create, run, a node
+failure and its replacement, scale up, success, pod cleanup and deletion after
+ttlSecondsAfterFinished, a pod stuck terminating on a NotReady node
+(force-deleted after reading its Node, or left alone without rbac.readNodes),
+an etcd-v3 job (a real etcd) whose rendezvous keys are deleted with the
+credentials of its Secret (or skipped with a Warning without
+rbac.readSecrets), and a job with a managed etcd. Each request the operator
+sent (told apart from the test's own by User-Agent) is an RBAC attribute (verb,
+API group, resource, namespace); the refused ones must be exactly those the
+mode withholds, and every grant must be used by some request.
 """
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 import time
-from dataclasses import dataclass
-from urllib.parse import parse_qs, urlparse
 
 import pytest
+import yaml
 
-from ddpjob_operator.api import constants as C
-from tests.charts.support import by_kind, one, render
+from ddpjob_operator.controller import etcd_cleanup
+from tests.charts.support import CHART_DIR, one, render
 from tests.support.etcd import running_etcd
-from tests.support.kubelet import bind, ddpjob, pod_names, set_node, set_running, set_terminated, status
+from tests.support.kubelet import bind, ddpjob, events, pod_names, set_node, set_running, set_terminated, status
 from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
 from tests.support.procs import free_port
+from tests.support.rbac import TEST_AGENTS, Access, Authorizer, access_of, grants_of
 
-# Requests from the test itself (urllib client, kubectl) are not the operator's.
-TEST_AGENTS = ("Python-urllib", "kubectl")
-RESOURCE_PATH = re.compile(
-    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-    r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$")
-
-
-@dataclass(frozen=True)
-class Access:
-    """One request as RBAC sees it."""
-
-    verb: str
-    group: str
-    resource: str  # with "/subresource" when there is one
-    namespace: str | None  # None: cluster-scoped or across all namespaces
-
-    def __str__(self) -> str:
-        where = f"in {self.namespace}" if self.namespace else "cluster-wide"
-        return f"{self.verb} {self.group or 'core'}/{self.resource} {where}"
-
-
-def access_of(method: str, url: str) -> Access | None:
-    """RBAC attributes of a request; None for discovery and other non-resource URLs."""
-    parsed = urlparse(url)
-    match = RESOURCE_PATH.match(parsed.path)
-    if match is None:
-        return None
-    named = match["name"] is not None
-    resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
-    return Access(_verb(method, named, parsed.query), match["group"] or "", resource, match["namespace"])
-
-
-def _verb(method: str, named: bool, query: str) -> str:
-    if method == "GET":
-        return "get" if named else ("watch" if parse_qs(query).get("watch") == ["true"] else "list")
-    return {"POST": "create", "PUT": "update", "PATCH": "patch",
-            "DELETE": "delete" if named else "deletecollection"}[method]
-
+PEERING_CRDS = CHART_DIR / "crds" / "kopf-peerings.yaml"
 
 # Grants no request shows: the API server checks them on other requests.
 NOT_OBSERVABLE = {
     # Setting blockOwnerDeletion on a pod's ownerReference (OwnerReferencesPermissionEnforcement).
     ("update", "ddpjob.io", "ddpjobs/finalizers"),
 }
-
-
-def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
-    return {(verb, group, resource) for rule in rules for group in rule["apiGroups"]
-            for resource in rule["resources"] for verb in rule["verbs"]}
 
 
 def operator_accesses(emulator) -> set[Access]:
@@ -97,18 +58,28 @@ def chart_args(values: dict) -> list[str]:
     return [*container["command"][1:], *container["args"]]
 
 
-def run_etcd_job(k8s, endpoint: str) -> None:
-    """An etcd-v3 job with a credentials Secret: finishes (the keys are deleted), then is deleted (finalizer)."""
+def run_etcd_job(k8s, endpoint: str, may_read_secrets: bool) -> None:
+    """An etcd-v3 job with a credentials Secret: finishes (its keys are deleted, or the cleanup is
+    skipped with a Warning when the Secret may not be read), then is deleted (finalizer)."""
     k8s.request("POST", f"/api/v1/namespaces/{k8s.namespace}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "etcd-client"}, "data": {}})
     k8s.create("ddpjobs", ddpjob(name="etcd", replicas=1, elasticPolicy={
         "rdzvBackend": "etcd-v3", "rdzvEndpoints": [endpoint], "rdzvSecretName": "etcd-client"}))
     k8s.wait_for(lambda: pod_names(k8s, "etcd") == ["etcd-node-0"], timeout=20, what="the etcd job's pod")
     set_terminated(k8s, "etcd-node-0", 0)
-    k8s.wait_for(lambda: any(e["reason"] == "RendezvousKeysDeleted" for e in k8s.list("events")),
-                 timeout=20, what="the etcd job's keys deleted")
+    if may_read_secrets:
+        k8s.wait_for(lambda: cleanup_events(k8s, etcd_cleanup.REASON_CLEANED), timeout=20,
+                     what="the etcd job's keys deleted")
+    else:
+        [warning] = k8s.wait_for(lambda: cleanup_events(k8s, etcd_cleanup.REASON_CLEANUP_FAILED), timeout=20,
+                                 what="a Warning that the cleanup was skipped")
+        assert "set the chart value rbac.readSecrets=true to let it" in warning, warning
     k8s.delete("ddpjobs", "etcd")
     k8s.wait_for(lambda: k8s.find("ddpjobs", "etcd") is None, timeout=20, what="the etcd job deleted")
+
+
+def cleanup_events(k8s, reason: str) -> list[str]:
+    return [message for _, r, message in events(k8s, "etcd") if r == reason]
 
 
 def run_managed_etcd_job(k8s) -> None:
@@ -121,8 +92,9 @@ def run_managed_etcd_job(k8s) -> None:
     k8s.wait_for(lambda: k8s.find("pods", "own-etcd") is None, timeout=20, what="the managed etcd deleted")
 
 
-def run_stuck_pod(cluster, k8s) -> None:  # noqa: F811
-    """A pod stuck terminating on a NotReady node: the operator reads the Node and force-deletes it."""
+def run_stuck_pod(cluster, k8s, process, may_read_nodes: bool) -> None:  # noqa: F811
+    """A pod stuck terminating on a NotReady node: the operator reads the Node and force-deletes it,
+    or, when it may not read Nodes, says so in its log and leaves the pod to its node."""
     cluster.emulator.graceful_pod_deletion = True
     k8s.create("ddpjobs", ddpjob(name="stuck", replicas=1, failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
     k8s.wait_for(lambda: pod_names(k8s, "stuck") == ["stuck-node-0"], timeout=20, what="the stuck job's pod")
@@ -130,8 +102,14 @@ def run_stuck_pod(cluster, k8s) -> None:  # noqa: F811
     bind(k8s, "stuck-node-0", "gone-a")
     old = k8s.get("pods", "stuck-node-0")["metadata"]["uid"]
     k8s.delete("pods", "stuck-node-0", gracePeriodSeconds=1)
-    k8s.wait_for(lambda: (p := k8s.find("pods", "stuck-node-0")) and p["metadata"]["uid"] != old, timeout=20,
-                 what="the stuck pod force-deleted and created again")
+    if may_read_nodes:
+        k8s.wait_for(lambda: (p := k8s.find("pods", "stuck-node-0")) and p["metadata"]["uid"] != old, timeout=20,
+                     what="the stuck pod force-deleted and created again")
+    else:
+        k8s.wait_for(lambda: "Cannot read node gone-a" in process.log(), timeout=20,
+                     what="the operator to log that it may not read the node")
+        assert k8s.get("pods", "stuck-node-0")["metadata"]["uid"] == old, "force-deleted without reading its node"
+        k8s.delete("pods", "stuck-node-0", gracePeriodSeconds=0)  # the kubelet's confirmation
     cluster.emulator.graceful_pod_deletion = False
 
 
@@ -162,42 +140,67 @@ def run_job_lifecycle(k8s) -> None:
                  what="the finished ttl job deleted after ttlSecondsAfterFinished")
 
 
-@pytest.mark.parametrize("mode", ["all-namespaces", "watched-namespace"])
-def test_every_operator_request_is_allowed_by_the_chart_rbac(mode, cluster, k8s, tmp_path):  # noqa: F811
-    values = {"livenessPort": free_port()}
-    if mode == "watched-namespace":
-        values["watchNamespaces"] = [k8s.namespace]
+# Each mode: chart values (watch: the test's namespace in watchNamespaces) and what they withhold.
+PEERING = {"peering": {"enabled": True}}  # kopf peering: ClusterKopfPeering, or a KopfPeering per namespace
+MODES = {
+    "all-namespaces": {},
+    "all-namespaces-read-secrets-peering": {"rbac": {"readSecrets": True}, **PEERING},
+    "watched-namespace": {"watch": True},
+    "watched-namespace-read-secrets-no-nodes-peering": {
+        "watch": True, "rbac": {"readSecrets": True, "readNodes": False}, **PEERING},
+}
+
+
+def chart_values(mode: str, namespace: str) -> dict:
+    values = {key: value for key, value in MODES[mode].items() if key != "watch"}
+    if MODES[mode].get("watch"):
+        values["watchNamespaces"] = [namespace]
+    return {**values, "livenessPort": free_port()}
+
+
+def install_peering(cluster, k8s, objects: list[dict]) -> None:  # noqa: F811
+    """The peering CRDs (chart crds/) and the peering objects the chart renders, as `helm install` would."""
+    peerings = [obj for obj in objects if obj["apiVersion"].startswith("kopf.dev/")]
+    if not peerings:
+        return
+    for crd in yaml.safe_load_all(PEERING_CRDS.read_text()):
+        cluster.emulator.register_crd(crd)
+    for peering in peerings:
+        namespace = peering["metadata"].get("namespace")
+        where = f"namespaces/{namespace}/kopfpeerings" if namespace else "clusterkopfpeerings"
+        k8s.request("POST", f"/apis/kopf.dev/v1/{where}", peering)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_operator_works_with_exactly_the_chart_rbac_and_uses_every_grant(mode, cluster, k8s,  # noqa: F811
+                                                                            tmp_path):
+    values = chart_values(mode, k8s.namespace)
+    rbac = values.get("rbac", {})
+    may_read_secrets, may_read_nodes = rbac.get("readSecrets", False), rbac.get("readNodes", True)
     objects = render(values)
+    install_peering(cluster, k8s, objects)
+    grants = grants_of(objects)
+    cluster.emulator.authorize = authorizer = Authorizer(grants)
     process = OperatorProcess(cluster, [sys.executable, *chart_args(values)], tmp_path / "operator.log")
     with process:
         try:
             run_job_lifecycle(k8s)
-            run_stuck_pod(cluster, k8s)
+            run_stuck_pod(cluster, k8s, process, may_read_nodes)
             with running_etcd() as etcd:
-                run_etcd_job(k8s, etcd.endpoint)
+                run_etcd_job(k8s, etcd.endpoint, may_read_secrets)
             run_managed_etcd_job(k8s)
             time.sleep(0.5)  # let the last status write and event land
         finally:
             sys.stdout.write(f"\n--- operator log ---\n{process.log()[-8000:]}\n")
+    assert "Traceback" not in process.log()
+
+    withheld = ({f"get core/secrets in {k8s.namespace}"} if not may_read_secrets else set()) | (
+        {"get core/nodes cluster-wide"} if not may_read_nodes else set())
+    assert {str(a) for a in authorizer.denied} == withheld, "the operator was refused more than the mode withholds"
+
     accesses = operator_accesses(cluster.emulator)
     assert accesses, "recorded no operator requests"
-
-    if mode == "all-namespaces":
-        assert by_kind(objects, "Role") == []
-        allowed = granted(one(objects, "ClusterRole")["rules"])
-        denied = [str(a) for a in accesses if (a.verb, a.group, a.resource) not in allowed]
-    else:
-        # Only Nodes (cluster-scoped: no Role can grant them) are read outside the namespace.
-        cluster_allowed = granted(one(objects, "ClusterRole")["rules"])
-        assert cluster_allowed == {("get", "", "nodes")}
-        role = one(objects, "Role")
-        assert role["metadata"]["namespace"] == k8s.namespace
-        allowed = granted(role["rules"]) | cluster_allowed
-        denied = [str(a) for a in accesses
-                  if (a.verb, a.group, a.resource) not in (cluster_allowed if a.namespace is None else allowed)
-                  or a.namespace not in (None, k8s.namespace)]
-    assert sorted(denied) == [], f"the operator would be forbidden: {sorted(denied)}"
-
-    used = {(a.verb, a.group, a.resource) for a in accesses} | NOT_OBSERVABLE
+    allowed = grants.cluster | set().union(*grants.namespaced.values())
+    used = {a.grant for a in accesses if grants.allows(a)} | NOT_OBSERVABLE
     unused = sorted(allowed - used)
     assert unused == [], f"granted but never used by the operator, drop from rbac.yaml: {unused}"

@@ -5,7 +5,9 @@ uid, plus a key of another run that must survive. The operator runs against
 the API emulator; the etcd is Debian's etcd 3.4 (tests/support/etcd.py), once
 with user/password auth read from the job's ``rdzvSecretName`` Secret. A dead
 endpoint proves a failed cleanup is reported as a Warning Event and never
-holds up a deletion beyond its bound.
+holds up a deletion beyond its bound; the chart's default RBAC (no Secret
+reads, enforced by the emulator) proves the cleanup is skipped at once, saying
+which chart value to set.
 """
 from __future__ import annotations
 
@@ -22,10 +24,12 @@ from ddpjob_operator.controller import etcd_cleanup
 from ddpjob_rdzv import keys
 from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
+from tests.charts.support import render
 from tests.support.etcd import running_etcd
 from tests.support.kubelet import ddpjob, events, pod_names, set_running, set_terminated, status
 from tests.support.operator_harness import OperatorProcess, cluster, k8s, operator, operator_command  # noqa: F401
 from tests.support.procs import free_port
+from tests.support.rbac import Authorizer, grants_of
 
 pytestmark = pytest.mark.skipif(not shutil.which("etcd"), reason="needs etcd (scripts/install-system-deps.sh)")
 
@@ -172,3 +176,29 @@ def test_an_unreachable_etcd_is_reported_and_the_deletion_completes_within_its_b
     gave_up = [m for m in reasons(k8s, FAILED) if "gave up after 3 attempts" in m]
     assert len(gave_up) == 1 and "the keys expire with their lease" in gave_up[0]
     assert "Traceback" not in log
+
+
+def test_without_the_right_to_read_its_secret_the_cleanup_is_skipped_at_once_naming_the_chart_value(
+        etcd, cluster, k8s, operator):  # noqa: F811
+    # The chart's default RBAC for this namespace: no rbac.readSecrets, so reading a Secret is a 403.
+    authorizer = Authorizer(grants_of(render({"watchNamespaces": [k8s.namespace]})))
+    cluster.emulator.authorize = authorizer
+    create_secret(k8s, "etcd-client", {"username": "trainer\n", "password": "s3cret\n"})
+    uid = k8s.create("ddpjobs", etcd_job([etcd.endpoint], rdzvSecretName="etcd-client"))["metadata"]["uid"]
+    k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=15, what="the node pod")
+    ours = put_run_keys(etcd.endpoint, uid)
+    set_terminated(k8s, "mlp-node-0", 0)
+
+    skipped = k8s.wait_for(lambda: reasons(k8s, FAILED), timeout=15, what="a Warning about the skipped cleanup")
+    assert skipped == [
+        f"skipped deleting the etcd rendezvous keys under /ddpjob/rdzv/{uid}/: the operator may not read Secret "
+        f"{k8s.namespace}/etcd-client (spec.elasticPolicy.rdzvSecretName); set the chart value "
+        f"rbac.readSecrets=true to let it; meanwhile the keys expire with their lease (rdzv_conf lease_ttl)"]
+    assert existing(etcd.endpoint, ours) == ours
+
+    k8s.delete("ddpjobs", "mlp")
+    k8s.wait_for(lambda: k8s.find("ddpjobs", "mlp") is None, timeout=20, what="the job deleted")
+
+    # One try on finish, one on delete and no retry (each would read the Secret again), one Warning.
+    assert [str(a) for a in authorizer.denied] == [f"get core/secrets in {k8s.namespace}"] * 2
+    assert len(reasons(k8s, FAILED)) == 1 and not reasons(k8s, CLEANED)

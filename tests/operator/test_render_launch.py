@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError, launch_plan, merged_env, rdzv_conf
-from ddpjob_operator.api.spec import RdzvTimeouts, parse_spec
+from ddpjob_operator.api.spec import InvalidSpecError, RdzvTimeouts, parse_spec
+from ddpjob_trainer.env import snapshot_on_unreadable
 from tests.operator.builders import make_spec
 
 
@@ -36,6 +37,7 @@ def test_local_launch_of_a_c10d_job():
         "DDPJOB_NAMESPACE": "ns",
         "DDPJOB_NODE_INDEX": "1",
         "DDPJOB_SNAPSHOT_DIR": "/tmp/snaps",
+        "DDPJOB_SNAPSHOT_ON_UNREADABLE": "Fail",
     }
 
 
@@ -70,7 +72,23 @@ def test_integer_nproc_per_node_and_torchrun_restarts_are_passed_as_strings():
 
 
 def test_no_snapshot_dir_means_no_snapshot_variable():
-    assert "DDPJOB_SNAPSHOT_DIR" not in plan(snapshot_dir=None).env
+    env = plan(snapshot_dir=None).env
+    assert "DDPJOB_SNAPSHOT_DIR" not in env and "DDPJOB_SNAPSHOT_ON_UNREADABLE" not in env
+
+
+@pytest.mark.parametrize("snapshot, rendered", [({}, "Fail"), ({"onUnreadable": "StartOver"}, "StartOver")])
+def test_the_unreadable_snapshot_policy_reaches_the_trainer(snapshot, rendered):
+    env = plan({"snapshot": snapshot}).env
+    assert env["DDPJOB_SNAPSHOT_ON_UNREADABLE"] == rendered
+    # The trainer reads it under the same name and accepts every value the spec allows.
+    assert snapshot_on_unreadable(env) == rendered
+
+
+def test_the_unreadable_snapshot_policy_is_fail_or_start_over():
+    with pytest.raises(InvalidSpecError) as raised:
+        parse_spec(make_spec(snapshot={"onUnreadable": "Retry"}))
+    assert str(raised.value) == ("invalid DDPJob: spec.snapshot.onUnreadable (\"Retry\") must be one of "
+                                 "'Fail' or 'StartOver'")
 
 
 def test_script_jobs_run_the_script_path():

@@ -28,6 +28,9 @@ replaces only how writes and reads are interpreted, following the API convention
 * built-in resource discovery (kmock's bundled list) so kubectl and kopf find pods, services,
   events (core/v1 and events.k8s.io/v1), namespaces and CRDs.
 
+* authorization, off unless a test sets ``authorize``: a request it refuses gets ``403 Forbidden``
+  (tests/support/rbac.py decides as RBAC does, from a chart's rendered Roles).
+
 Not emulated: admission, schema validation, defaulting, kubelet (pods never run: tests patch
 their status like a kubelet would), pod grace periods (pods without finalizers disappear at
 once), server-side apply, field managers, ``deletecollection``, chunked lists.
@@ -43,7 +46,7 @@ import random
 import re
 import string
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -105,6 +108,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # gracePeriodSeconds 0 (the kubelet's confirmation, or a force delete).
     graceful_pod_deletion: bool = False
     _write_queue: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # reads do not wait on it
+    # Authorization, off unless a test sets it: called with every resource request (discovery
+    # is open to all, as on a real server); a message it returns is answered 403 Forbidden, the
+    # way the API server answers a request its RBAC authorizer refuses.
+    authorize: Callable[[rendering.Request], str | None] | None = None
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -182,6 +189,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         res = request.resource
         if res is None or res.plural is None:  # discovery and non-Kubernetes paths
             return await kmock.KubernetesScaffold._handle(self, request)
+        if self.authorize is not None and (denial := self.authorize(request)) is not None:
+            raise api_error(403, "Forbidden", denial)
         method = request.method.value.upper()
         if method in ("POST", "PUT", "PATCH", "DELETE"):
             # Writes are interpreted here, not by user reactions: tests drive the server through

@@ -95,3 +95,16 @@ def test_a_job_resumed_with_more_workers_finishes_each_epoch_and_step_once(tmp_p
     assert steps == list(range(1, 30 + 17 + 2 * 32 + 1))
     assert [e["epoch"] for e in events if e["event"] == "epoch_end"] == [0, 1, 2]
     assert [e["event"] for e in events].count("done") == 1
+
+
+def test_when_no_snapshot_can_be_read_every_worker_stops_at_once_instead_of_starting_over(uninterrupted, tmp_path):
+    for info in SnapshotStore(uninterrupted).complete():
+        data = bytearray(open(info.path, "rb").read())
+        data[len(data) // 2] ^= 0xFF  # the sha256 no longer matches
+        (tmp_path / os.path.basename(info.path)).write_bytes(bytes(data))
+        (tmp_path / info.manifest_path.name).write_bytes(info.manifest_path.read_bytes())
+    code, output = torchrun(tmp_path)  # a rank left waiting in a collective would hit the timeout (gloo: 10 min)
+    assert code != 0
+    # Rank 0 found it; rank 1 raised the same verdict rather than waiting for a snapshot name.
+    assert output.count("SnapshotsUnreadableError: none of the snapshots in") >= 2, output[-4000:]
+    assert not (tmp_path / "metrics.jsonl").exists(), "training started"

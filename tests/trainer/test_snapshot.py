@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddpjob_trainer import snapshot as snapshot_module
-from ddpjob_trainer.snapshot import SnapshotError, SnapshotStore, snapshot_stem
+from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError, SnapshotStore, snapshot_stem
 from ddpjob_trainer.trainer import rng_state, set_rng_state
 
 
@@ -94,13 +94,49 @@ def test_data_without_a_manifest_counts_as_an_interrupted_save(tmp_path, caplog)
     assert f"{orphan}: it has no manifest (save was interrupted)" in caplog.text
 
 
-def test_when_every_snapshot_is_corrupt_training_starts_from_scratch(tmp_path, caplog):
-    store = SnapshotStore(tmp_path)
-    store.save(state_at(1), epoch=0, step=1)
+def test_when_every_snapshot_is_unreadable_loading_fails_naming_each_file_and_why(tmp_path):
+    store = SnapshotStore(tmp_path, keep=3)
+    for step in (1, 2, 3):
+        store.save(state_at(step), epoch=0, step=step)
+    first, second, third = (tmp_path / f"{snapshot_stem(0, step)}.pt" for step in (1, 2, 3))
+    corrupt(first)
+    second.write_bytes(second.read_bytes()[:100])
+    third.with_suffix(".json").write_text("{")
+    size = third.stat().st_size  # the data of the third is fine; its manifest is not
+
+    with pytest.raises(SnapshotsUnreadableError) as raised:
+        store.load_latest()
+    assert str(raised.value) == (
+        f"none of the snapshots in {tmp_path} can be read, and resuming without one would restart training "
+        f"from step 0:\n"
+        f"  {third.with_suffix('.json')}: its manifest is unreadable (Expecting property name enclosed in double "
+        f"quotes: line 1 column 2 (char 1))\n"
+        f"  {second}: size 100 bytes does not match the manifest's {size}\n"
+        f"  {first}: sha256 does not match the manifest (corrupt data)\n"
+        f"Repair or remove them; or, if they are only refused by weights_only and every writer of the directory "
+        f"is trusted, set DDPJOB_TRUST_SNAPSHOTS=1; or set spec.snapshot.onUnreadable: StartOver "
+        f"(DDPJOB_SNAPSHOT_ON_UNREADABLE=StartOver) to train from scratch")
+    with pytest.raises(SnapshotsUnreadableError):
+        store.latest()  # choosing without loading applies the same rule
+
+
+def test_with_start_over_unreadable_snapshots_are_named_in_a_warning_and_training_starts_from_scratch(
+        tmp_path, caplog, monkeypatch):
+    SnapshotStore(tmp_path).save(state_at(1), epoch=0, step=1)
     corrupt(tmp_path / f"{snapshot_stem(0, 1)}.pt")
+    monkeypatch.setenv("DDPJOB_SNAPSHOT_ON_UNREADABLE", "StartOver")
     with caplog.at_level(logging.WARNING):
-        assert store.load_latest() is None
-    assert "no usable snapshot" in caplog.text and "starting from scratch" in caplog.text
+        assert SnapshotStore(tmp_path).load_latest() is None
+    assert (f"no usable snapshot in {tmp_path}; skipped {tmp_path / snapshot_stem(0, 1)}.pt: sha256 does not match "
+            f"the manifest (corrupt data); starting from scratch (DDPJOB_SNAPSHOT_ON_UNREADABLE=StartOver)"
+            in caplog.text)
+
+
+def test_data_of_a_first_save_that_never_completed_is_no_snapshot_to_fail_on(tmp_path, caplog):
+    torch.save(state_at(1), tmp_path / f"{snapshot_stem(0, 1)}.pt")  # killed before its manifest
+    with caplog.at_level(logging.WARNING):
+        assert SnapshotStore(tmp_path).load_latest() is None
+    assert "it has no manifest (save was interrupted)" in caplog.text
 
 
 def test_keep_must_be_at_least_one(tmp_path):
@@ -117,13 +153,13 @@ class GatedWrites:
         self.order = []
         real = snapshot_module._atomic_write
 
-        def gated(path, write):
+        def gated(path, write, *check):
             if path.suffix == ".pt":
                 self.order.append(path.name)
                 if len(self.order) == 1:
                     self.first_started.set()
                     assert self.release.wait(10)
-            return real(path, write)
+            return real(path, write, *check)
 
         monkeypatch.setattr(snapshot_module, "_atomic_write", gated)
 
@@ -152,7 +188,7 @@ def test_an_async_save_copies_the_state_and_the_next_save_waits_for_it(tmp_path,
 def test_an_async_save_error_is_raised_by_the_next_call(tmp_path, monkeypatch):
     store = SnapshotStore(tmp_path, async_save=True)
 
-    def failing(path, write):
+    def failing(path, write, *check):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(snapshot_module, "_atomic_write", failing)

@@ -13,6 +13,7 @@ import torch.distributed as torch_dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, distributed, read_metrics
+from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError
 from ddpjob_trainer.env import DistEnv
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
 from ddpjob_trainer.metrics import read_raw_metrics
@@ -155,3 +156,38 @@ def test_config_errors_name_each_field_value_and_rule():
         "TrainerConfig.epochs (0) must be >= 1; TrainerConfig.batch_size (-1) must be >= 1; "
         "TrainerConfig.snapshot_every_steps (-2) must be >= 0"
     )
+
+
+def test_the_trainers_snapshots_load_with_weights_only_true(uninterrupted):
+    info = SnapshotStore(uninterrupted).complete()[-1]
+    state = torch.load(info.path, weights_only=True)  # no allow-listed globals: plain types only
+    assert (state["step"], len(state["rng"]), state["rng"][0]["numpy"]["name"]) == (26, 1, "MT19937")
+
+
+def test_when_no_snapshot_can_be_read_the_trainer_refuses_to_start_over_unless_told(env, uninterrupted, tmp_path):
+    for info in SnapshotStore(uninterrupted).complete():
+        target = tmp_path / os.path.basename(info.path)
+        data = bytearray(open(info.path, "rb").read())
+        data[len(data) // 2] ^= 0xFF  # a flipped bit: the sha256 no longer matches
+        target.write_bytes(bytes(data))
+        target.with_suffix(".json").write_bytes(open(info.manifest_path, "rb").read())
+
+    with pytest.raises(SnapshotsUnreadableError, match=r"none of the snapshots in .* can be read, and resuming "
+                                                       r"without one would restart training from step 0"):
+        run(env, tmp_path, restart_count=1)
+    trainer, result = run(env, tmp_path, restart_count=1, snapshot_on_unreadable="StartOver")
+    assert trainer.resumed_from is None and result.step == 26
+
+
+def test_extra_state_that_weights_only_would_refuse_fails_at_the_first_snapshot(env, tmp_path):
+    with pytest.raises(SnapshotError, match=r"refuses to rebuild \(builtins\.slice\)"):
+        run(env, tmp_path, extra={"window": slice(0, 4)})
+    assert SnapshotStore(tmp_path).complete() == []
+    run(env, tmp_path / "trusted", extra={"window": slice(0, 4)}, trust_snapshots=True)
+    assert SnapshotStore(tmp_path / "trusted", trusted=True).load_latest()[1]["extra"] == {"window": slice(0, 4)}
+
+
+def test_the_unreadable_policy_must_be_fail_or_start_over():
+    with pytest.raises(ValueError) as error:
+        TrainerConfig(epochs=1, snapshot_on_unreadable="Later")
+    assert str(error.value) == "TrainerConfig.snapshot_on_unreadable (Later) must be None, 'Fail' or 'StartOver'"

@@ -53,6 +53,7 @@ _LAZY = {
     "SnapshotStore": "snapshot",
     "SnapshotInfo": "snapshot",
     "SnapshotError": "snapshot",
+    "SnapshotsUnreadableError": "snapshot",
     "ResumableSampler": "sampler",
     "MetricsWriter": "metrics",
     "read_metrics": "metrics",
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from .dist import distributed
     from .metrics import MetricsWriter, read_metrics
     from .sampler import ResumableSampler
-    from .snapshot import SnapshotError, SnapshotInfo, SnapshotStore
+    from .snapshot import SnapshotError, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
     from .trainer import Trainer, TrainerConfig, TrainResult
 
 

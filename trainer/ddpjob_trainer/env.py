@@ -14,6 +14,9 @@ Usage::
     env = dist_env()          # raises TorchrunEnvError outside torchrun
     if env.is_rank0:
         print(f"{env.world_size} workers, restart {env.restart_count}")
+
+It also reads how snapshots are trusted and what to do when none can be read
+(``DDPJOB_TRUST_SNAPSHOTS``, ``DDPJOB_SNAPSHOT_ON_UNREADABLE``; see snapshot.py).
 """
 from __future__ import annotations
 
@@ -25,6 +28,14 @@ from dataclasses import dataclass
 # Variables torchrun always sets; without any of them the process was not
 # started by torchrun and cannot join a process group.
 REQUIRED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+# 1: load snapshots with torch.load(weights_only=False), which runs any code a snapshot holds.
+TRUST_SNAPSHOTS_ENV = "DDPJOB_TRUST_SNAPSHOTS"
+# Fail or StartOver when snapshots exist but none can be read; the operator renders it from
+# spec.snapshot.onUnreadable (the same name as ddpjob_operator.api.constants.ENV_SNAPSHOT_ON_UNREADABLE).
+SNAPSHOT_ON_UNREADABLE_ENV = "DDPJOB_SNAPSHOT_ON_UNREADABLE"
+ON_UNREADABLE_CHOICES = ("Fail", "StartOver")
+_FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
 
 
 class TorchrunEnvError(RuntimeError):
@@ -97,6 +108,32 @@ def dist_env(environ: Mapping[str, str] | None = None, program: str | None = Non
     )
     _check_ranges(env)
     return env
+
+
+def trust_snapshots(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether $DDPJOB_TRUST_SNAPSHOTS asks to load snapshots with weights_only=False (default: no).
+
+    Raises:
+        ValueError: the variable is set to something other than 1, 0, true or false.
+    """
+    raw = (os.environ if environ is None else environ).get(TRUST_SNAPSHOTS_ENV, "")
+    if raw.strip().lower() not in _FLAGS:
+        raise ValueError(f"environment variable {TRUST_SNAPSHOTS_ENV}={raw!r} must be 1 or 0 "
+                         f"(1 loads snapshots with torch.load(weights_only=False))")
+    return _FLAGS[raw.strip().lower()]
+
+
+def snapshot_on_unreadable(environ: Mapping[str, str] | None = None) -> str:
+    """$DDPJOB_SNAPSHOT_ON_UNREADABLE: Fail (the default) or StartOver.
+
+    Raises:
+        ValueError: the variable holds another value.
+    """
+    raw = (os.environ if environ is None else environ).get(SNAPSHOT_ON_UNREADABLE_ENV) or "Fail"
+    if raw not in ON_UNREADABLE_CHOICES:
+        raise ValueError(f"environment variable {SNAPSHOT_ON_UNREADABLE_ENV}={raw!r} must be one of "
+                         f"{', '.join(ON_UNREADABLE_CHOICES)} (spec.snapshot.onUnreadable)")
+    return raw
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -24,10 +24,30 @@ interrupted half-way never leaves a manifest pointing at missing data.
 ``samples_consumed`` how many samples of that epoch's global order were
 already trained on.
 
+Loading runs no code: snapshots are read with ``torch.load(weights_only=True)``,
+which rebuilds only tensors, numbers, strings, ``None`` and lists, tuples,
+dicts (and sets, ``OrderedDict``) of them. Anyone who can write the shared
+volume could otherwise plant a pickle that runs code in every rank on the next
+resume. The state must therefore hold only those types (the trainer stores its
+RNG states as tensors, lists and ints, see ``trainer.rng_state``); a save whose
+state holds anything else is refused before it replaces the previous snapshot,
+so the problem shows at the first save, not at the resume after a failure.
+Setting ``DDPJOB_TRUST_SNAPSHOTS=1`` (or ``trusted=True``) turns both checks off
+and loads with ``weights_only=False``: only for a directory whose every writer
+you trust, e.g. to resume from snapshots written before ddpjob stored its RNG
+states this way.
+
+When snapshot files exist but none can be read (corrupt, truncated, refused by
+``weights_only``), training does not silently start over from step 0: loading
+raises :class:`SnapshotsUnreadableError` naming each file and why, unless
+``on_unreadable`` is ``StartOver`` (``DDPJOB_SNAPSHOT_ON_UNREADABLE``, rendered
+from the DDPJob's ``spec.snapshot.onUnreadable``).
+
 Usage::
 
     store = SnapshotStore("/snapshots", keep=2, rank=env.rank)
-    found = store.load_latest(map_location=device)      # None on a fresh start
+    found = store.load_latest(map_location=device)      # None on a fresh start; raises
+                                                        # SnapshotsUnreadableError if none can be read
     ...
     store.save(state, epoch=3, step=120)                # no-op on ranks other than 0
     store.close()                                       # waits for an async save
@@ -40,6 +60,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import threading
 import uuid
@@ -50,6 +71,9 @@ from typing import Any
 
 import torch
 
+from .env import ON_UNREADABLE_CHOICES, SNAPSHOT_ON_UNREADABLE_ENV, TRUST_SNAPSHOTS_ENV, snapshot_on_unreadable, \
+    trust_snapshots
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -59,7 +83,11 @@ _TMP_MARK = ".tmp-"
 
 
 class SnapshotError(RuntimeError):
-    """A snapshot could not be written, or none of the stored ones is usable."""
+    """A snapshot could not be written or read."""
+
+
+class SnapshotsUnreadableError(RuntimeError):
+    """Snapshots exist but none can be read: resuming would silently restart training from step 0."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +115,17 @@ def snapshot_stem(epoch: int, step: int) -> str:
 class SnapshotStore:
     """Writes (rank 0 only) and reads snapshots in ``directory``.
 
+    What a state may hold: unless ``trusted``, snapshots load with
+    ``torch.load(weights_only=True)``, so a state (the user's ``extra`` dict
+    included) may hold only tensors, ``int``/``float``/``bool``/``str``/
+    ``bytes``/``None``, ``torch.Size``/dtypes/devices, and lists, tuples, dicts,
+    sets and ``OrderedDict`` of them: model, optimizer, LR scheduler and
+    GradScaler ``state_dict()`` s are such. Anything else (a numpy array, a
+    dataclass, a user class) makes ``save`` raise SnapshotError naming the
+    offending globals; convert it (``tensor = torch.from_numpy(array)``,
+    ``dataclasses.asdict``) or, if every writer of the directory is trusted, set
+    ``DDPJOB_TRUST_SNAPSHOTS=1``.
+
     Args:
         directory: snapshot directory, the same path on every node.
         keep: complete snapshots to keep (older ones are deleted after a newer one is complete).
@@ -95,6 +134,11 @@ class SnapshotStore:
             the next save (and ``wait``/``close``) waits for it and re-raises its error.
         on_saved: called with the SnapshotInfo after each complete snapshot
             (from the writer thread when ``async_save``).
+        trusted: load with ``weights_only=False`` (runs any code a snapshot holds)
+            and save any picklable state; None reads ``DDPJOB_TRUST_SNAPSHOTS`` (default off).
+        on_unreadable: ``Fail`` (raise SnapshotsUnreadableError) or ``StartOver``
+            (warn, and start from scratch) when snapshots exist but none can be
+            read; None reads ``DDPJOB_SNAPSHOT_ON_UNREADABLE`` (default ``Fail``).
     """
 
     def __init__(
@@ -105,9 +149,16 @@ class SnapshotStore:
         rank: int = 0,
         async_save: bool = False,
         on_saved: Callable[[SnapshotInfo], None] | None = None,
+        trusted: bool | None = None,
+        on_unreadable: str | None = None,
     ):
         if keep < 1:
             raise ValueError(f"SnapshotStore keep ({keep}) must be >= 1: the newest snapshot is always kept")
+        if on_unreadable is not None and on_unreadable not in ON_UNREADABLE_CHOICES:
+            raise ValueError(f"SnapshotStore on_unreadable ({on_unreadable!r}) must be one of "
+                             f"{', '.join(ON_UNREADABLE_CHOICES)}")
+        self.trusted = trust_snapshots() if trusted is None else trusted
+        self.on_unreadable = snapshot_on_unreadable() if on_unreadable is None else on_unreadable
         self.directory = Path(directory)
         self.keep = keep
         self.rank = rank
@@ -162,7 +213,8 @@ class SnapshotStore:
     def _write(self, state: dict[str, Any], meta: dict[str, int]) -> None:
         stem = snapshot_stem(meta["epoch"], meta["step"])
         data_path = self.directory / f"{stem}.pt"
-        digest, size = _atomic_write(data_path, lambda handle: torch.save(state, handle))
+        check = None if self.trusted else _refuse_unsafe_globals
+        digest, size = _atomic_write(data_path, lambda handle: torch.save(state, handle), check)
         info = SnapshotInfo(path=str(data_path), time=_now(), sha256=digest, size=size, **meta)
         manifest = {"format": FORMAT_VERSION, "file": data_path.name, **asdict(info)}
         del manifest["path"]
@@ -198,46 +250,104 @@ class SnapshotStore:
 
     def complete(self) -> list[SnapshotInfo]:
         """Snapshots whose manifest is in place, oldest first (data not verified)."""
-        found = []
+        found, unreadable = self._scan()
+        for manifest, problem in unreadable:
+            _warn(f"snapshot manifest {manifest} is unreadable ({problem}); ignoring it")
+        return found
+
+    def latest(self) -> SnapshotInfo | None:
+        """The newest snapshot whose data matches its manifest (not loaded), warning about each one skipped.
+
+        Raises:
+            SnapshotsUnreadableError: snapshots exist but none matches its manifest (``on_unreadable`` Fail).
+        """
+        return self._first_usable(lambda info: (_verify(info), None))[0]
+
+    def load(self, info: SnapshotInfo, map_location: Any = None) -> dict[str, Any]:
+        """Reads the state stored in ``info`` onto ``map_location`` (e.g. this rank's device).
+
+        Raises:
+            SnapshotError: the file cannot be read, or holds objects that ``weights_only`` refuses
+                (the message says how to trust it).
+        """
+        problem, state = self._read(info, map_location)
+        if problem is not None:
+            raise SnapshotError(f"cannot load snapshot {info.path}: {problem}")
+        return state
+
+    def load_latest(self, map_location: Any = None) -> tuple[SnapshotInfo, dict[str, Any]] | None:
+        """The newest snapshot that verifies and loads, and its state; None when there is none.
+
+        Raises:
+            SnapshotsUnreadableError: snapshots exist but none can be read (``on_unreadable`` Fail).
+        """
+        info, state = self._first_usable(lambda info: self._verified_read(info, map_location))
+        return None if info is None else (info, state)
+
+    def _verified_read(self, info: SnapshotInfo, map_location: Any) -> tuple[str | None, dict[str, Any] | None]:
+        problem = _verify(info)
+        return (problem, None) if problem is not None else self._read(info, map_location)
+
+    def _first_usable(self, attempt: Callable[[SnapshotInfo], tuple[str | None, Any]]
+                      ) -> tuple[SnapshotInfo | None, Any]:
+        """Tries the snapshots newest first; the first one ``attempt`` finds no problem with, and its result."""
+        found, unreadable = self._scan()
+        rejected = [(str(manifest), f"its manifest is unreadable ({problem})") for manifest, problem in unreadable]
+        for candidate in self._candidates_newest_first(found):
+            if isinstance(candidate, Path):
+                rejected.append((str(candidate), "it has no manifest (save was interrupted)"))
+                continue
+            problem, result = attempt(candidate)
+            if problem is None:
+                if rejected:
+                    _warn(f"skipped snapshot(s) {_listing(rejected, '; ')}; using previous snapshot {candidate.path}")
+                return candidate, result
+            rejected.append((candidate.path, problem))
+        if found or unreadable:  # an orphan alone is a first save that never completed: nothing to resume
+            self._none_readable(rejected)
+        elif rejected:
+            _warn(f"no complete snapshot in {self.directory}; skipped {_listing(rejected, '; ')}")
+        return None, None
+
+    def _none_readable(self, rejected: list[tuple[str, str]]) -> None:
+        """Snapshots exist, none is usable: raise, or with StartOver say that training starts from scratch."""
+        if self.on_unreadable == "StartOver":
+            _warn(f"no usable snapshot in {self.directory}; skipped {_listing(rejected, '; ')}; starting from "
+                  f"scratch ({SNAPSHOT_ON_UNREADABLE_ENV}=StartOver)")
+            return
+        raise SnapshotsUnreadableError(
+            f"none of the snapshots in {self.directory} can be read, and resuming without one would restart "
+            f"training from step 0:\n  {_listing(rejected, chr(10) + '  ')}\nRepair or remove them; or, if they "
+            f"are only refused by weights_only and every writer of the directory is trusted, set "
+            f"{TRUST_SNAPSHOTS_ENV}=1; "
+            f"or set spec.snapshot.onUnreadable: StartOver ({SNAPSHOT_ON_UNREADABLE_ENV}=StartOver) to train "
+            f"from scratch")
+
+    def _read(self, info: SnapshotInfo, map_location: Any) -> tuple[str | None, dict[str, Any] | None]:
+        """(None, state), or (what is wrong, None) for a file that cannot be loaded."""
+        try:
+            return None, torch.load(info.path, map_location=map_location, weights_only=not self.trusted)
+        except pickle.UnpicklingError as error:
+            if self.trusted:
+                return f"unpickling failed ({error})", None
+            return _refused(error), None
+        except Exception as error:  # noqa: BLE001 - torch reports corrupt archives as RuntimeError, EOFError...
+            return f"torch.load failed ({type(error).__name__}: {_first_line(error)})", None
+
+    def _scan(self) -> tuple[list[SnapshotInfo], list[tuple[Path, str]]]:
+        """Readable manifests (oldest first) and the unreadable ones with why."""
+        found, unreadable = [], []
         for manifest in self.directory.glob("snapshot-*.json"):
             if _NAME.match(manifest.stem) is None:
                 continue
             try:
                 found.append(_read_manifest(manifest))
             except (OSError, ValueError, KeyError, TypeError) as error:
-                _warn(f"snapshot manifest {manifest} is unreadable ({error}); ignoring it")
-        return sorted(found, key=lambda info: _sort_key(Path(info.path)))
+                unreadable.append((manifest, str(error)))
+        return sorted(found, key=lambda info: _sort_key(Path(info.path))), sorted(unreadable)
 
-    def latest(self) -> SnapshotInfo | None:
-        """The newest snapshot whose data matches its manifest, warning about each one skipped."""
-        skipped: list[str] = []
-        for candidate in self._candidates_newest_first():
-            problem = _verify(candidate) if isinstance(candidate, SnapshotInfo) else "it has no manifest (save was interrupted)"
-            name = candidate.path if isinstance(candidate, SnapshotInfo) else str(candidate)
-            if problem is None:
-                if skipped:
-                    _warn(f"skipped snapshot(s) {'; '.join(skipped)}; using previous snapshot {name}")
-                return candidate
-            skipped.append(f"{name}: {problem}")
-        if skipped:
-            _warn(f"no usable snapshot in {self.directory}; skipped {'; '.join(skipped)}; starting from scratch")
-        return None
-
-    def load(self, info: SnapshotInfo, map_location: Any = None) -> dict[str, Any]:
-        """Reads the state stored in ``info`` onto ``map_location`` (e.g. this rank's device)."""
-        # weights_only=False: the state holds Python/numpy RNG states and the user's extra dict.
-        return torch.load(info.path, map_location=map_location, weights_only=False)
-
-    def load_latest(self, map_location: Any = None) -> tuple[SnapshotInfo, dict[str, Any]] | None:
-        """The newest usable snapshot and its state, or None when there is none."""
-        info = self.latest()
-        if info is None:
-            return None
-        return info, self.load(info, map_location)
-
-    def _candidates_newest_first(self) -> list[SnapshotInfo | Path]:
+    def _candidates_newest_first(self, complete: list[SnapshotInfo]) -> list[SnapshotInfo | Path]:
         """Complete snapshots plus data files without a manifest that are newer than all of them."""
-        complete = self.complete()
         newest_key = _sort_key(Path(complete[-1].path)) if complete else (-1, -1)
         orphans = [
             data
@@ -278,8 +388,12 @@ class _HashingWriter:
         self.handle.flush()
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> tuple[str, int]:
-    """Writes via a same-directory temporary file, fsync, rename, fsync of the directory."""
+def _atomic_write(path: Path, write: Callable[[Any], None],
+                  check: Callable[[Path], None] | None = None) -> tuple[str, int]:
+    """Writes via a same-directory temporary file, fsync, rename, fsync of the directory.
+
+    ``check`` may inspect the written temporary file and raise to keep it from replacing ``path``.
+    """
     tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "wb") as handle:
@@ -287,6 +401,8 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> tuple[str, int]:
             write(writer)
             handle.flush()
             os.fsync(handle.fileno())
+        if check is not None:
+            check(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -339,6 +455,39 @@ def _verify(info: SnapshotInfo) -> str | None:
     if digest.hexdigest() != info.sha256:
         return "sha256 does not match the manifest (corrupt data)"
     return None
+
+
+def _refuse_unsafe_globals(path: Path) -> None:
+    """Raises SnapshotError when the saved state holds objects that weights_only=True would refuse.
+
+    Reads only the archive's pickle record (data.pkl), not the tensor data, so it costs
+    little even for a large model.
+    """
+    unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    if unsafe:
+        raise SnapshotError(
+            f"the snapshot state holds objects that torch.load(weights_only=True) refuses to rebuild "
+            f"({', '.join(unsafe)}), so it could not be resumed from: keep the state (the Trainer's extra "
+            f"dict included) to tensors, numbers, strings, None and lists/tuples/dicts of them, or, if every "
+            f"writer of the snapshot directory is trusted, set {TRUST_SNAPSHOTS_ENV}=1")
+
+
+def _refused(error: pickle.UnpicklingError) -> str:
+    """Why weights_only refused a file, in one line, with the way out."""
+    match = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|$)", str(error), re.MULTILINE)
+    reason = match.group(1) if match else _first_line(error)
+    return (f"torch.load(weights_only=True) refused it ({reason}): it holds Python objects other than tensors "
+            f"and plain containers, as snapshots written before ddpjob stored its RNG states as tensors do; "
+            f"{TRUST_SNAPSHOTS_ENV}=1 loads it with weights_only=False, which runs any code it holds")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _listing(rejected: list[tuple[str, str]], separator: str) -> str:
+    return separator.join(f"{name}: {problem}" for name, problem in rejected)
 
 
 def _sort_key(data_path: Path) -> tuple[int, int]:

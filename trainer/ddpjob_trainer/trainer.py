@@ -44,10 +44,10 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from .dist import device_for
-from .env import DistEnv, dist_env
+from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
-from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotStore
+from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
 from .termination import ProgressReport, default_path, progress_port
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,16 @@ class TrainerConfig:
         progress_bar: tqdm bar on rank 0.
         tensorboard_dir: also log scalars to TensorBoard (needs tensorboard).
         wandb_project: also log scalars to W&B (needs wandb); the run id is kept in the snapshot.
+        trust_snapshots: load snapshots with ``torch.load(weights_only=False)``,
+            which runs any code a snapshot holds, and save any picklable ``extra``;
+            only for a snapshot directory whose every writer is trusted (e.g. to
+            resume from snapshots of an older ddpjob). None reads
+            ``DDPJOB_TRUST_SNAPSHOTS=1`` (default off: see SnapshotStore for what
+            a state may then hold).
+        snapshot_on_unreadable: ``Fail`` (raise SnapshotsUnreadableError) or
+            ``StartOver`` (train from scratch) when snapshots exist but none can
+            be read; None reads ``DDPJOB_SNAPSHOT_ON_UNREADABLE``, which the
+            operator renders from ``spec.snapshot.onUnreadable`` (default ``Fail``).
     """
 
     epochs: int
@@ -96,6 +106,8 @@ class TrainerConfig:
     progress_bar: bool = True
     tensorboard_dir: str | None = None
     wandb_project: str | None = None
+    trust_snapshots: bool | None = None
+    snapshot_on_unreadable: str | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -117,8 +129,10 @@ _RULES = {
     "snapshot_keep": ">= 1",
     "bucket_cap_mb": "> 0",
     "num_workers": ">= 0",
+    "snapshot_on_unreadable": "None, 'Fail' or 'StartOver'",
 }
-_RULE_CHECKS = {">= 1": lambda v: v >= 1, ">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0}
+_RULE_CHECKS = {">= 1": lambda v: v >= 1, ">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0,
+                "None, 'Fail' or 'StartOver'": lambda v: v is None or v in ON_UNREADABLE_CHOICES}
 
 
 @dataclass
@@ -155,6 +169,10 @@ class Trainer:
         val_data: validated on rank 0 after every epoch when given.
         env: the DistEnv (read from torchrun when omitted).
         extra: user state saved in and restored from every snapshot (``trainer.extra``).
+            Snapshots load with ``weights_only=True``, so it may hold tensors,
+            numbers, strings, None, and lists/tuples/dicts of them; a snapshot
+            of anything else is refused at save time (SnapshotError), unless
+            ``config.trust_snapshots`` (or ``DDPJOB_TRUST_SNAPSHOTS=1``).
         on_step: called on every rank with the global step after each optimizer step and its
             metrics; an exception from it fails the worker as one from the loop would (the
             example's fault injection, profiling hooks).
@@ -214,6 +232,8 @@ class Trainer:
             rank=self.env.rank,
             async_save=self.config.async_snapshot,
             on_saved=self._on_snapshot_saved,
+            trusted=self.config.trust_snapshots,
+            on_unreadable=self.config.snapshot_on_unreadable,
         )
 
     def _make_report(self) -> ProgressReport:
@@ -242,14 +262,11 @@ class Trainer:
         seed_everything(self.config.seed + self.env.rank)
         if self.store is None:
             return None
-        # Rank 0 picks the snapshot and tells the others, so every rank loads
-        # the same file even if a shared volume shows new files late.
-        chosen = [self.store.latest() if self.env.is_rank0 else None]
-        torch_dist.broadcast_object_list(chosen, src=0)
-        info = chosen[0]
+        info, state = self._choose_snapshot()
         if info is None:
             return None
-        state = self.store.load(info, map_location=self.device)
+        if state is None:
+            state = self.store.load(info, map_location=self.device)
         self._restore(state)
         if self.env.is_rank0:
             log.info(
@@ -257,6 +274,23 @@ class Trainer:
                 info.path, info.epoch, info.step, info.samples_consumed, state["world_size"], self.env.world_size,
             )
         return info
+
+    def _choose_snapshot(self) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:
+        """Rank 0 loads the newest readable snapshot and tells the others which, so every rank
+        loads the same file even if a shared volume shows new files late; rank 0's verdict
+        that none can be read is raised on every rank alike (none waits in a collective)."""
+        found, verdict = None, None
+        if self.env.is_rank0:
+            try:
+                found = self.store.load_latest(map_location=self.device)
+            except SnapshotsUnreadableError as error:
+                verdict = str(error)
+        chosen = [(found[0] if found else None, verdict)]
+        torch_dist.broadcast_object_list(chosen, src=0)
+        info, verdict = chosen[0]
+        if verdict is not None:
+            raise SnapshotsUnreadableError(verdict)
+        return info, (found[1] if found else None)
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -473,19 +507,39 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's RNG states (Python, numpy, torch CPU, torch CUDA of the current device)."""
+    """This process's RNG states (Python, numpy, torch CPU, torch CUDA of the current device).
+
+    Only types that ``torch.load(weights_only=True)`` rebuilds: Python's state is a tuple of
+    ints, torch's are uint8 tensors, and numpy's legacy tuple (which holds an ndarray) is
+    taken apart into a dict of plain values.
+    """
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": numpy_rng_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
 
 
+def numpy_rng_state() -> dict[str, Any]:
+    """np.random's global MT19937 state without numpy types: its 624 keys as a list of ints."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    return {"name": str(name), "keys": [int(k) for k in keys], "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
+
+
+def set_numpy_rng_state(state: Any) -> None:
+    """Restores numpy_rng_state(); also numpy's own tuple, as snapshots of older ddpjob versions hold it."""
+    if isinstance(state, dict):
+        state = (state["name"], np.array(state["keys"], dtype=np.uint32), state["pos"], state["has_gauss"],
+                 state["cached_gaussian"])
+    np.random.set_state(state)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restores what ``rng_state`` returned (tensors may arrive on a GPU through map_location)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    set_numpy_rng_state(state["numpy"])
     torch.set_rng_state(state["torch"].cpu())
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"].cpu())

@@ -57,6 +57,7 @@ RESERVED_ENV = {
     "PET_RDZV_CONF": "spec.elasticPolicy.rdzvTimeouts",
     "PET_MAX_RESTARTS": "spec.elasticPolicy.maxRestarts",
     C.ENV_SNAPSHOT_DIR: "spec.snapshot.mountPath",
+    C.ENV_SNAPSHOT_ON_UNREADABLE: "spec.snapshot.onUnreadable",
     C.ENV_JOB_NAME: "metadata.name (set by the operator)",
     C.ENV_NODE_INDEX: "the pod's node index (set by the operator)",
     C.ENV_NAMESPACE: "metadata.namespace (set by the operator)",
@@ -318,6 +319,11 @@ class Snapshot(_Model):
             "{claimName: x}}; a ReadWriteMany claim survives node loss, emptyDir does not."),
         json_schema_extra={"minProperties": 1, "maxProperties": 1, "default": {"emptyDir": {}}})
     keep: int = Field(2, ge=1, description="Complete snapshots kept; older ones are deleted.")
+    on_unreadable: Literal["Fail", "StartOver"] = Field("Fail", description=(
+        "What the trainer does when snapshot files exist but none can be read (corrupt, truncated, or "
+        "refused by torch.load(weights_only=True)): Fail stops with an error naming each file and why, "
+        "rather than silently training again from step 0; StartOver warns and trains from step 0. "
+        "Rendered as DDPJOB_SNAPSHOT_ON_UNREADABLE."))
 
 
 class FailurePolicy(_Model):

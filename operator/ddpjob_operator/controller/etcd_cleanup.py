@@ -17,6 +17,12 @@ When, and why it is safe to give up:
   when every attempt failed, so an unreachable etcd delays a deletion by about
   ``DELETE_ATTEMPTS * (timeout + RETRY_DELAY_SECONDS)`` seconds, never forever.
 
+* **Without the right to read the Secret** (``rdzvSecretName``, chart value
+  ``rbac.readSecrets`` off, the default): the API answers 403, retrying cannot
+  help, so the cleanup is skipped at once with one Warning Event naming the
+  chart value, on finish and on delete alike (the finalizer is released without
+  further attempts).
+
 Giving up leaks nothing for long: every key carries the writing agent's lease
 (``lease_ttl``, 2 h by default) and disappears when it expires.
 
@@ -54,6 +60,8 @@ RETRY_DELAY_SECONDS = 2.0  # pause between attempts on deletion
 
 REASON_CLEANED = "RendezvousKeysDeleted"  # Normal: the job's etcd keys were deleted
 REASON_CLEANUP_FAILED = "RendezvousCleanupFailed"  # Warning: they could not be (etcd down, bad credentials)
+# The chart value that grants reading rdzvSecretName (charts/ddpjob-operator/values.yaml).
+READ_SECRETS_VALUE = "rbac.readSecrets"
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,10 @@ class CleanupError(Exception):
     """The keys could not be deleted; the message says where, why, and what happens to them."""
 
 
+class CleanupForbidden(CleanupError):
+    """The operator may not read the job's Secret: no retry helps until someone grants it."""
+
+
 def write_credentials(secret: Mapping[str, Any], directory: Path) -> None:
     """The Secret's documented keys as files, the layout the pods see at the Secret's mount."""
     data = secret.get("data") or {}
@@ -134,6 +146,7 @@ class RendezvousCleaner:
         self._api = api
         self._tried_on_finish: set[str] = set()  # uids whose finish cleanup ran (once per process)
         self._cleaned: set[str] = set()  # uids whose keys this process deleted
+        self._forbidden: set[str] = set()  # uids already told that their Secret may not be read
 
     async def after_pass(self, job: Mapping[str, Any], pods: Iterable[PodView],
                          status: Mapping[str, Any]) -> None:
@@ -144,6 +157,8 @@ class RendezvousCleaner:
         self._tried_on_finish.add(target.run_id)  # one attempt per process, even if it fails
         try:
             await self._clean(job, target)
+        except CleanupForbidden as e:
+            await self._skip(job, target, e)
         except CleanupError as e:
             await self._event(job, C.EVENT_WARNING, REASON_CLEANUP_FAILED,
                               f"{e}; the operator tries again when the job is deleted")
@@ -156,6 +171,8 @@ class RendezvousCleaner:
         if target.run_id not in self._cleaned:  # already done when the job finished
             try:
                 await self._clean(job, target)
+            except CleanupForbidden as e:  # retrying cannot help: release the finalizer now
+                await self._skip(job, target, e)
             except CleanupError as e:
                 attempt = retry + 1
                 if attempt < DELETE_ATTEMPTS:
@@ -166,6 +183,14 @@ class RendezvousCleaner:
                                   f"{e}; gave up after {DELETE_ATTEMPTS} attempts so that the deletion "
                                   f"completes; the keys expire with their lease (rdzv_conf lease_ttl)")
         self._forget(target.run_id)
+
+    async def _skip(self, job: Mapping[str, Any], target: CleanupTarget, error: CleanupForbidden) -> None:
+        """One Warning per job and process: the cleanup needs a grant the operator lacks."""
+        if target.run_id in self._forbidden:
+            logger.info("%s", error)
+            return
+        self._forbidden.add(target.run_id)
+        await self._event(job, C.EVENT_WARNING, REASON_CLEANUP_FAILED, str(error))
 
     async def _clean(self, job: Mapping[str, Any], target: CleanupTarget) -> None:
         timeout = timeout_seconds()
@@ -188,6 +213,13 @@ class RendezvousCleaner:
         try:
             secret = await self._api.get_secret(namespace, target.secret_name)
         except (kube.ApiError, kopf.TemporaryError) as e:
+            if isinstance(e, kube.ApiError) and e.status == 403:  # RBAC: no grant to read Secrets
+                logger.info("Reading Secret %s/%s was refused: %s", namespace, target.secret_name, e)
+                raise CleanupForbidden(
+                    f"skipped deleting the etcd rendezvous keys under {target.prefix}: the operator may not "
+                    f"read Secret {namespace}/{target.secret_name} (spec.elasticPolicy.rdzvSecretName); "
+                    f"set the chart value {READ_SECRETS_VALUE}=true to let it; meanwhile the keys expire "
+                    f"with their lease (rdzv_conf lease_ttl)") from e
             raise CleanupError(f"could not read Secret {namespace}/{target.secret_name} "
                                f"(spec.elasticPolicy.rdzvSecretName) to delete the rendezvous keys "
                                f"under {target.prefix}: {e}") from e
@@ -202,6 +234,7 @@ class RendezvousCleaner:
         """The job is gone (or about to be): its bookkeeping may go too."""
         self._tried_on_finish.discard(uid)
         self._cleaned.discard(uid)
+        self._forbidden.discard(uid)
 
     @staticmethod
     def _failure(target: CleanupTarget, error: BaseException) -> str:

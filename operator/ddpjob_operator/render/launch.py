@@ -140,6 +140,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
     }
     if snapshot_dir is not None:
         env[C.ENV_SNAPSHOT_DIR] = snapshot_dir
+        # Snapshots that exist but cannot be read stop the trainer unless the spec says to start over.
+        env[C.ENV_SNAPSHOT_ON_UNREADABLE] = spec.snapshot.on_unreadable if spec.snapshot else "Fail"
     return NodeLaunch(command=["torchrun"], args=torchrun_args(spec), env=env)
 
 
