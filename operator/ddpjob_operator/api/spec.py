@@ -274,6 +274,13 @@ class ElasticPolicy(_Model):
         "only). Keys: ca.crt (turns on TLS), tls.crt + tls.key (client certificate), username + "
         "password (etcd auth). etcd-v3 uses the keys present; torch's etcd (v2) backend needs ca.crt, "
         "tls.crt and tls.key and has no password auth."))
+    # --- rendezvous isolation (docs/security.md) ---
+    rdzv_allow_insecure_credentials: bool = Field(False, description=(
+        "Let the etcd-v3 agents and the operator's key cleanup send the username and password of "
+        "rdzvSecretName to etcd in plaintext when the Secret has no ca.crt. Off: such a Secret is "
+        "refused when the agent starts (its error names this field), because whoever reads the "
+        "password may write the rendezvous state, a pickle every agent loads. Only for networks "
+        "you trust; rendered as rdzv_conf allow_insecure_credentials=true."))
     rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
     managed_etcd: ManagedEtcd = _object(ManagedEtcd, "A per-job etcd run by the operator.")
     # No schema default: the API server would write `pod` into etcd jobs too, which the rule
