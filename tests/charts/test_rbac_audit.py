@@ -2,8 +2,8 @@
 
 The operator runs with the exact arguments the chart's Deployment renders,
 against the API emulator (tests/support), through a job's whole life: create,
-run, a node failure and its replacement, scale up, success, pod cleanup and
-deletion after ttlSecondsAfterFinished, a pod stuck terminating on a NotReady node
+run (its NetworkPolicy looked for and created), a node failure and its replacement, scale up,
+success, pod cleanup and deletion after ttlSecondsAfterFinished, a pod stuck terminating on a NotReady node
 (force-deleted after reading its Node), and an etcd-v3 job (a real etcd)
 whose rendezvous keys are deleted with the credentials of its Secret, and a
 job with a managed etcd. Each request the operator sent (told

@@ -26,7 +26,8 @@ replaces only how writes and reads are interpreted, following the API convention
 * ``/api/v1/namespaces`` (which kmock's URL parser cannot read) with namespaces created
   implicitly on first use, as if an admin had created them;
 * built-in resource discovery (kmock's bundled list) so kubectl and kopf find pods, services,
-  events (core/v1 and events.k8s.io/v1), namespaces and CRDs.
+  events (core/v1 and events.k8s.io/v1), namespaces, CRDs and networkpolicies;
+* ``forbidden``: (method, resource) pairs answered 403, as for a client whose RBAC lacks the grant.
 
 Not emulated: admission, schema validation, defaulting, kubelet (pods never run: tests patch
 their status like a kubelet would), pod grace periods (pods without finalizers disappear at
@@ -104,6 +105,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # does while it waits for the kubelet; the pod goes on a second DELETE with
     # gracePeriodSeconds 0 (the kubelet's confirmation, or a force delete).
     graceful_pod_deletion: bool = False
+    # (HTTP method, resource plural) pairs answered 403 Forbidden, as for a client whose RBAC
+    # lacks the grant, e.g. ("POST", "networkpolicies"); tests may change it while serving.
+    forbidden: set[tuple[str, str]] = attrs.field(factory=set)
     _write_queue: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # reads do not wait on it
 
     def __attrs_post_init__(self) -> None:
@@ -183,6 +187,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if res is None or res.plural is None:  # discovery and non-Kubernetes paths
             return await kmock.KubernetesScaffold._handle(self, request)
         method = request.method.value.upper()
+        if (method, res.plural) in self.forbidden:
+            raise api_error(403, "Forbidden", f'{res.plural}.{res.group or "core"} is forbidden: '
+                            f'{method} is not granted to this client', kind=res.plural)
         if method in ("POST", "PUT", "PATCH", "DELETE"):
             # Writes are interpreted here, not by user reactions: tests drive the server through
             # its API only, so every write must follow the conventions.

@@ -8,7 +8,8 @@ Rules, in order:
   * finished (Succeeded/Failed): delete pods per runPolicy.cleanPodPolicy, then
     delete the job runPolicy.ttlSecondsAfterFinished after completionTime;
   * suspended: delete every pod;
-  * otherwise: create the Service when missing; delete pods with index >= replicas
+  * otherwise: create the Service when missing, and the NetworkPolicy when
+    spec.networkPolicy.enabled and it is missing; delete pods with index >= replicas
     (scale-down removes the highest indexes, never node 0, the c10d host); delete
     failed pods and re-create them under the same name once the backoff after the
     current failure incident has elapsed and the old pod is gone; create the
@@ -36,8 +37,10 @@ from ddpjob_operator.decide.observed import current_pods, is_active, is_deleting
 from ddpjob_operator.decide.observed import is_store_pod
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
-from ddpjob_operator.decide.actions import Action, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.decide.actions import Action, CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod
+from ddpjob_operator.decide.actions import Requeue
 from ddpjob_operator.decide.budget import replacement_delay
 
 DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted name terminates
@@ -57,7 +60,8 @@ DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted 
 
 def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any],
                  pods: Iterable[Mapping[str, Any]], now: datetime, *,
-                 service_exists: bool) -> list[Action]:
+                 service_exists: bool, network_policy_exists: bool | None = None,
+                 operator: OperatorPeer = OperatorPeer()) -> list[Action]:
     """The actions that move the cluster toward the spec.
 
     Args:
@@ -68,6 +72,9 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
         pods: the job's observed pods.
         now: the current time.
         service_exists: whether the job's Service was observed.
+        network_policy_exists: whether the job's NetworkPolicy was observed; None when it was
+            not looked for (then none is planned).
+        operator: the operator's pods, whom the NetworkPolicy lets read the progress port.
     """
     pods = list(pods)
     if spec is None:
@@ -78,6 +85,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     if phase == C.PHASE_SUSPENDED or spec.run_policy.suspend:
         return [DeletePod(pod_name_of(p), "the job is suspended") for p in pods if not is_deleting(p)]
     actions: list[Action] = [] if service_exists else [CreateService(render_service(ref, spec))]
+    actions += _network_policy(ref, spec, network_policy_exists, operator)
     generation = topology.generation_of(status)
     stale = [p for p in pods if topology.is_stale(p, generation)]
     actions += [DeletePod(pod_name_of(p), f"a whole-group restart began rendezvous generation {generation}")
@@ -92,6 +100,13 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
         actions += _create_missing(ref, spec, status, pods, now)
     actions += _pending_requeue(spec, pods, now)
     return _with_one_requeue(actions + _deadline_requeue(spec, status, now))
+
+
+def _network_policy(ref: JobRef, spec: DDPJobSpec, exists: bool | None, operator: OperatorPeer) -> list[Action]:
+    """Create-or-skip, like the Service: created while the job runs, never deleted (the job owns it)."""
+    if exists is None or exists or not spec.network_policy.enabled:
+        return []
+    return [CreateNetworkPolicy(render_network_policy(ref, operator))]
 
 
 def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: list[Mapping[str, Any]],

@@ -12,6 +12,7 @@ from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import ObservedEtcd, plan_managed_etcd
 from ddpjob_operator.decide.actions import Action, Requeue
 from ddpjob_operator.decide.plan import plan_actions
+from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.status import compute_status
@@ -32,7 +33,9 @@ class Reconciliation:
 def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: datetime, *,
               service_exists: bool, live_progress: Iterable[Mapping[str, Any]] = (),
               managed_etcd: ObservedEtcd | None = None,
-              nodes: Mapping[str, Any] | None = None) -> Reconciliation:
+              nodes: Mapping[str, Any] | None = None,
+              network_policy_exists: bool | None = None,
+              operator: OperatorPeer = OperatorPeer()) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
@@ -44,6 +47,8 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
         managed_etcd: the job's managed etcd as observed (None when the job asks for none).
         nodes: Node objects (None: gone) of the pods past their deletionTimestamp, by name;
             a node left out is unknown and its pods are not force-deleted.
+        network_policy_exists: whether the job's NetworkPolicy exists (None: not looked for).
+        operator: the operator's pods, as the NetworkPolicy admits them.
     """
     pods = list(pods)
     ref = JobRef.from_body(body)
@@ -51,7 +56,8 @@ def reconcile(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], now: d
     spec = None if errors else DDPJobSpec.model_validate(body.get("spec") or {})
     update = compute_status(ref, spec, pods, body.get("status"), now, errors=errors,
                             live_progress=live_progress)
-    actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists)
+    actions = plan_actions(ref, spec, update.status, pods, now, service_exists=service_exists,
+                           network_policy_exists=network_policy_exists, operator=operator)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), managed_etcd) + actions
     actions, forced = with_force_deletions(spec, pods, nodes or {}, now, actions)
     if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES:
