@@ -6,7 +6,8 @@ api/         What users write and read: constants, generated names (and the one
              63-character rule), the DDPJob spec model with each cross-field rule beside
              its CEL twin, the clock format, and the CRD/reference generator.
 render/      spec -> the objects a job wants, as plain dicts (pure): the torchrun launch
-             plan, node pods and Service, the store pod, the managed etcd, labels, Kueue.
+             plan, node pods and Service, the store pod, the managed etcd, the job's
+             NetworkPolicy, labels, Kueue.
 decide/      spec + what was observed + the previous status + now -> new status, Events
              and actions (pure). Shared types and rules (actions, observed, failure,
              budget) at the bottom; one module per policy (capacity, topology, progress,

@@ -13,8 +13,8 @@ from __future__ import annotations
 BACKEND_NAME = "etcd-v3"  # torchrun --rdzv_backend value of ddpjob's backend
 
 
-def delete_rendezvous(endpoints, run_id: str, **options) -> int:
+def delete_rendezvous(endpoints, run_id: str, *, namespace: str = "", **options) -> int:
     """See :func:`ddpjob_rdzv.cleanup.delete_rendezvous` (etcd3 is imported on first use)."""
     from ddpjob_rdzv.cleanup import delete_rendezvous as delete
 
-    return delete(endpoints, run_id, **options)
+    return delete(endpoints, run_id, namespace=namespace, **options)

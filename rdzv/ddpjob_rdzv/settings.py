@@ -14,12 +14,22 @@ timeouts and keep_alive_* settings, which ``create_handler`` reads):
     credentials_dir  a mounted Secret: each of its files ca.crt, tls.crt, tls.key, username and password
                    that exists stands for ca_cert, ssl_cert, ssl_cert_key, username and password_file;
                    keys given explicitly win over its files
+    allow_insecure_credentials  true: send username and password even without ca_cert, in
+                   plaintext (default false: refused; DDPJob field
+                   spec.elasticPolicy.rdzvAllowInsecureCredentials)
 
 Why a directory: the operator mounts the Secret named by
 ``spec.elasticPolicy.rdzvSecretName`` without reading which keys it holds, and a
 file named explicitly but missing must stay an error (a missing ``ca_cert`` must
 never quietly mean plaintext). The Secret's own keys decide instead, as they do
 for ``kubernetes.io/tls`` and ``kubernetes.io/basic-auth`` Secrets.
+
+Why a password without a CA is refused: etcd's simple auth sends the password in
+the clear on a plaintext channel, and whoever reads it may write the rendezvous
+state, a pickle every agent loads (code execution in the job). The check sits
+here, the one place both sides pass through (the trainer's agent before its
+first connection, the operator's key cleanup), because only they see the
+Secret's content: the operator renders pods without reading it.
 """
 from __future__ import annotations
 
@@ -59,6 +69,13 @@ def settings_from_conf(endpoint: str, conf: dict) -> EtcdSettings:
     if bool(username) != (password is not None):
         raise ValueError(
             f"rdzv_conf username ({username!r}) needs password or password_file, and a password needs a username"
+        )
+    if username and not ca_cert and not _flag(conf, "allow_insecure_credentials"):
+        raise ValueError(
+            f"rdzv_conf username ({username!r}) and password would travel to etcd in plaintext: no ca_cert "
+            f"is set (a rdzvSecretName Secret without ca.crt). Add the CA of etcd's server certificate as "
+            f"ca_cert (the Secret's ca.crt) to use TLS, or accept plaintext on a network you trust with "
+            f"rdzv_conf allow_insecure_credentials=true (spec.elasticPolicy.rdzvAllowInsecureCredentials: true)"
         )
     return EtcdSettings(
         endpoints=parse_endpoints(endpoint, has_ca=bool(ca_cert)),
@@ -127,6 +144,16 @@ def _password(conf: dict) -> str | None:
         except OSError as exc:
             raise ValueError(f"rdzv_conf password_file ({path!r}) must be a readable file: {exc}") from exc
     return conf.get("password") or None
+
+
+def _flag(conf: dict, name: str) -> bool:
+    raw = conf.get(name)
+    if raw in (None, ""):
+        return False
+    text = str(raw).strip().lower()
+    if text not in ("true", "false", "1", "0"):
+        raise ValueError(f"rdzv_conf {name} ({raw!r}) must be true or false")
+    return text in ("true", "1")
 
 
 def _positive_int(conf: dict, name: str, default: int, minimum: int) -> int:

@@ -50,6 +50,7 @@ NAMESPACED_GRANTS = {
     ("", "pods"): {"list", "watch", "create", "delete"},
     ("", "services"): {"get", "create"},
     ("", "events"): {"create"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create"},  # spec.networkPolicy, one per job
 }  # Secrets only with rbac.readSecrets (tests/charts/test_rbac_docs.py)
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NODE_READ = {("", "nodes"): {"get"}}  # a stuck terminating pod's node: NotReady or gone -> force delete
@@ -82,7 +83,9 @@ def test_default_install_runs_standalone_cluster_wide_without_metrics():
     assert {obj["kind"] for obj in objects} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
     main = container(objects)
     assert main["command"] == ["python", "-m", "ddpjob_operator"]
-    assert main["args"] == ["--standalone", "--liveness-port=8080", "--metrics-port=0"]
+    assert main["args"] == ["--standalone", "--liveness-port=8080", f"--operator-namespace={NAMESPACE}",
+                            f"--operator-pod-selector=app.kubernetes.io/name=ddpjob-operator,"
+                            f"app.kubernetes.io/instance={RELEASE}", "--metrics-port=0"]
     assert main["image"] == "ghcr.io/ddpjob/operator:0.1.0"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.charts.support import NAMESPACE, by_kind, one, render, render_notes
+from tests.support.network_policy import admitted, selects
 
 ON = {"etcd": {"enabled": True}}
 
@@ -68,3 +69,63 @@ def test_a_long_release_name_keeps_the_etcd_name_within_63_characters():
     objects = render(ON, name="a" * 40 + "-training-team")
     name = one(objects, "StatefulSet")["metadata"]["name"]
     assert len(name) <= 63 and name.endswith("-etcd") and "--" not in name
+
+
+# --- who may reach the shared etcd ------------------------------------------------------------
+
+def node_pod_labels(job: str = "mlp") -> dict:
+    """The labels the operator puts on a node pod (render/common.py)."""
+    from ddpjob_operator.render.common import pod_labels
+
+    return pod_labels(job, 0)
+
+
+def store_pod_labels(job: str = "mlp") -> dict:
+    from ddpjob_operator.render.store_pod import store_labels
+
+    return store_labels(job)
+
+
+def operator_pod_labels(objects: list[dict]) -> dict:
+    return one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_shared_etcd_gets_a_network_policy_that_selects_it():
+    objects = render(ON)
+    policy = one(objects, "NetworkPolicy")
+
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert selects(policy, one(objects, "StatefulSet")["spec"]["template"]["metadata"]["labels"], NAMESPACE)
+    assert not selects(policy, operator_pod_labels(objects), NAMESPACE)
+
+
+@pytest.mark.parametrize(("who", "namespace", "port", "allowed"), [
+    ("node pod", "team-a", 2379, True),
+    ("node pod", NAMESPACE, 2379, True),
+    ("node pod", "team-a", 2380, False),  # the peer port is on loopback; nothing else is open
+    ("operator", NAMESPACE, 2379, True),
+    ("operator", "elsewhere", 2379, False),
+    ("store pod", "team-a", 2379, False),  # the c10d store pod never talks to etcd
+    ("any pod", "team-a", 2379, False),
+    ("any pod", NAMESPACE, 2379, False),
+])
+def test_only_ddpjob_node_pods_and_the_operator_reach_the_shared_etcd(who, namespace, port, allowed):
+    objects = render(ON)
+    labels = {"node pod": node_pod_labels(), "store pod": store_pod_labels(), "any pod": {"app": "web"},
+              "operator": operator_pod_labels(objects)}[who]
+
+    assert admitted(one(objects, "NetworkPolicy"), labels, namespace, port) is allowed
+
+
+def test_with_watched_namespaces_only_their_node_pods_reach_the_shared_etcd():
+    policy = one(render({**ON, "watchNamespaces": ["team-a", "team-b"]}), "NetworkPolicy")
+
+    assert admitted(policy, node_pod_labels(), "team-b", 2379)
+    assert not admitted(policy, node_pod_labels(), "team-c", 2379)
+
+
+@pytest.mark.parametrize("values", [{}, {"etcd": {"enabled": True, "networkPolicy": {"enabled": False}}}],
+                         ids=["no etcd", "policy turned off"])
+def test_no_etcd_network_policy_without_the_etcd_or_when_turned_off(values):
+    assert by_kind(render(values), "NetworkPolicy") == []

@@ -170,7 +170,8 @@ def test_operator_entrypoint_module_runs_from_the_installed_package():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     # The chart's Deployment passes these flags.
-    for flag in ["--namespace", "--standalone", "--peering", "--liveness-port", "--metrics-port", "--verbose"]:
+    for flag in ["--namespace", "--standalone", "--peering", "--liveness-port", "--metrics-port", "--verbose",
+                 "--operator-namespace", "--operator-pod-selector"]:
         assert flag in result.stdout, f"`python -m ddpjob_operator --help` does not mention {flag}"
 
 

@@ -4,7 +4,7 @@ and what an opt-out value withholds is refused and handled.
 The operator runs with the exact arguments the chart's Deployment renders,
 against the API emulator (tests/support), which enforces the rendered
 ClusterRoles and Roles (tests/support/rbac.py: 403 for anything they do not
-grant, as a cluster would), through a job's whole life: create, run, a node
+grant, as a cluster would), through a job's whole life: create, run (its NetworkPolicy looked for and created), a node
 failure and its replacement, scale up, success, pod cleanup and deletion after
 ttlSecondsAfterFinished, a pod stuck terminating on a NotReady node
 (force-deleted after reading its Node, or left alone without rbac.readNodes),

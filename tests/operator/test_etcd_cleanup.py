@@ -46,9 +46,9 @@ def connect(endpoint: str, **conf) -> EtcdConnection:
     return EtcdConnection(settings_from_conf(endpoint, {"read_timeout": "5", **conf}))
 
 
-def put_run_keys(endpoint: str, run_id: str, **conf) -> list[str]:
-    """What agents leave behind: the state key and a store key of one generation."""
-    written = [keys.state_key(run_id), keys.store_prefix(run_id, 7) + "MASTER_ADDR"]
+def put_run_keys(endpoint: str, namespace: str, run_id: str, **conf) -> list[str]:
+    """What agents of a job in ``namespace`` leave behind: the state key and a store key of one generation."""
+    written = [keys.state_key(namespace, run_id), keys.store_prefix(namespace, run_id, 7) + "MASTER_ADDR"]
     connection = connect(endpoint, **conf)
     try:
         for key in written:
@@ -81,8 +81,9 @@ FAILED = ("Warning", etcd_cleanup.REASON_CLEANUP_FAILED)
 def test_a_finished_job_loses_its_keys_and_only_its_keys(etcd, k8s, operator):
     uid = k8s.create("ddpjobs", etcd_job([etcd.endpoint]))["metadata"]["uid"]
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=15, what="the node pod")
-    ours = put_run_keys(etcd.endpoint, uid)
-    other = put_run_keys(etcd.endpoint, f"other-{uid}")
+    ours = put_run_keys(etcd.endpoint, k8s.namespace, uid)
+    other = put_run_keys(etcd.endpoint, k8s.namespace, f"other-{uid}")
+    same_id_elsewhere = put_run_keys(etcd.endpoint, "another-namespace", uid)
     set_running(k8s, "mlp-node-0")
     time.sleep(0.5)
     assert existing(etcd.endpoint, ours) == ours, "a running job's keys were deleted"
@@ -91,9 +92,11 @@ def test_a_finished_job_loses_its_keys_and_only_its_keys(etcd, k8s, operator):
 
     k8s.wait_for(lambda: existing(etcd.endpoint, ours) == [], timeout=15, what="the job's keys deleted")
     assert existing(etcd.endpoint, other) == other
+    assert existing(etcd.endpoint, same_id_elsewhere) == same_id_elsewhere
     assert status(k8s)["phase"] == "Succeeded"
     messages = k8s.wait_for(lambda: reasons(k8s, CLEANED), timeout=10, what="a RendezvousKeysDeleted Event")
-    assert messages == [f"deleted 2 etcd key(s) of the rendezvous under /ddpjob/rdzv/{uid}/ at {etcd.endpoint}"]
+    assert messages == [f"deleted 2 etcd key(s) of the rendezvous under /ddpjob/rdzv/{k8s.namespace}/{uid}/ "
+                        f"at {etcd.endpoint}"]
 
 
 def test_only_etcd_v3_jobs_carry_the_cleanup_finalizer(etcd, k8s, operator):
@@ -135,12 +138,14 @@ def create_secret(k8s, name: str, data: dict[str, str]) -> None:
 
 def test_deleting_a_running_job_deletes_its_keys_with_the_credentials_of_its_secret(etcd_with_auth, k8s, operator):
     create_secret(k8s, "etcd-client", {"username": "trainer\n", "password": "s3cret\n"})
-    auth = {"username": "trainer", "password": "s3cret"}
-    uid = k8s.create("ddpjobs", etcd_job([etcd_with_auth.endpoint], rdzvSecretName="etcd-client"))["metadata"]["uid"]
+    auth = {"username": "trainer", "password": "s3cret", "allow_insecure_credentials": "true"}
+    # The test etcd is plaintext: the job must allow its password to travel in the clear.
+    uid = k8s.create("ddpjobs", etcd_job([etcd_with_auth.endpoint], rdzvSecretName="etcd-client",
+                                         rdzvAllowInsecureCredentials=True))["metadata"]["uid"]
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=15, what="the node pod")
     pod = k8s.get("pods", "mlp-node-0")
     assert {"name": "rdzv-credentials", "secret": {"secretName": "etcd-client"}} in pod["spec"]["volumes"]
-    ours = put_run_keys(etcd_with_auth.endpoint, uid, **auth)
+    ours = put_run_keys(etcd_with_auth.endpoint, k8s.namespace, uid, **auth)
     set_running(k8s, "mlp-node-0")
     k8s.wait_for(lambda: k8s.get("ddpjobs", "mlp")["metadata"].get("finalizers"), timeout=10, what="the finalizer")
 
@@ -149,6 +154,26 @@ def test_deleting_a_running_job_deletes_its_keys_with_the_credentials_of_its_sec
     k8s.wait_for(lambda: k8s.find("ddpjobs", "mlp") is None, timeout=20, what="the job deleted")
     assert existing(etcd_with_auth.endpoint, ours, **auth) == []
     assert reasons(k8s, CLEANED) and not reasons(k8s, FAILED)
+
+
+def test_the_operator_never_sends_a_password_in_plaintext_unless_the_job_allows_it(etcd_with_auth, k8s, operator):
+    create_secret(k8s, "etcd-client", {"username": "trainer\n", "password": "s3cret\n"})  # no ca.crt
+    uid = k8s.create("ddpjobs", etcd_job([etcd_with_auth.endpoint], rdzvSecretName="etcd-client"))["metadata"]["uid"]
+    k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=15, what="the node pod")
+    auth = {"username": "trainer", "password": "s3cret", "allow_insecure_credentials": "true"}
+    ours = put_run_keys(etcd_with_auth.endpoint, k8s.namespace, uid, **auth)
+
+    set_terminated(k8s, "mlp-node-0", 0)
+
+    refused = k8s.wait_for(lambda: reasons(k8s, FAILED), timeout=20, what="a Warning about the refused cleanup")
+    assert refused == [
+        f"could not delete the etcd rendezvous keys under /ddpjob/rdzv/{k8s.namespace}/{uid}/ at "
+        f"{etcd_with_auth.endpoint} (spec.elasticPolicy.rdzvEndpoints): rdzv_conf username ('trainer') and "
+        "password would travel to etcd in plaintext: no ca_cert is set (a rdzvSecretName Secret without "
+        "ca.crt). Add the CA of etcd's server certificate as ca_cert (the Secret's ca.crt) to use TLS, or "
+        "accept plaintext on a network you trust with rdzv_conf allow_insecure_credentials=true "
+        "(spec.elasticPolicy.rdzvAllowInsecureCredentials: true); the operator tries again when the job is deleted"]
+    assert existing(etcd_with_auth.endpoint, ours, **auth) == ours
 
 
 def test_an_unreachable_etcd_is_reported_and_the_deletion_completes_within_its_bound(cluster, k8s, tmp_path):  # noqa: F811
@@ -186,12 +211,13 @@ def test_without_the_right_to_read_its_secret_the_cleanup_is_skipped_at_once_nam
     create_secret(k8s, "etcd-client", {"username": "trainer\n", "password": "s3cret\n"})
     uid = k8s.create("ddpjobs", etcd_job([etcd.endpoint], rdzvSecretName="etcd-client"))["metadata"]["uid"]
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=15, what="the node pod")
-    ours = put_run_keys(etcd.endpoint, uid)
+    ours = put_run_keys(etcd.endpoint, k8s.namespace, uid)
     set_terminated(k8s, "mlp-node-0", 0)
 
     skipped = k8s.wait_for(lambda: reasons(k8s, FAILED), timeout=15, what="a Warning about the skipped cleanup")
     assert skipped == [
-        f"skipped deleting the etcd rendezvous keys under /ddpjob/rdzv/{uid}/: the operator may not read Secret "
+        f"skipped deleting the etcd rendezvous keys under /ddpjob/rdzv/{k8s.namespace}/{uid}/: "
+        "the operator may not read Secret "
         f"{k8s.namespace}/etcd-client (spec.elasticPolicy.rdzvSecretName); set the chart value "
         f"rbac.readSecrets=true to let it; meanwhile the keys expire with their lease (rdzv_conf lease_ttl)"]
     assert existing(etcd.endpoint, ours) == ours

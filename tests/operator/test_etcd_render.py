@@ -73,13 +73,54 @@ def test_the_secret_name_appears_only_in_the_volume_never_in_env_or_args():
     assert all("valueFrom" not in e for e in container["env"])
 
 
+def mounted(pod: dict, directory) -> dict[str, str]:
+    """The pod's rdzv_conf as the agent reads it, with the Secret's mount at ``directory``."""
+    return {k: v.replace(C.RDZV_SECRET_MOUNT_PATH, str(directory)) for k, v in conf_of(pod).items()}
+
+
+def basic_auth_secret(directory) -> None:
+    (directory / "username").write_text("trainer\n")
+    (directory / "password").write_text("s3cret\n")
+
+
 def test_the_rendered_conf_is_what_the_backend_reads_from_a_mounted_secret(tmp_path):
-    pod = pod_of(**V3, rdzvSecretName="etcd-client")
-    (tmp_path / "username").write_text("trainer\n")
-    (tmp_path / "password").write_text("s3cret\n")
-    conf = {k: v.replace(C.RDZV_SECRET_MOUNT_PATH, str(tmp_path)) for k, v in conf_of(pod).items()}
+    pod = pod_of(**V3, rdzvSecretName="etcd-client", rdzvAllowInsecureCredentials=True)
+    basic_auth_secret(tmp_path)
 
-    settings = settings_from_conf(env_of(pod)["PET_RDZV_ENDPOINT"], conf)
+    settings = settings_from_conf(env_of(pod)["PET_RDZV_ENDPOINT"], mounted(pod, tmp_path))
 
+    assert conf_of(pod)["allow_insecure_credentials"] == "true"
     assert (settings.username, settings.password) == ("trainer", "s3cret")
     assert settings.endpoints == (("etcd-0", 2379), ("etcd-1", 2379))
+
+
+def test_a_password_without_ca_crt_is_refused_by_the_agent_unless_the_spec_allows_plaintext(tmp_path):
+    pod = pod_of(**V3, rdzvSecretName="etcd-client")
+    basic_auth_secret(tmp_path)
+
+    with pytest.raises(ValueError) as refused:
+        settings_from_conf(env_of(pod)["PET_RDZV_ENDPOINT"], mounted(pod, tmp_path))
+
+    assert "allow_insecure_credentials" not in conf_of(pod)
+    assert str(refused.value) == (
+        "rdzv_conf username ('trainer') and password would travel to etcd in plaintext: no ca_cert is set "
+        "(a rdzvSecretName Secret without ca.crt). Add the CA of etcd's server certificate as ca_cert (the "
+        "Secret's ca.crt) to use TLS, or accept plaintext on a network you trust with rdzv_conf "
+        "allow_insecure_credentials=true (spec.elasticPolicy.rdzvAllowInsecureCredentials: true)")
+
+
+def test_a_password_with_ca_crt_needs_no_permission(tmp_path):
+    pod = pod_of(**V3, rdzvSecretName="etcd-client")
+    basic_auth_secret(tmp_path)
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+
+    settings = settings_from_conf(env_of(pod)["PET_RDZV_ENDPOINT"], mounted(pod, tmp_path))
+
+    assert (settings.username, settings.ca_cert) == ("trainer", str(tmp_path / "ca.crt"))
+
+
+@pytest.mark.parametrize("elastic", [{**V3}, {**V2, "rdzvSecretName": "etcd-client"}], ids=["no secret", "etcd v2"])
+def test_allowing_plaintext_renders_nothing_where_no_password_can_be_sent(elastic):
+    conf = conf_of(pod_of(**elastic, rdzvAllowInsecureCredentials=True))
+
+    assert "allow_insecure_credentials" not in conf

@@ -107,7 +107,7 @@ def test_state_and_store_keys_live_under_the_run_prefix_and_carry_a_lease_with_t
     backend.set_state(b"v1")
     EtcdV3Store(backend._connection, backend).set("MASTER_ADDR", "10.0.0.1")
 
-    prefix = f"/ddpjob/rdzv/{backend.run_id}/"
+    prefix = f"/ddpjob/rdzv/_local/{backend.run_id}/"  # a backend made outside a cluster: no namespace
     found = connect(etcd.endpoint).call("test list", lambda client: list(client.get_prefix(prefix)))
     names = sorted(meta.key.decode() for _, meta in found)
     assert names == [f"{prefix}state", f"{prefix}store/{backend.generation}/MASTER_ADDR"]
@@ -251,19 +251,24 @@ def etcd_with_auth():
         yield server
 
 
+# The test etcd with auth is plaintext: the password travels in the clear, which must be allowed explicitly.
+PLAINTEXT_OK = {"allow_insecure_credentials": "true"}
+
+
 def test_the_right_credentials_are_accepted_and_survive_an_etcd_restart(etcd_with_auth):
-    backend = make_backend(etcd_with_auth, username="trainer", password="s3cret", read_timeout=30)
+    backend = make_backend(etcd_with_auth, username="trainer", password="s3cret", read_timeout=30, **PLAINTEXT_OK)
     _, token, _ = backend.set_state(b"v1")
 
     # etcd forgets auth tokens when it restarts; the connection must authenticate again.
     etcd_with_auth.restart()
 
     assert backend.set_state(b"v2", token)[::2] == (b"v2", True)
-    assert delete_rendezvous(etcd_with_auth.endpoint, backend.run_id, username="trainer", password="s3cret") == 1
+    assert delete_rendezvous(etcd_with_auth.endpoint, backend.run_id, username="trainer", password="s3cret",
+                             **PLAINTEXT_OK) == 1
 
 
 def test_a_wrong_password_fails_at_once_naming_the_user(etcd_with_auth):
-    backend = make_backend(etcd_with_auth, username="trainer", password="wrong", read_timeout=30)
+    backend = make_backend(etcd_with_auth, username="trainer", password="wrong", read_timeout=30, **PLAINTEXT_OK)
 
     started = time.monotonic()
     with pytest.raises(RendezvousError, match="rejected rdzv_conf username 'trainer'.*check the username and password"):
@@ -272,7 +277,7 @@ def test_a_wrong_password_fails_at_once_naming_the_user(etcd_with_auth):
 
 
 def test_a_user_without_a_role_on_the_prefix_is_told_to_get_one(etcd_with_auth):
-    backend = make_backend(etcd_with_auth, username="outsider", password="pw")
+    backend = make_backend(etcd_with_auth, username="outsider", password="pw", **PLAINTEXT_OK)
 
     with pytest.raises(RendezvousError, match="denied rdzv_conf username 'outsider'.*grant it a role with readwrite"):
         backend.set_state(b"v1")
@@ -329,12 +334,13 @@ def test_bad_endpoints_are_rejected_naming_the_entry(endpoint, message):
 def test_password_file_is_read_without_its_trailing_newline(tmp_path):
     secret = tmp_path / "password"
     secret.write_text("s3cret\n")
-    assert settings_from_conf("h", {"username": "u", "password_file": str(secret)}).password == "s3cret"
+    settings = settings_from_conf("h", {"username": "u", "password_file": str(secret), **PLAINTEXT_OK})
+    assert settings.password == "s3cret"
 
 
 def test_run_ids_that_could_overlap_another_prefix_are_rejected():
     with pytest.raises(ValueError, match=r"--rdzv_id \('a/state'\) must not contain '/'"):
-        keys.run_prefix("a/state")
+        keys.run_prefix("team-a", "a/state")
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:

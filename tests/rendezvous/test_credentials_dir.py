@@ -21,7 +21,7 @@ from ddpjob_rdzv.settings import CREDENTIAL_FILES, settings_from_conf, with_cred
 from ddpjob_trainer.rendezvous import store as store_module
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
-from tests.rendezvous.test_backend import etcd_with_auth, make_backend  # noqa: F401  (fixture)
+from tests.rendezvous.test_backend import PLAINTEXT_OK, etcd_with_auth, make_backend  # noqa: F401  (fixture)
 from tests.rendezvous.test_tls import backend_for, tls_etcd  # noqa: F401  (fixture)
 
 
@@ -56,7 +56,7 @@ def test_every_documented_key_maps_to_the_conf_key_it_stands_for(tmp_path):
 def test_only_the_files_present_are_used(tmp_path):
     directory = secret_dir(tmp_path / "secret", {"username": "trainer", "password": "pw\n"})
 
-    settings = settings_from_conf("h:1", {"credentials_dir": str(directory)})
+    settings = settings_from_conf("h:1", {"credentials_dir": str(directory), **PLAINTEXT_OK})
 
     assert (settings.username, settings.password, settings.ca_cert, settings.ssl_cert) == ("trainer", "pw", None, None)
 
@@ -65,7 +65,7 @@ def test_explicit_keys_win_over_the_directory(tmp_path):
     directory = secret_dir(tmp_path / "secret", {"username": "from-secret", "password": "secret-pw"})
 
     settings = settings_from_conf("h:1", {"credentials_dir": str(directory), "username": "explicit",
-                                          "password": "explicit-pw"})
+                                          "password": "explicit-pw", **PLAINTEXT_OK})
 
     assert (settings.username, settings.password) == ("explicit", "explicit-pw")
 
@@ -99,11 +99,12 @@ def test_mutual_tls_from_a_secret_directory(tls_etcd, tmp_path):  # noqa: F811
 
 def test_username_and_password_from_a_secret_directory(etcd_with_auth, tmp_path):  # noqa: F811
     directory = secret_dir(tmp_path / "secret", {"username": "trainer\n", "password": "s3cret\n"})
-    backend = make_backend(etcd_with_auth, credentials_dir=str(directory))
+    backend = make_backend(etcd_with_auth, credentials_dir=str(directory), **PLAINTEXT_OK)
 
     backend.set_state(b"v1")
 
-    assert delete_rendezvous(etcd_with_auth.endpoint, backend.run_id, credentials_dir=str(directory)) == 1
+    assert delete_rendezvous(etcd_with_auth.endpoint, backend.run_id, credentials_dir=str(directory),
+                             **PLAINTEXT_OK) == 1
 
 
 

@@ -84,7 +84,7 @@ def test_multi_set_and_multi_get_cover_any_number_of_keys(etcd, count):  # noqa:
 def test_watches_work_with_username_and_password_on_a_plaintext_etcd(etcd_with_auth, monkeypatch):  # noqa: F811
     monkeypatch.setattr(store_module, "_WATCHED_POLL_INTERVAL_S", 30.0)  # only the watch can wake it in time
     monkeypatch.setattr(store_module, "_MIN_POLL_INTERVAL_S", 30.0)
-    auth = {"username": "trainer", "password": "s3cret"}
+    auth = {"username": "trainer", "password": "s3cret", "allow_insecure_credentials": "true"}
     first = make_backend(etcd_with_auth, **auth)
     first.set_state(b"v1")
     second = make_backend(etcd_with_auth, run_id=first.run_id, **auth)

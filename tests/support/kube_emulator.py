@@ -26,7 +26,8 @@ replaces only how writes and reads are interpreted, following the API convention
 * ``/api/v1/namespaces`` (which kmock's URL parser cannot read) with namespaces created
   implicitly on first use, as if an admin had created them;
 * built-in resource discovery (kmock's bundled list) so kubectl and kopf find pods, services,
-  events (core/v1 and events.k8s.io/v1), namespaces and CRDs.
+  events (core/v1 and events.k8s.io/v1), namespaces, CRDs and networkpolicies;
+* ``forbidden``: (method, resource) pairs answered 403, as for a client whose RBAC lacks the grant.
 
 * authorization, off unless a test sets ``authorize``: a request it refuses gets ``403 Forbidden``
   (tests/support/rbac.py decides as RBAC does, from a chart's rendered Roles).
@@ -107,6 +108,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # does while it waits for the kubelet; the pod goes on a second DELETE with
     # gracePeriodSeconds 0 (the kubelet's confirmation, or a force delete).
     graceful_pod_deletion: bool = False
+    # (HTTP method, resource plural) pairs answered 403 Forbidden, as for a client whose RBAC
+    # lacks the grant, e.g. ("POST", "networkpolicies"); tests may change it while serving.
+    forbidden: set[tuple[str, str]] = attrs.field(factory=set)
     _write_queue: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # reads do not wait on it
     # Authorization, off unless a test sets it: called with every resource request (discovery
     # is open to all, as on a real server); a message it returns is answered 403 Forbidden, the
@@ -192,6 +196,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if self.authorize is not None and (denial := self.authorize(request)) is not None:
             raise api_error(403, "Forbidden", denial)
         method = request.method.value.upper()
+        if (method, res.plural) in self.forbidden:
+            raise api_error(403, "Forbidden", f'{res.plural}.{res.group or "core"} is forbidden: '
+                            f'{method} is not granted to this client', kind=res.plural)
         if method in ("POST", "PUT", "PATCH", "DELETE"):
             # Writes are interpreted here, not by user reactions: tests drive the server through
             # its API only, so every write must follow the conventions.

@@ -46,6 +46,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "namespaces": ("/api/v1", False),
     "nodes": ("/api/v1", False),
     "events.k8s.io": ("/apis/events.k8s.io/v1", True),
+    "networkpolicies": ("/apis/networking.k8s.io/v1", True),
     "ddpjobs": ("/apis/ddpjob.io/v1alpha1", True),
     "customresourcedefinitions": ("/apis/apiextensions.k8s.io/v1", False),
     "kopfpeerings": ("/apis/kopf.dev/v1", True),

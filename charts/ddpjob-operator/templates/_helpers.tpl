@@ -85,6 +85,9 @@ Operator command-line flags, one list item per line. Mirrors
 - --standalone
 {{- end }}
 - --liveness-port={{ .Values.livenessPort }}
+{{- /* Who the jobs' NetworkPolicies admit to the progress port: these pods (selectorLabels). */}}
+- --operator-namespace={{ .Release.Namespace }}
+- --operator-pod-selector=app.kubernetes.io/name={{ include "ddpjob-operator.name" . }},app.kubernetes.io/instance={{ .Release.Name }}
 - --metrics-port={{ ternary .Values.metrics.port 0 .Values.metrics.enabled }}
 {{- if .Values.verbose }}
 - --verbose

@@ -167,3 +167,9 @@ MSG_IMAGE_PULL_TIMEOUT = "still failing spec.failurePolicy.imagePullTimeoutSecon
 MSG_IMAGE_INVALID = "the image name can never be pulled: fix spec.image"
 MSG_FORCE_DELETED = ("node pod {pod} was stuck terminating for {seconds:.0f}s on node {node} ({node_state}); "  # REASON_FORCE_DELETED
                      "force-deleted after spec.failurePolicy.forceDeleteTerminatingAfterSeconds ({timeout}s)")
+
+# --- Rendezvous isolation (render/network_policy.py, docs/security.md) ---------------------
+NETWORKING_API_VERSION = "networking.k8s.io/v1"  # apiVersion of the job's NetworkPolicy
+# The chart's app.kubernetes.io/name on the operator's pods: the default of --operator-pod-selector,
+# which picks who may read the trainers' progress port through the job's NetworkPolicy.
+OPERATOR_APP_NAME = "ddpjob-operator"

@@ -75,3 +75,8 @@ def managed_etcd_name(job: str) -> str:
 def managed_etcd_host(job: str, namespace: str, domain: str = CLUSTER_DOMAIN) -> str:
     """DNS name of the managed etcd's Service."""
     return f"{managed_etcd_name(job)}.{namespace}.svc.{domain}"
+
+
+def network_policy_name(job: str) -> str:
+    """The job's NetworkPolicy: the job's own name (a kind of its own, so it clashes with nothing)."""
+    return job

@@ -194,7 +194,8 @@ class ManagedEtcd(_Model):
     enabled: bool = Field(False, description=(
         "Run a one-member etcd (pod and Service <job>-etcd, owned by the job) and point the nodes "
         "at it; rdzvEndpoints must then be empty. Plaintext, no auth, data on an emptyDir: for "
-        "jobs that want etcd's rendezvous without an etcd to share. Deleted when the job finishes."))
+        "jobs that want etcd's rendezvous without an etcd to share; the job's NetworkPolicy "
+        "(spec.networkPolicy) admits only the job's node pods. Deleted when the job finishes."))
     image: str = Field(C.MANAGED_ETCD_IMAGE, min_length=1, description=(
         "etcd image; 3.5 still serves the v2 API that rdzvBackend etcd needs."))
 
@@ -277,6 +278,13 @@ class ElasticPolicy(_Model):
         "only). Keys: ca.crt (turns on TLS), tls.crt + tls.key (client certificate), username + "
         "password (etcd auth). etcd-v3 uses the keys present; torch's etcd (v2) backend needs ca.crt, "
         "tls.crt and tls.key and has no password auth."))
+    # --- rendezvous isolation (docs/security.md) ---
+    rdzv_allow_insecure_credentials: bool = Field(False, description=(
+        "Let the etcd-v3 agents and the operator's key cleanup send the username and password of "
+        "rdzvSecretName to etcd in plaintext when the Secret has no ca.crt. Off: such a Secret is "
+        "refused when the agent starts (its error names this field), because whoever reads the "
+        "password may write the rendezvous state, a pickle every agent loads. Only for networks "
+        "you trust; rendered as rdzv_conf allow_insecure_credentials=true."))
     rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
     managed_etcd: ManagedEtcd = _object(ManagedEtcd, "A per-job etcd run by the operator.")
     # No schema default: the API server would write `pod` into etcd jobs too, which the rule
@@ -305,6 +313,19 @@ class ElasticPolicy(_Model):
     def store_on_node(self) -> bool:
         """Node 0's agent hosts the store: losing node 0 restarts the whole group."""
         return self.store_location == "node"
+
+
+class NetworkIsolation(_Model):
+    """The NetworkPolicy the operator creates for the job (networking.k8s.io/v1)."""
+
+    enabled: bool = Field(True, description=(
+        "Create NetworkPolicy <job>, owned by the job: the job's pods (nodes, the c10d store pod, a "
+        "managed etcd) accept connections only from the job's node pods, and the trainer's progress "
+        "port (29410) also from the operator's pods; egress stays open. Whoever can write the "
+        "rendezvous store can run code in the job, so turn this off only where a policy of your own "
+        "isolates the pods. Takes effect only where the network plugin enforces NetworkPolicy. "
+        "Turning it off later stops the operator from creating the policy; it does not delete one "
+        "that exists (kubectl delete networkpolicy <job>)."))
 
 
 class Snapshot(_Model):
@@ -584,6 +605,8 @@ class DDPJobSpec(_Model):
     run_policy: RunPolicy = _object(RunPolicy, "Suspension, deadline and cleanup.")
     scheduling: Scheduling = _object(Scheduling, "Pod placement.")
     pod_overrides: PodOverrides = _object(PodOverrides, "Extra pod settings.")
+    # --- rendezvous isolation (docs/security.md) ---
+    network_policy: NetworkIsolation = _object(NetworkIsolation, "Network isolation of the job's pods.")
 
     @model_validator(mode="after")
     def _defaults_and_rules(self, info: ValidationInfo) -> DDPJobSpec:

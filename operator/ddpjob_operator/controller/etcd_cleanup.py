@@ -1,7 +1,8 @@
 """Deletes a job's etcd rendezvous keys when it finishes and when it is deleted; best effort, bounded.
 
-Only ``etcd-v3`` jobs are cleaned: their keys live under ``/ddpjob/rdzv/<uid>/``
-(``ddpjob_rdzv.keys``, the one definition the trainer's backend uses too).
+Only ``etcd-v3`` jobs are cleaned: their keys live under ``/ddpjob/rdzv/<namespace>/<uid>/``
+(and ``<uid>-<n>/`` for later rendezvous generations; ``ddpjob_rdzv.keys``, the one definition
+the trainer's backend uses too), and exactly those prefixes are deleted.
 torch's ``etcd`` backend writes etcd's v2 store, which the v3 client cannot
 reach, and puts TTLs on its keys itself; c10d keeps nothing outside the pods.
 
@@ -47,7 +48,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube
 from ddpjob_operator.render.launch import rdzv_id
 from ddpjob_operator.decide.observed import PodView
-from ddpjob_operator.api.spec import DDPJobSpec, validate_job
+from ddpjob_operator.api.spec import DDPJobSpec, JobRef, validate_job
 from ddpjob_rdzv import BACKEND_NAME, keys
 from ddpjob_rdzv.settings import CREDENTIAL_FILES
 
@@ -72,6 +73,8 @@ class CleanupTarget:
     run_id: str  # metadata.uid, the job's first --rdzv_id
     secret_name: str | None  # spec.elasticPolicy.rdzvSecretName
     generations: int = 0  # status.rendezvousGeneration: later groups ran as <uid>-<generation>
+    namespace: str = "default"  # metadata.namespace: the agents' keys live under it (DDPJOB_NAMESPACE)
+    allow_insecure_credentials: bool = False  # spec.elasticPolicy.rdzvAllowInsecureCredentials
 
     @property
     def run_ids(self) -> list[str]:
@@ -81,7 +84,7 @@ class CleanupTarget:
     @property
     def prefix(self) -> str:
         """Where the keys are, for messages (the first group's prefix, plus later ones when any)."""
-        first = keys.run_prefix(self.run_id)
+        first = keys.run_prefix(self.namespace, self.run_id)
         return first if not self.generations else f"{first} (and {self.generations} later generation(s))"
 
 
@@ -94,7 +97,8 @@ def cleanup_target(body: Mapping[str, Any]) -> CleanupTarget | None:
     if ep.rdzv_backend != BACKEND_NAME or ep.managed_etcd.enabled:  # a managed etcd goes with the job, keys and all
         return None
     generations = int((body.get("status") or {}).get("rendezvousGeneration") or 0)
-    return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name, generations)
+    return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name, generations,
+                         JobRef.from_body(body).namespace, ep.rdzv_allow_insecure_credentials)
 
 
 def needs_finalizer(body: Mapping[str, Any], **_: Any) -> bool:
@@ -136,7 +140,10 @@ def delete_keys(target: CleanupTarget, credentials_dir: str | None, timeout: flo
     options: dict[str, Any] = {"read_timeout": max(1, int(timeout))}
     if credentials_dir:
         options["credentials_dir"] = credentials_dir
-    return sum(delete_rendezvous(list(target.endpoints), run_id, **options) for run_id in target.run_ids)
+    if target.allow_insecure_credentials:  # the same permission the job's agents got (launch.credential_conf)
+        options["allow_insecure_credentials"] = "true"
+    return sum(delete_rendezvous(list(target.endpoints), run_id, namespace=target.namespace, **options)
+               for run_id in target.run_ids)
 
 
 class RendezvousCleaner:

@@ -12,7 +12,8 @@ A pass only observes and applies; every decision is made by the pure ``decide.re
 
 After a pass that left an etcd-v3 job finished, its rendezvous keys are deleted (etcd_cleanup);
 etcd-v3 jobs also carry a kopf finalizer that deletes them on deletion, bounded so it never
-blocks the deletion. A job's managed etcd (managed_etcd) is observed in the pass like its Service.
+blocks the deletion. A job's managed etcd (managed_etcd) is observed in the pass like its Service,
+and so is its NetworkPolicy (render/network_policy.py), unless the job turned it off.
 
 Passes of one job never overlap (one lock per job), and pod events are coalesced so that a
 job creating 8 pods is reconciled a couple of times, not 8. kopf cannot retry watch-event
@@ -33,12 +34,13 @@ import kopf
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metrics
 from ddpjob_operator.decide import managed_etcd, stuck
-from ddpjob_operator.api.names import managed_etcd_name
-from ddpjob_operator.decide.actions import CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.api.names import managed_etcd_name, network_policy_name
+from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
 from ddpjob_operator.decide.observed import Observed, ObservedEtcd, PodView, view_pod, view_pods
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render.etcd_pod import etcd_selector
 from ddpjob_operator.render.common import job_selector
+from ddpjob_operator.render import network_policy
 
 logger = logging.getLogger("ddpjob_operator")
 
@@ -119,7 +121,8 @@ class JobPasses:
 
 async def run_pass(api: kube.Kube, key: JobKey,
                    cleaner: etcd_cleanup.RendezvousCleaner | None = None,
-                   progress_poll: float = C.PROGRESS_POLL_SECONDS) -> PassOutcome:
+                   progress_poll: float = C.PROGRESS_POLL_SECONDS,
+                   operator: network_policy.OperatorPeer = network_policy.OperatorPeer()) -> PassOutcome:
     """One pass over one job; a finished etcd-v3 job's rendezvous keys are deleted after it.
 
     While the job runs, the pass reads one node's progress endpoint (live_progress) and
@@ -137,8 +140,9 @@ async def run_pass(api: kube.Kube, key: JobKey,
         live = await live_progress.read_live_progress(pods) if polled else []
         now = datetime.datetime.now(datetime.timezone.utc)
         observed = Observed(pods, service_exists, tuple(live), await _observe_managed_etcd(api, namespace, name, job),
-                            await _observe_nodes(api, stuck.nodes_to_read(pods, now)))
-        result = reconcile(job, observed, now)
+                            await _observe_nodes(api, stuck.nodes_to_read(pods, now)),
+                            await _observe_network_policy(api, namespace, name, job))
+        result = reconcile(job, observed, now, operator=operator)
         await _write_status(api, job, result)
         requeue = await _apply(api, job, pods, result)
         await _record(api, job, result)
@@ -160,6 +164,41 @@ async def _observe_managed_etcd(api: kube.Kube, namespace: str, name: str,
     return ObservedEtcd(
         pod=view_pod(pods[0]) if pods else None,
         service_exists=await api.exists("Service", namespace, managed_etcd_name(name)))
+
+
+_NO_NETWORK_POLICY_GRANT: set[str] = set()  # namespaces already warned about (one log line each)
+
+
+async def _observe_network_policy(api: kube.Kube, namespace: str, name: str, job: dict) -> bool | None:
+    """Whether the job's NetworkPolicy exists; None when it is not wanted (turned off, job finished)
+    or the operator may not read NetworkPolicies (403: the job then runs without one, and the log says so)."""
+    if not network_policy.requested(job) or (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
+        return None
+    try:
+        return await api.exists("NetworkPolicy", namespace, network_policy_name(name))
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        _warn_no_network_policy_grant(namespace, e)
+        return None
+
+
+async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> None:
+    """create_or_skip; without the grant to create (403) the job runs without one, as when it cannot be read."""
+    try:
+        await api.create_or_skip(body, namespace)
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        _warn_no_network_policy_grant(namespace, e)
+
+
+def _warn_no_network_policy_grant(namespace: str, error: kube.ApiError) -> None:
+    if namespace not in _NO_NETWORK_POLICY_GRANT:
+        _NO_NETWORK_POLICY_GRANT.add(namespace)
+        logger.warning("Cannot manage NetworkPolicies in %s (%s): its jobs run without one, so anything that "
+                       "reaches their rendezvous store can run code in them; grant get and create on "
+                       "networking.k8s.io networkpolicies (the chart does)", namespace, error)
 
 
 async def _observe_nodes(api: kube.Kube, names: list[str]) -> dict[str, dict | None]:
@@ -212,6 +251,8 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
     for action in result.actions:
         if isinstance(action, (CreatePod, CreateService)):
             writes.append(api.create_or_skip(action.body, namespace))
+        elif isinstance(action, CreateNetworkPolicy):
+            writes.append(_create_network_policy(api, action.body, namespace))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
             writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name),
@@ -241,7 +282,8 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
     memo.api = kube.Kube(info)
     memo.cleaner = etcd_cleanup.RendezvousCleaner(memo.api)
     poll = memo.get("progress_poll_seconds", C.PROGRESS_POLL_SECONDS)
-    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner, poll))
+    operator = memo.get("operator_peer", network_policy.OperatorPeer())
+    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner, poll, operator))
 
 
 @kopf.on.cleanup()

@@ -21,12 +21,14 @@ from typing import Any
 import aiohttp
 import kopf
 
-from ddpjob_operator.api.constants import API_VERSION, GROUP, MANAGED_BY, PLURAL, VERSION
+from ddpjob_operator.api.constants import API_VERSION, GROUP, MANAGED_BY, NETWORKING_API_VERSION, PLURAL, VERSION
 
 RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
 REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a reconcile forever
 
-_PLURALS = {"Pod": "pods", "Service": "services", "Event": "events"}  # kinds the operator writes
+# Kinds the operator writes; all core/v1 except those in _API_VERSIONS.
+_PLURALS = {"Pod": "pods", "Service": "services", "Event": "events", "NetworkPolicy": "networkpolicies"}
+_API_VERSIONS = {"NetworkPolicy": NETWORKING_API_VERSION}
 
 
 class ApiError(Exception):
@@ -143,7 +145,8 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            await self.request("DELETE", object_path("v1", _PLURALS[kind], namespace, name), body)
+            await self.request("DELETE", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name),
+                                body)
         except ApiError as e:
             if e.status in (404, 409):  # gone, or replaced by a newer object of the same name
                 return False
@@ -152,7 +155,7 @@ class Kube:
 
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         try:
-            await self.request("GET", object_path("v1", _PLURALS[kind], namespace, name))
+            await self.request("GET", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name))
         except ApiError as e:
             if e.status == 404:
                 return False

@@ -18,14 +18,18 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 import kopf
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import metrics
+from ddpjob_operator.render.network_policy import OperatorPeer
 
 DEFAULT_LIVENESS_PORT = 8080  # kubelet probes GET /healthz here
 DEFAULT_METRICS_PORT = 9090  # Prometheus scrapes /metrics here
+# Where a pod finds its own namespace (the service account's projected files).
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Milliseconds since the epoch stay below this until the year 2286; the
 # difference keeps priorities positive and higher for older processes.
 _PRIORITY_EPOCH_MS = 10**13
@@ -50,6 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress-poll-seconds", type=float, default=C.PROGRESS_POLL_SECONDS, metavar="S",
                         help="read a running job's progress from its pods this often (0: only from "
                              "termination messages, e.g. when NetworkPolicies keep the operator out)")
+    parser.add_argument("--operator-pod-selector", default=f"{C.LABEL_APP_NAME}={C.OPERATOR_APP_NAME}",
+                        metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="labels of this operator's pods: each job's NetworkPolicy lets only such pods "
+                             "read the trainers' progress port (default: %(default)s)")
+    parser.add_argument("--operator-namespace", default=None, metavar="NS",
+                        help="namespace of this operator's pods, for the same rule (default: the pod's own "
+                             "namespace when run in a cluster, else any namespace)")
     parser.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler")
     args = parser.parse_args(argv)
     if args.progress_poll_seconds < 0:
@@ -59,7 +70,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for port_flag in ("liveness_port", "metrics_port"):
         if not 0 <= getattr(args, port_flag) <= 65535:
             parser.error(f"--{port_flag.replace('_', '-')} ({getattr(args, port_flag)}) must be 0..65535")
+    try:
+        args.operator_peer = operator_peer(args.operator_pod_selector, args.operator_namespace)
+    except ValueError as e:
+        parser.error(str(e))
     return args
+
+
+def operator_peer(selector: str, namespace: str | None) -> OperatorPeer:
+    """The operator's pods as the jobs' NetworkPolicies admit them.
+
+    Raises:
+        ValueError: the selector is not a non-empty list of KEY=VALUE pairs.
+    """
+    pairs = [item.strip().split("=", 1) for item in selector.split(",") if item.strip()]
+    if not pairs or any(len(pair) != 2 or not pair[0] or not pair[1] for pair in pairs):
+        raise ValueError(f"--operator-pod-selector ({selector!r}) must be KEY=VALUE[,KEY=VALUE...], "
+                         "the labels of the operator's pods")
+    if namespace is None:
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() if SERVICE_ACCOUNT_NAMESPACE.is_file() else ""
+    return OperatorPeer(tuple((key, value) for key, value in pairs), namespace)
 
 
 def standby_priority(started_at: float) -> int:
@@ -114,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             args.peering, settings.peering.priority)
     kopf.run(
         settings=settings,
-        memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds),
+        memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds, operator_peer=args.operator_peer),
         standalone=args.peering is None,
         peering_name=args.peering,
         clusterwide=not args.namespace,

@@ -35,6 +35,13 @@ class CreatePod:
 
 
 @dataclass(frozen=True)
+class CreateNetworkPolicy:
+    """Create the job's NetworkPolicy (render/network_policy.py)."""
+
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class DeletePod:
     """Delete one pod; `reason` is for logs and Events."""
 
@@ -57,7 +64,7 @@ class Requeue:
     after: float
 
 
-Action = Union[CreateService, CreatePod, DeletePod, DeleteJob, Requeue]
+Action = Union[CreateService, CreatePod, CreateNetworkPolicy, DeletePod, DeleteJob, Requeue]
 
 
 def with_one_requeue(actions: list[Action], *afters: float | None) -> list[Action]:

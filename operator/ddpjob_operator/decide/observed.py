@@ -177,6 +177,8 @@ class Observed:
         managed_etcd: the job's managed etcd (None when it asks for none).
         nodes: Node objects (None: gone) of pods past their deletionTimestamp, by name; a node
             left out is unknown, and its pods are not force-deleted.
+        network_policy_exists: the job's NetworkPolicy exists; None when it was not looked for
+            (turned off, the job finished, or the operator may not read NetworkPolicies).
     """
 
     pods: tuple[PodView, ...] = ()
@@ -184,6 +186,7 @@ class Observed:
     live_progress: tuple[Mapping[str, Any], ...] = ()
     managed_etcd: ObservedEtcd | None = None
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
+    network_policy_exists: bool | None = None
 
     @cached_property
     def node_pods(self) -> tuple[PodView, ...]:

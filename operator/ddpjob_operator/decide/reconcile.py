@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
 from ddpjob_operator.decide.failure import image_pull_check_in
@@ -29,19 +30,21 @@ class Reconciliation:
     errors: list[FieldError] = field(default_factory=list)
 
 
-def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime) -> Reconciliation:
+def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
+              operator: OperatorPeer = OperatorPeer()) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
         body: the DDPJob object (metadata, spec, status).
         observed: what the pass observed, read once (decide/observed.py).
         now: the current time.
+        operator: the operator's pods, as the job's NetworkPolicy admits them.
     """
     ref = JobRef.from_body(body)
     errors = validate_job(body)
     spec = None if errors else DDPJobSpec.model_validate(body.get("spec") or {})
     update = compute_status(ref, spec, observed, body.get("status"), now, errors=errors)
-    actions = plan_actions(ref, spec, update.status, observed, now)
+    actions = plan_actions(ref, spec, update.status, observed, now, operator=operator)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), observed.managed_etcd) + actions
     actions, forced = with_force_deletions(spec, observed.pods, observed.nodes, now, actions)
     if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES:

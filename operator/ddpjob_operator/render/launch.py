@@ -40,7 +40,7 @@ def torchrun_args(spec: DDPJobSpec) -> list[str]:
 
 
 def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None,
-              is_host: bool | None = None) -> str:
+              is_host: bool | None = None, *, allow_insecure_credentials: bool = False) -> str:
     """PET_RDZV_CONF, with torch's key names (dynamic_rendezvous.py), plus where the
     etcd credentials are mounted (paths only: a password never appears in env or args),
     and, for c10d, whether this agent hosts the store (see hosts_c10d_store)."""
@@ -54,20 +54,25 @@ def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None 
     if backend == "etcd":
         # torch's v2 etcd backend (etcd_rendezvous.py) calls its join timeout "timeout".
         conf["timeout"] = timeouts.join_seconds
-    conf.update(credential_conf(backend, credentials_dir))
+    conf.update(credential_conf(backend, credentials_dir, allow_insecure_credentials))
     if is_host is not None and backend == "c10d":
         conf["is_host"] = "true" if is_host else "false"
     return ",".join(f"{key}={value}" for key, value in conf.items())
 
 
-def credential_conf(backend: str, credentials_dir: str | None) -> dict[str, str]:
+def credential_conf(backend: str, credentials_dir: str | None,
+                    allow_insecure_credentials: bool = False) -> dict[str, str]:
     """rdzv_conf keys that point the backend at the mounted spec.elasticPolicy.rdzvSecretName."""
     if not credentials_dir:
         return {}
     if backend == ETCD_V3:
         # ddpjob's backend uses whichever of ca.crt, tls.crt, tls.key, username, password the
         # Secret holds (ddpjob_rdzv.settings), so the operator need not read the Secret to render.
-        return {"credentials_dir": credentials_dir}
+        # It refuses a password without ca.crt unless spec.elasticPolicy.rdzvAllowInsecureCredentials.
+        conf = {"credentials_dir": credentials_dir}
+        if allow_insecure_credentials:
+            conf["allow_insecure_credentials"] = "true"
+        return conf
     # torch's etcd (v2) backend (etcd_rendezvous.py) knows TLS only, each file by its own key.
     return {"protocol": "https", "cacert": f"{credentials_dir}/ca.crt",
             "cert": f"{credentials_dir}/tls.crt", "key": f"{credentials_dir}/tls.key"}
@@ -127,7 +132,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         "PET_RDZV_ENDPOINT": rdzv_endpoint_for(spec, rdzv_host),
         "PET_RDZV_ID": rdzv_id(uid, rdzv_generation),
         "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir,
-                                   hosts_c10d_store(node_index, spec)),
+                                   hosts_c10d_store(node_index, spec),
+                                   allow_insecure_credentials=ep.rdzv_allow_insecure_credentials),
         "PET_MAX_RESTARTS": str(ep.max_restarts),
         # Measured: sharing the rendezvous TCP store with the workers made gloo worker
         # restarts fail or hang in 4 of 6 runs, 0 of 9 without sharing.

@@ -33,18 +33,19 @@ def call_for_torch(connection: EtcdConnection, what: str, operation: Callable[[o
 
 
 class EtcdV3RendezvousBackend(RendezvousBackend):
-    """Holds the rendezvous state of ``run_id`` at ``/ddpjob/rdzv/<run_id>/state``.
+    """Holds the rendezvous state of ``run_id`` at ``/ddpjob/rdzv/<namespace>/<run_id>/state``.
 
     Attributes:
+        namespace: the job's namespace ("" outside a cluster), see :mod:`ddpjob_rdzv.keys`.
         generation: ``create_revision`` of the state key last seen (None before
-            the first read); names the store namespace, see :mod:`.keys`.
+            the first read); names the store's key space, see :mod:`ddpjob_rdzv.keys`.
     """
 
-    def __init__(self, connection: EtcdConnection, run_id: str) -> None:
-        keys.validate_run_id(run_id)
+    def __init__(self, connection: EtcdConnection, run_id: str, namespace: str = "") -> None:
         self._connection = connection
         self.run_id = run_id
-        self.key = keys.state_key(run_id)
+        self.namespace = namespace
+        self.key = keys.state_key(namespace, run_id)  # validates both
         self.generation: int | None = None
 
     @property

@@ -1,6 +1,6 @@
 """A c10d :class:`Store` on etcd v3, returned with the rendezvous (agents exchange MASTER_ADDR/PORT and ranks).
 
-Keys live under ``/ddpjob/rdzv/<run_id>/store/<generation>/`` (see
+Keys live under ``/ddpjob/rdzv/<namespace>/<run_id>/store/<generation>/`` (see
 :mod:`ddpjob_rdzv.keys`) and carry the agent's lease.
 
 Blocking reads sit on the critical path of every rendezvous: MASTER_ADDR/PORT,
@@ -185,7 +185,7 @@ class EtcdV3Store(Store):
                 f"the etcd store of run '{self._backend.run_id}' was used before its rendezvous state "
                 f"{self._backend.key} existed; the store is only valid after a rendezvous"
             )
-        return keys.store_prefix(self._backend.run_id, self._backend.generation)
+        return keys.store_prefix(self._backend.namespace, self._backend.run_id, self._backend.generation)
 
     def _key(self, key) -> str:
         return self._prefix() + (key.decode() if isinstance(key, bytes) else str(key))
