@@ -7,10 +7,11 @@ operator (from Pod status) and `ddpjob run` (from local processes) decide alike.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
+
+from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time
@@ -112,12 +113,15 @@ def pod_disrupted(pod: Mapping[str, Any]) -> bool:
 
 
 def classify_pod(pod: Mapping[str, Any], permanent_exit_codes: Iterable[int] = ()) -> Outcome | None:
-    """Outcome of a finished Pod; None while it is still pending or running."""
+    """Outcome of a finished Pod; None while it is still pending or running. A trainer whose
+    record carries ``fatal`` (it raised DoNotRetry) said retrying cannot help: permanent."""
     phase = (pod.get("status") or {}).get("phase")
     if phase == "Succeeded":
         return Outcome.SUCCEEDED
     if phase != "Failed":
         return None
+    if pod_fatal(pod) is not None:
+        return Outcome.PERMANENT
     return classify(pod_exit_code(pod), pod_reason(pod), disrupted=pod_disrupted(pod),
                     permanent_exit_codes=permanent_exit_codes)
 
@@ -148,6 +152,9 @@ def diagnose_pod(pod: Mapping[str, Any], permanent_exit_codes: Iterable[int] = (
     outcome = classify_pod(pod, permanent_exit_codes)
     if outcome in (None, Outcome.SUCCEEDED):
         return None
+    fatal = pod_fatal(pod)
+    if fatal is not None:  # status.failures[].cause has no value of its own for it (yet): PermanentExitCode
+        return Diagnosis(outcome, C.CAUSE_PERMANENT, pod_exit_code(pod), fatal["reason"], fatal["message"])
     disruption = _disruption_condition(pod)
     reason = (disruption or {}).get("reason") or pod_reason(pod) or ""
     if outcome == Outcome.DISRUPTION:
@@ -179,9 +186,11 @@ def _failure_message(pod: Mapping[str, Any], disruption: Mapping[str, Any] | Non
     """DisruptionTarget's message, else the trainer's error from its progress record, else the
     kubelet's termination message (a log tail under FallbackToLogsOnError), else the pod's."""
     terminated = _trainer_state(pod).get("terminated") or {}
-    record = read_progress(terminated.get("message"))
-    text = ((disruption or {}).get("message") or (record or {}).get("error")
-            or ("" if record else terminated.get("message")) or (pod.get("status") or {}).get("message") or "")
+    found = progress_record.parse(terminated.get("message"))
+    record = found.data if isinstance(found, progress_record.Record) else {}
+    # A message that holds a record (even one refused) is not a log tail: never show it raw.
+    text = ((disruption or {}).get("message") or record.get("error")
+            or ("" if found else terminated.get("message")) or (pod.get("status") or {}).get("message") or "")
     text = " ".join(str(text).split())
     return text if len(text) <= MESSAGE_CHARS else "..." + text[-(MESSAGE_CHARS - 3):]  # a log tail ends well
 
@@ -212,31 +221,68 @@ def image_pull_stuck(pod: Mapping[str, Any], now: datetime, timeout_seconds: flo
     return created is not None and (now - created).total_seconds() >= timeout_seconds
 
 
-# --- Progress reported by the trainer (its termination message) -----------------------
+# --- Progress reported by the trainer (ddpjob_rdzv/progress_record.py) ------------------------
+
+@dataclass(frozen=True)
+class RecordProblem:
+    """A progress record that was refused: which pod sent it, where it was found, and why."""
+
+    pod: str  # the pod's name
+    uid: str  # the pod's uid: a problem is reported once per pod and field
+    source: str  # C.SOURCE_TERMINATION_MESSAGE or C.SOURCE_PROGRESS_ENDPOINT
+    invalid: progress_record.Invalid
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any], source: str, invalid: progress_record.Invalid) -> "RecordProblem":
+        meta = pod.get("metadata") or {}
+        return cls(meta.get("name") or "", meta.get("uid") or "", source, invalid)
+
 
 def read_progress(message: str | None) -> dict[str, Any] | None:
-    """The trainer's progress record in a termination message; None for anything else
-    (a log tail, an empty message). See ddpjob_trainer/termination.py for the format."""
-    if not message or not message.lstrip().startswith("{"):
-        return None
-    try:
-        record = json.loads(message)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and record.get("kind") == C.PROGRESS_RECORD_KIND else None
+    """The trainer's progress record in a termination message when it passes the contract;
+    None for anything else (a log tail, an empty message, a refused record)."""
+    found = progress_record.parse(message)
+    return dict(found.data) if isinstance(found, progress_record.Record) else None
+
+
+def _terminations(pod: Mapping[str, Any]) -> list[str | None]:
+    """The trainer container's termination messages: the current and the previous one."""
+    messages = []
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == C.CONTAINER_NAME:
+            messages += [((status.get(key) or {}).get("terminated") or {}).get("message")
+                         for key in ("state", "lastState")]
+    return messages
 
 
 def pod_progress(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Progress records in the trainer container's current and previous terminations."""
-    found = []
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") != C.CONTAINER_NAME:
-            continue
-        for key in ("state", "lastState"):
-            record = read_progress(((status.get(key) or {}).get("terminated") or {}).get("message"))
-            if record is not None:
-                found.append(record)
-    return found
+    """Progress records in the trainer container's current and previous terminations
+    (refused ones left out: see pod_record_problems)."""
+    return [record for record in map(read_progress, _terminations(pod)) if record is not None]
+
+
+def pod_record_problems(pod: Mapping[str, Any]) -> list[RecordProblem]:
+    """The records in the pod's termination messages that the contract refused."""
+    found = [progress_record.parse(message) for message in _terminations(pod)]
+    return [RecordProblem.of(pod, C.SOURCE_TERMINATION_MESSAGE, f) for f in found
+            if isinstance(f, progress_record.Invalid)]
+
+
+def pod_fatal(pod: Mapping[str, Any]) -> Mapping[str, str] | None:
+    """``fatal`` {reason, message} of the record in the trainer's current termination: the
+    worker raised DoNotRetry. A refused record says nothing."""
+    state = _trainer_state(pod)
+    record = read_progress((state.get("terminated") or {}).get("message"))
+    return (record or {}).get("fatal")
+
+
+def permanent_failure(pod: Mapping[str, Any], what: str) -> tuple[str, str]:
+    """Reason and message of the job's failure when ``pod`` failed for good: the trainer's own
+    (DoNotRetry) when its record says so, else a permanent exit code."""
+    fatal = pod_fatal(pod)
+    if fatal is not None:
+        return fatal["reason"], C.MSG_DO_NOT_RETRY.format(what=what, reason=fatal["reason"])
+    return C.REASON_PERMANENT_ERROR, C.MSG_PERMANENT_ERROR.format(what=what)
 
 
 def snapshot_key(snapshot: Mapping[str, Any] | None) -> tuple[datetime, int] | None:

@@ -32,6 +32,7 @@ from ddpjob_operator.decide.failure import (
     classify_pod,
     diagnose_image_pull,
     diagnose_pod,
+    permanent_failure,
     pod_created_at,
     pod_exit_code,
     pod_finished_at,
@@ -83,7 +84,8 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
     """
     pods, prev, errors = list(pods), dict(previous or {}), list(errors)
     status = _carried(prev)
-    progress.ingest(pods, status, live_progress)  # before failures: the failed pods' records tell if training progressed
+    # Before failures: the failed pods' records tell if training progressed.
+    record_events = progress.ingest(pods, status, live_progress)
     status.update(_counts(ref, spec, topology.node_pods(pods)))
     status["observedGeneration"] = ref.generation
     live = topology.without_stale(pods, topology.generation_of(status))
@@ -106,6 +108,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
     if spec is not None and not errors:
         status.update(_capacity_counts(spec, live))
     update = _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
+    update.events.extend(record_events)
     if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
         _report_capacity(update, prev, spec, live, now)
     return update
@@ -114,7 +117,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[Mapping[
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
             "completionTime", "rendezvousGeneration", "restartsWithProgress", "restartsWithoutProgress",
-            "failures", "recovery")
+            "failures", "recovery", "invalidProgressRecords")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -298,9 +301,9 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
                    status: dict[str, Any], now: datetime, verdict: _Verdict) -> None:
     what = _describe(pod, spec)
     if outcome == Outcome.PERMANENT:
-        verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_PERMANENT_ERROR
-        verdict.message = C.MSG_PERMANENT_ERROR.format(what=what)
-        verdict.events.append(Event(C.EVENT_WARNING, C.REASON_PERMANENT_ERROR, verdict.message))
+        verdict.phase = C.PHASE_FAILED
+        verdict.reason, verdict.message = permanent_failure(pod, what)
+        verdict.events.append(Event(C.EVENT_WARNING, verdict.reason, verdict.message))
         return
     if verdict.phase != C.PHASE_FAILED:
         verdict.phase = C.PHASE_RESTARTING
@@ -429,7 +432,7 @@ _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector
           "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
           "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
           "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
-          "runningReplicas", "rendezvousReplicas", "unschedulable")
+          "runningReplicas", "rendezvousReplicas", "unschedulable", "invalidProgressRecords")
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:
