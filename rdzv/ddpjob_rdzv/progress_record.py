@@ -127,7 +127,8 @@ def parse(data: str | bytes | None) -> Record | Invalid | None:
     try:
         decoded = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError) as error:  # deep nesting raises RecursionError, not ValueError
-        return Invalid("record", _shorten(text), f"must be a JSON object ({_shorten(str(error), 80)})") if claimed else None
+        rule = f"must be a JSON object ({shorten(str(error), 80)})"
+        return Invalid("record", shorten(text), rule) if claimed else None
     if not isinstance(decoded, dict) or decoded.get("kind") != KIND:
         return None
     return validate(decoded)
@@ -216,10 +217,11 @@ Check = Callable[[str, Any], "Invalid | None"]
 
 def _show(value: Any) -> str:
     """A value as JSON text (a string in quotes), on one line and at most VALUE_CHARS long."""
-    return _shorten(_json_or_repr(value))
+    return shorten(_json_or_repr(value))
 
 
-def _shorten(text: str, limit: int = VALUE_CHARS) -> str:
+def shorten(text: str, limit: int = VALUE_CHARS) -> str:
+    """``text`` on one line and at most ``limit`` characters, for quoting in an explanation."""
     text = " ".join(text.split())  # one line, whatever the value held
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
