@@ -45,6 +45,7 @@ class Exchange:
     sent: int = 0  # body bytes the kernel accepted
     cut_short: bool = False  # a write failed: the client had closed the connection
     closed_by_client: bool = False  # after the answer, the client closed (EOF or reset)
+    seconds: float = 0.0  # from the request to the end of the exchange
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
@@ -147,11 +148,12 @@ def _handler_for(pod: FakePod) -> type[socketserver.StreamRequestHandler]:
             super().setup()
 
         def handle(self) -> None:
-            exchange = Exchange()
+            exchange, started = Exchange(), time.monotonic()
             pod.exchanges.append(exchange)
             try:
                 _serve_one(self, pod.answer, exchange)
             finally:
+                exchange.seconds = time.monotonic() - started
                 exchange.done.set()
 
     return Handler
