@@ -76,6 +76,10 @@ def test_other_text_is_not_a_record(text):
      'resume.time ("2026-02-30T00:00:00Z") must be an RFC 3339 time such as 2026-01-02T03:04:05Z'),
     ({"resume": {"firstStepTime": "2026-01-01 00:00:00Z"}},
      'resume.firstStepTime ("2026-01-01 00:00:00Z") must be an RFC 3339 time such as 2026-01-02T03:04:05Z'),
+    ({"resume": {"time": "0000-01-01T00:00:00Z"}},
+     'resume.time ("0000-01-01T00:00:00Z") must be an RFC 3339 time such as 2026-01-02T03:04:05Z'),
+    ({"resume": {"time": "2026-01-01T00:00:60Z"}},
+     'resume.time ("2026-01-01T00:00:60Z") must be an RFC 3339 time such as 2026-01-02T03:04:05Z'),
     ({"resume": {"time": "2026-01-01T00:00:00+24:00"}},
      'resume.time ("2026-01-01T00:00:00+24:00") must be an RFC 3339 time such as 2026-01-02T03:04:05Z'),
     ({"version": 2}, "version (2) must be 1"),
@@ -97,9 +101,12 @@ def test_a_record_that_breaks_a_rule_is_refused_naming_field_value_and_rule(fiel
     assert message_of(json.dumps(record(**fields))) == message
 
 
-def test_times_take_any_offset_and_up_to_nine_fraction_digits():
-    for moment in ("2026-11-23T01:02:03Z", "2026-11-23T01:02:03.1+05:30", "2026-11-23T01:02:03.123456789-08:00"):
+def test_times_take_any_offset_up_to_nine_fraction_digits_and_real_dates_only():
+    for moment in ("2026-11-23T01:02:03Z", "2026-11-23T01:02:03.1+05:30", "2026-11-23T01:02:03.123456789-08:00",
+                   "2024-02-29T00:00:00Z", "2026-12-31T23:59:59-23:59"):
         assert isinstance(P.parse(json.dumps(record(written=moment))), P.Record), moment
+    for moment in ("2026-02-29T00:00:00Z", "2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z", "2026-01-01T24:00:00Z"):
+        assert P.parse(json.dumps(record(written=moment))).field == "written", moment
 
 
 @pytest.mark.parametrize(("text", "message"), [
