@@ -94,7 +94,9 @@ def _rss_mb(pid: int) -> tuple[float, float]:
 
 
 def _size(count: int) -> str:
-    return f"{count} B" if count < 10 * 1024 else f"{count / 1024:.0f} KiB" if count < 10 * MIB else f"{count / MIB:.0f} MiB"
+    if count < 10 * 1024:
+        return f"{count} B"
+    return f"{count / 1024:.0f} KiB" if count < 10 * MIB else f"{count / MIB:.0f} MiB"
 
 
 def _print_table(rows: list[dict]) -> None:

@@ -87,7 +87,8 @@ def test_malformed_records_at_the_endpoint_and_in_a_termination_message_cannot_s
     bad_step = json.dumps({**record, "snapshot": {**record["snapshot"], "step": "40a"}})
     bad_time = json.dumps({**record, "resume": {**record["resume"], "time": "yesterday"}})
     command = operator_command(k8s.namespace, "--progress-poll-seconds", "0.3")
-    with FakePod(record_answer(bad_step)) as fake, OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
+    with FakePod(record_answer(bad_step)) as fake, \
+            OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
         k8s.create("ddpjobs", ddpjob(replicas=1))
         k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
         first_uid = k8s.get("pods", "mlp-node-0")["metadata"]["uid"]
@@ -110,6 +111,6 @@ def test_malformed_records_at_the_endpoint_and_in_a_termination_message_cannot_s
             'node pod mlp-node-0: ignored the progress record in its termination message: resume.time ("yesterday") '
             "must be an RFC 3339 time such as 2026-01-02T03:04:05Z")
         k8s.wait_for(lambda: status(k8s).get("restarts") == 1, timeout=20, what="the failure counted")
-        k8s.wait_for(lambda: (k8s.find("pods", "mlp-node-0") or {}).get("metadata", {}).get("uid") not in (None, first_uid),
-                     timeout=20, what="a replacement pod")
+        k8s.wait_for(lambda: (k8s.find("pods", "mlp-node-0") or {}).get("metadata", {}).get("uid")
+                     not in (None, first_uid), timeout=20, what="a replacement pod")
     assert "Traceback" not in process.log()

@@ -153,7 +153,8 @@ def test_only_a_valid_fatal_record_of_a_failed_pod_is_permanent(phase, message, 
 def test_a_fatal_record_wins_over_a_disruption():
     job = etcd_job()
     pod = failed_with(job, 1, FATAL)
-    pod["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"})
+    pod["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                        "reason": "EvictionByEvictionAPI"})
     diagnosis = diagnose_pod(pod)
     assert (diagnosis.outcome, diagnosis.reason) == (Outcome.PERMANENT, "BadDataset")
 
