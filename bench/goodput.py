@@ -130,7 +130,7 @@ def _figures(run_dir: Path, kill_times: list[float]) -> RunFigures:
 
 def _reports(raw: list[dict]) -> list[dict]:
     """Each trainer start as the progress record its node would report in a pod's termination
-    message (ddpjob_trainer/termination.py), wrapped as a pod so progress.ingest reads it."""
+    message (ddpjob_trainer/progress_report.py), wrapped as a pod so progress.ingest reads it."""
     pods = []
     for i, start in enumerate(e for e in raw if e["event"] == "start"):
         later = [e for e in raw if event_time(e) >= event_time(start)]

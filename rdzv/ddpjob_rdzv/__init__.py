@@ -1,12 +1,18 @@
-"""The torch-free half of ddpjob's etcd v3 rendezvous, shared by the trainer and the operator.
+"""The torch-free code shared by ddpjob's trainer and operator.
 
-One definition of what both sides must agree on: :mod:`.keys` (the etcd key
-layout of a run), :mod:`.settings` (the ``--rdzv_conf`` connection keys and
-the credentials directory a mounted Secret provides), :mod:`.client` (endpoint
-fail-over, TLS, auth) and :mod:`.cleanup` (``delete_rendezvous``, which the
-operator calls when a job finishes or is deleted). The torch side (the
-``RendezvousBackend`` and the c10d store) lives in ``ddpjob_trainer.rendezvous``;
-this distribution depends on etcd3 only, so the operator image never pulls torch.
+One definition of what both sides must agree on, in a distribution that depends on
+neither torch nor pydantic, so the operator image never pulls torch:
+
+* :mod:`.progress_record`: the progress record a trainer publishes (termination message
+  and ``GET /progress``) and the operator reads: its layout, size cap and validation;
+* the torch-free half of the etcd v3 rendezvous: :mod:`.keys` (the etcd key layout of a
+  run), :mod:`.settings` (the ``--rdzv_conf`` connection keys and the credentials
+  directory a mounted Secret provides), :mod:`.client` (endpoint fail-over, TLS, auth) and
+  :mod:`.cleanup` (``delete_rendezvous``, which the operator calls when a job finishes or
+  is deleted). The torch side (the ``RendezvousBackend`` and the c10d store) lives in
+  ``ddpjob_trainer.rendezvous``.
+
+The distribution keeps its name, ``ddpjob-rdzv``; its one dependency is etcd3.
 """
 from __future__ import annotations
 

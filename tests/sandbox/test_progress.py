@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_trainer.termination import POLL_SECONDS
+from ddpjob_trainer.progress_report import POLL_SECONDS
 from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 from tests.support.procs import free_port
 from tests.support.sandbox import JobProgress, example_job, kubectl_apply, trainer_args

@@ -72,7 +72,7 @@ def set_unschedulable(k8s, pod: str, message: str = "0/3 nodes are available: 3 
 
 def progress_message(step: int, snapshot_time: str | None = None, epoch: int = 0, error: str | None = None,
                      resume: dict | None = None) -> str:
-    """The trainer's progress record (ddpjob_trainer/termination.py) with its last snapshot at `step`."""
+    """The trainer's progress record (ddpjob_rdzv/progress_record.py) with its last snapshot at `step`."""
     import json
     record = {"kind": C.PROGRESS_RECORD_KIND, "version": 1, "node": "",
               "snapshot": {"epoch": epoch, "step": step, "time": snapshot_time or now(),

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import time
 
+from ddpjob_rdzv import progress_record
 from ddpjob_trainer.metrics import read_metrics
+from ddpjob_trainer.progress_report import ENV_PATH, POLL_SECONDS
 from ddpjob_trainer.snapshot import PROGRESS_FILE
-from ddpjob_trainer.termination import ENV_PATH, POLL_SECONDS, read_record
 from tests.support.elastic_checks import example_target
 from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event
 
@@ -34,7 +35,7 @@ def test_every_node_reports_the_last_snapshot_when_the_store_host_dies(tmp_path)
 
     snapshots = [e for e in read_metrics(tmp_path / "metrics.jsonl") if e["event"] == "snapshot"]
     progress = json.loads((tmp_path / "snapshots" / PROGRESS_FILE).read_text())
-    records = {node: read_record(path.read_text()) for node, path in messages.items()}
+    records = {node: progress_record.parse(path.read_text()).data for node, path in messages.items()}
     assert records["0"]["node"] == "0" and records["1"]["node"] == "1"
     # Node 0 (rank 0) writes its record right after progress.json; a kill in between leaves the previous one.
     assert records["0"]["snapshot"]["step"] in [s["step"] for s in snapshots[-2:]]

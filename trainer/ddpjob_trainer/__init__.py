@@ -32,6 +32,7 @@ Public API:
     SnapshotStore            atomic, verified snapshots (snapshot.py)
     ResumableSampler         mid-epoch resume at any world size (sampler.py)
     MetricsWriter, read_metrics   JSON-lines metrics with rollback (metrics.py)
+    DoNotRetry               raise it to fail the job at once, without retries (errors.py)
 
 Heavy modules (torch) are imported on first use, so ``from ddpjob_trainer
 import dist_env`` stays cheap.
@@ -42,6 +43,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .env import DistEnv, TorchrunEnvError, dist_env
+from .errors import DoNotRetry
 
 __version__ = "0.1.0"
 
@@ -59,7 +61,7 @@ _LAZY = {
     "read_metrics": "metrics",
 }
 
-__all__ = ["DistEnv", "TorchrunEnvError", "dist_env", *_LAZY]
+__all__ = ["DistEnv", "DoNotRetry", "TorchrunEnvError", "dist_env", *_LAZY]
 
 if TYPE_CHECKING:
     from .dist import distributed

@@ -71,8 +71,10 @@ from typing import Any
 
 import torch
 
-from .env import ON_UNREADABLE_CHOICES, SNAPSHOT_ON_UNREADABLE_ENV, TRUST_SNAPSHOTS_ENV, snapshot_on_unreadable, \
-    trust_snapshots
+from .env import (
+    ON_UNREADABLE_CHOICES, SNAPSHOT_ON_UNREADABLE_ENV, TRUST_SNAPSHOTS_ENV, snapshot_on_unreadable, trust_snapshots
+)
+from .errors import DoNotRetry
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,14 @@ class SnapshotError(RuntimeError):
     """A snapshot could not be written or read."""
 
 
-class SnapshotsUnreadableError(RuntimeError):
-    """Snapshots exist but none can be read: resuming would silently restart training from step 0."""
+class SnapshotsUnreadableError(DoNotRetry, RuntimeError):
+    """Snapshots exist but none can be read: resuming would silently restart training from step 0.
+
+    A DoNotRetry: every restart would find the same files, so the operator fails the job at
+    once with reason SnapshotsUnreadable (spec.snapshot.onUnreadable: StartOver trains anew).
+    """
+
+    reason = "SnapshotsUnreadable"
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
 from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
-from .termination import ProgressReport, default_path, progress_port
+from .progress_report import ProgressReport, default_path, progress_port
 
 log = logging.getLogger(__name__)
 

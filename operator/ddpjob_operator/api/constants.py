@@ -6,6 +6,8 @@ modules (render, plan, status) and the Kubernetes wiring all import from here.
 
 from __future__ import annotations
 
+from ddpjob_rdzv import progress_record
+
 # --- API -------------------------------------------------------------------
 GROUP = "ddpjob.io"  # API group of the DDPJob custom resource
 VERSION = "v1alpha1"  # served and stored version (alpha: fields may still change)
@@ -144,8 +146,13 @@ ENV_PROGRESS_PORT = "DDPJOB_PROGRESS_PORT"  # the trainer serves its progress re
 PROGRESS_PORT = 29410  # next to c10d's 29400; a named containerPort, so the operator reads it from the pod
 PROGRESS_PORT_NAME = "progress"
 PROGRESS_POLL_SECONDS = 30.0  # a running job's progress endpoint is read this often (--progress-poll-seconds)
-PROGRESS_RECORD_KIND = "ddpjob.progress"  # "kind" of the trainer's record (ddpjob_trainer/termination.py)
+PROGRESS_RECORD_KIND = progress_record.KIND  # "kind" of the trainer's record (ddpjob_rdzv/progress_record.py)
 MAX_FAILURES_KEPT = 10  # status.failures keeps this many newest entries
+# status.invalidProgressRecords keeps this many (pod, field) pairs already reported; pruned to
+# observed pods, so only a job with more refused records than this could see one reported twice.
+MAX_RECORD_PROBLEMS_KEPT = 64
+SOURCE_TERMINATION_MESSAGE = "termination message"  # where a refused record was found (in Events)
+SOURCE_PROGRESS_ENDPOINT = "progress endpoint"  # ... or read from (GET /progress, live_progress.py)
 
 # status.failures[].cause: what a node failure was.
 CAUSE_ERROR = "Error"  # the trainer exited non-zero (retryable; counts against the budget)
@@ -158,6 +165,7 @@ CAUSE_IMAGE_PULL = "ImagePull"  # the image cannot be pulled (fails the job afte
 REASON_NO_PROGRESS = "NoProgress"  # failurePolicy.maxRestartsWithoutProgress passed: a crash loop
 REASON_IMAGE_PULL = "ImagePullFailed"  # the trainer image cannot be pulled
 REASON_FORCE_DELETED = "ForceDeleted"  # a pod stuck terminating on a NotReady node was force-deleted
+REASON_INVALID_PROGRESS_RECORD = "InvalidProgressRecord"  # a progress record broke the contract: ignored
 MSG_NO_PROGRESS = ("{count} failure incidents in a row without a newer snapshot (still at step {step}, "  # REASON_NO_PROGRESS
                    "epoch {epoch}) exceed spec.failurePolicy.maxRestartsWithoutProgress ({max}); last: {what}")
 MSG_PROGRESS_NOT_CHARGED = "; {count} more after a newer snapshot were not charged"  # appended to MSG_RESTARTS_EXHAUSTED
@@ -165,6 +173,9 @@ MSG_IMAGE_PULL = ("node pod {pod} cannot pull image {image} ({reason}: {message}
                   "{rule}")
 MSG_IMAGE_PULL_TIMEOUT = "still failing spec.failurePolicy.imagePullTimeoutSeconds ({timeout}s) after the pod was created"
 MSG_IMAGE_INVALID = "the image name can never be pulled: fix spec.image"
+MSG_INVALID_PROGRESS_RECORD = ("node pod {pod}: ignored the progress record in its {source}: "  # REASON_INVALID_PROGRESS_RECORD
+                               "{problem}")
+MSG_DO_NOT_RETRY = "{what}; its trainer raised DoNotRetry ({reason}): not retried"  # the trainer's own reason
 MSG_FORCE_DELETED = ("node pod {pod} was stuck terminating for {seconds:.0f}s on node {node} ({node_state}); "  # REASON_FORCE_DELETED
                      "force-deleted after spec.failurePolicy.forceDeleteTerminatingAfterSeconds ({timeout}s)")
 

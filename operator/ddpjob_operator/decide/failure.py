@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.observed import PodView, read_progress
+from ddpjob_operator.decide.observed import PodView
 
 
 DISRUPTION_REASONS = ("Evicted", "Preempting", "Preempted", "Shutdown", "NodeShutdown", "Terminated",
@@ -66,11 +66,14 @@ def signal_name(exit_code: int | None) -> str | None:
 
 
 def classify_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Outcome | None:
-    """Outcome of a finished Pod; None while it is still pending or running."""
+    """Outcome of a finished Pod; None while it is still pending or running. A trainer whose
+    record carries ``fatal`` (it raised DoNotRetry) said retrying cannot help: permanent."""
     if pod.phase == "Succeeded":
         return Outcome.SUCCEEDED
     if pod.phase != "Failed":
         return None
+    if pod.fatal is not None:
+        return Outcome.PERMANENT
     return classify(pod.exit_code, pod.reason, disrupted=pod.disruption is not None,
                     permanent_exit_codes=permanent_exit_codes)
 
@@ -101,6 +104,8 @@ def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Diag
     outcome = classify_pod(pod, permanent_exit_codes)
     if outcome in (None, Outcome.SUCCEEDED):
         return None
+    if pod.fatal is not None:  # status.failures[].cause has no value of its own for it (yet): PermanentExitCode
+        return Diagnosis(outcome, C.CAUSE_PERMANENT, pod.exit_code, pod.fatal["reason"], pod.fatal["message"])
     disruption = pod.disruption
     reason = (disruption or {}).get("reason") or pod.reason or ""
     if outcome == Outcome.DISRUPTION:
@@ -126,9 +131,10 @@ def diagnose_deleted(pod: PodView) -> Diagnosis | None:
 def _failure_message(pod: PodView, disruption: Mapping[str, Any] | None) -> str:
     """DisruptionTarget's message, else the trainer's error from its progress record, else the
     kubelet's termination message (a log tail under FallbackToLogsOnError), else the pod's."""
-    record = read_progress(pod.termination_message)
-    text = ((disruption or {}).get("message") or (record or {}).get("error")
-            or ("" if record else pod.termination_message) or pod.status_message or "")
+    record = pod.record
+    # A message that holds a record (even one refused) is not a log tail: never show it raw.
+    text = ((disruption or {}).get("message") or record.get("error")
+            or ("" if pod.termination_holds_record else pod.termination_message) or pod.status_message or "")
     text = " ".join(str(text).split())
     return text if len(text) <= MESSAGE_CHARS else "..." + text[-(MESSAGE_CHARS - 3):]  # a log tail ends well
 
@@ -151,6 +157,14 @@ def image_pull_stuck(pod: PodView, now: datetime, timeout_seconds: float) -> boo
     if reason not in IMAGE_PULL_REASONS:
         return False
     return pod.created_at is not None and (now - pod.created_at).total_seconds() >= timeout_seconds
+
+
+def permanent_failure(pod: PodView, what: str) -> tuple[str, str]:
+    """Reason and message of the job's failure when ``pod`` failed for good: the trainer's own
+    (DoNotRetry) when its record says so, else a permanent exit code."""
+    if pod.fatal is not None:
+        return pod.fatal["reason"], C.MSG_DO_NOT_RETRY.format(what=what, reason=pod.fatal["reason"])
+    return C.REASON_PERMANENT_ERROR, C.MSG_PERMANENT_ERROR.format(what=what)
 
 
 def image_pull_check_in(pods: Iterable[PodView], now: datetime, timeout_seconds: float) -> float | None:

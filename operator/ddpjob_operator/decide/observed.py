@@ -9,11 +9,12 @@ active / successful / failed. Policies read `Observed` and `PodView`, never a di
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import Any, Iterable, Mapping
+
+from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time
@@ -51,7 +52,15 @@ class PodView:
     termination_reason: str | None = None  # OOMKilled, Error, ...
     termination_message: str = ""
     waiting: Mapping[str, Any] = field(default_factory=dict)  # the container's waiting state
-    progress: tuple[dict[str, Any], ...] = ()  # progress records in its current and previous terminations
+    progress: tuple[dict[str, Any], ...] = ()  # valid progress records in its current and previous terminations
+    record_problems: tuple[progress_record.Invalid, ...] = ()  # records there that the contract refused
+    termination_holds_record: bool = False  # the current termination message is a record (valid or not)
+    record: Mapping[str, Any] = field(default_factory=dict)  # the current termination's valid record ({}: none)
+
+    @property
+    def fatal(self) -> Mapping[str, str] | None:
+        """`fatal` {reason, message} of the current record: the worker raised DoNotRetry."""
+        return self.record.get("fatal")
 
     @property
     def deleting(self) -> bool:
@@ -107,7 +116,7 @@ def view_pod(pod: Pod) -> PodView:
         status_reason=status.get("reason"), status_message=status.get("message") or "",
         exit_code=int(code) if code is not None else None, finished_at=parse_time(terminated.get("finishedAt")),
         termination_reason=terminated.get("reason"), termination_message=terminated.get("message") or "",
-        waiting=(container.get("state") or {}).get("waiting") or {}, progress=_progress_records(container),
+        waiting=(container.get("state") or {}).get("waiting") or {}, **_records(container),
     )
 
 
@@ -130,24 +139,40 @@ def _ports(spec: Mapping[str, Any]) -> dict[str, int]:
     return {p["name"]: p.get("containerPort") for p in container.get("ports") or [] if p.get("name")}
 
 
-def _progress_records(container: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
-    """The trainer's progress records in the container's current and previous terminations."""
+def _records(container: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer's progress records in the container's current and previous terminations,
+    parsed once through the contract (ddpjob_rdzv/progress_record.py): the valid ones, the
+    refused ones, and the current one."""
     if container.get("name") != C.CONTAINER_NAME:
-        return ()
-    messages = [((container.get(key) or {}).get("terminated") or {}).get("message") for key in ("state", "lastState")]
-    return tuple(r for r in map(read_progress, messages) if r is not None)
+        return {}
+    found = [progress_record.parse(((container.get(key) or {}).get("terminated") or {}).get("message"))
+             for key in ("state", "lastState")]
+    valid = [dict(f.data) for f in found if isinstance(f, progress_record.Record)]
+    current = found[0].data if isinstance(found[0], progress_record.Record) else {}
+    return {"progress": tuple(valid), "termination_holds_record": found[0] is not None,
+            "record_problems": tuple(f for f in found if isinstance(f, progress_record.Invalid)),
+            "record": current}
 
 
-def read_progress(message: str | None) -> dict[str, Any] | None:
-    """The trainer's progress record in a termination message; None for anything else
-    (a log tail, an empty message). See ddpjob_trainer/termination.py for the format."""
-    if not message or not message.lstrip().startswith("{"):
-        return None
-    try:
-        record = json.loads(message)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and record.get("kind") == C.PROGRESS_RECORD_KIND else None
+def read_progress(message: str | bytes | None) -> dict[str, Any] | None:
+    """The trainer's progress record in a message when it passes the contract; None for
+    anything else (a log tail, an empty message, a refused record)."""
+    found = progress_record.parse(message)
+    return dict(found.data) if isinstance(found, progress_record.Record) else None
+
+
+@dataclass(frozen=True)
+class RecordProblem:
+    """A progress record that was refused: which pod sent it, where it was found, and why."""
+
+    pod: str  # the pod's name
+    uid: str  # the pod's uid: a problem is reported once per pod and field
+    source: str  # C.SOURCE_TERMINATION_MESSAGE or C.SOURCE_PROGRESS_ENDPOINT
+    invalid: progress_record.Invalid
+
+    @classmethod
+    def of(cls, pod: PodView, source: str, invalid: progress_record.Invalid) -> RecordProblem:
+        return cls(pod.name, pod.uid, source, invalid)
 
 
 def node_state(node: Node | None) -> str:
@@ -183,7 +208,7 @@ class Observed:
 
     pods: tuple[PodView, ...] = ()
     service_exists: bool = True
-    live_progress: tuple[Mapping[str, Any], ...] = ()
+    live_progress: tuple[Mapping[str, Any] | RecordProblem, ...] = ()  # records, and refused ones
     managed_etcd: ObservedEtcd | None = None
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
     network_policy_exists: bool | None = None

@@ -1,7 +1,7 @@
 """What the trainer's progress records and the failed pods tell the status (pure).
 
 The trainer's local-rank-0 worker on every node keeps a progress record in its termination
-message (ddpjob_trainer/termination.py); the kubelet publishes it in the pod status when
+message (ddpjob_trainer/progress_report.py); the kubelet publishes it in the pod status when
 the container exits. From the records of all observed pods this module keeps:
 
   * ``status.lastSnapshot`` {epoch, step, time, path}: the newest complete snapshot;
@@ -11,11 +11,14 @@ the container exits. From the records of all observed pods this module keeps:
     from the job's start, to its first step; work redone after a resume and restart
     overheads both count). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
     bookkeeping of the restart budget by progress (budget.py);
-  * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod).
+  * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod);
+  * ``status.invalidProgressRecords`` [{pod, podUID, field}]: records the contract refused
+    (ddpjob_rdzv/progress_record.py), each reported once in a Warning Event.
 
 Records arrive when a container exits, and while a job runs from each node's progress
 endpoint, which the operator polls (live_progress.py); where the operator cannot reach pods,
-a running job's figures trail until its next failure or its end.
+a running job's figures trail until its next failure or its end. A refused record is
+dropped: it never stops a pass.
 """
 
 from __future__ import annotations
@@ -25,18 +28,21 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
-from ddpjob_operator.decide.failure import Diagnosis, diagnose_deleted, diagnose_pod
+from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.budget import newer_snapshot
-from ddpjob_operator.decide.observed import PodView
+from ddpjob_operator.decide.failure import Diagnosis, diagnose_deleted, diagnose_pod
+from ddpjob_operator.decide.observed import PodView, RecordProblem
 
 SNAPSHOT_KEYS = ("epoch", "step", "time", "path")  # status.lastSnapshot (the contract's fields)
 
 
 def ingest(pods: Iterable[PodView], status: dict[str, Any],
-           live: Iterable[Mapping[str, Any]] = ()) -> None:
+           live: Iterable[Mapping[str, Any] | RecordProblem] = ()) -> list[Event]:
     """Update lastSnapshot and recovery from every record found (in the pods' termination
-    messages, and ``live`` ones read from running pods); idempotent per record."""
-    records = [r for pod in pods for r in pod.progress] + list(live)
+    messages, and ``live`` ones read from running pods); idempotent per record. Records the
+    contract refused are left out; returns a Warning Event for each one not reported before."""
+    pods, live = list(pods), list(live)
+    records = [r for pod in pods for r in pod.progress] + [r for r in live if not isinstance(r, RecordProblem)]
     for record in records:
         snapshot = record.get("snapshot")
         if isinstance(snapshot, Mapping) and newer_snapshot(snapshot, status.get("lastSnapshot")):
@@ -45,6 +51,30 @@ def ingest(pods: Iterable[PodView], status: dict[str, Any],
                and parse_time(r["resume"].get("firstStepTime")) and parse_time(r["resume"].get("time"))]
     for resume in sorted(resumes, key=lambda r: parse_time(r["time"])):
         _take_resume(resume, status)
+    problems = [RecordProblem.of(pod, C.SOURCE_TERMINATION_MESSAGE, invalid) for pod in pods
+                for invalid in pod.record_problems] + [p for p in live if isinstance(p, RecordProblem)]
+    return report_record_problems(pods, problems, status)
+
+
+def report_record_problems(pods: Iterable[PodView], problems: Iterable[RecordProblem],
+                           status: dict[str, Any]) -> list[Event]:
+    """A Warning Event for each refused record whose (pod, field) is not in
+    status.invalidProgressRecords yet, and that list updated: a termination message stays in
+    the pod and an endpoint is polled every pass, so without it each pass would warn again.
+    Entries of pods no longer observed are dropped."""
+    observed = {p.uid for p in pods}
+    kept = [e for e in status.get("invalidProgressRecords") or [] if e.get("podUID") in observed]
+    seen = {(e.get("podUID"), e.get("field")) for e in kept}
+    events = []
+    for problem in problems:
+        if (problem.uid, problem.invalid.field) in seen:
+            continue
+        seen.add((problem.uid, problem.invalid.field))
+        kept.append({"pod": problem.pod, "podUID": problem.uid, "field": problem.invalid.field})
+        events.append(Event(C.EVENT_WARNING, C.REASON_INVALID_PROGRESS_RECORD, C.MSG_INVALID_PROGRESS_RECORD.format(
+            pod=problem.pod, source=problem.source, problem=problem.invalid.message)))
+    status["invalidProgressRecords"] = kept[-C.MAX_RECORD_PROBLEMS_KEPT:] or None
+    return events
 
 
 def _take_resume(resume: Mapping[str, Any], status: dict[str, Any]) -> None:

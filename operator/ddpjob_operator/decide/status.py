@@ -32,7 +32,7 @@ from ddpjob_operator.decide.budget import (
     failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
 )
 from ddpjob_operator.decide.failure import (
-    INVALID_IMAGE_REASONS, Outcome, classify_pod, describe_exit, diagnose_image_pull, diagnose_pod
+    INVALID_IMAGE_REASONS, Outcome, classify_pod, describe_exit, diagnose_image_pull, diagnose_pod, permanent_failure
 )
 from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
 from ddpjob_operator.render.common import selector
@@ -73,7 +73,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
     # Before failures: the failed pods' records tell whether training progressed.
-    progress.ingest(observed.pods, status, observed.live_progress)
+    record_events = progress.ingest(observed.pods, status, observed.live_progress)
     status.update(_counts(ref, spec, observed.node_pods))
     status["observedGeneration"] = ref.generation
     replicas = spec.desired_replicas if spec is not None else 0
@@ -97,6 +97,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     if spec is not None and not errors:
         status.update(_capacity_counts(spec, groups))
     update = _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
+    update.events.extend(record_events)
     if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
         _report_capacity(update, prev, spec, groups, now)
     return update
@@ -105,7 +106,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
             "completionTime", "rendezvousGeneration", "restartsWithProgress", "restartsWithoutProgress",
-            "failures", "recovery")
+            "failures", "recovery", "invalidProgressRecords")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -273,9 +274,9 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
                    status: dict[str, Any], now: datetime, verdict: _Verdict) -> None:
     what = _describe(pod, spec)
     if outcome == Outcome.PERMANENT:
-        verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_PERMANENT_ERROR
-        verdict.message = C.MSG_PERMANENT_ERROR.format(what=what)
-        verdict.events.append(Event(C.EVENT_WARNING, C.REASON_PERMANENT_ERROR, verdict.message))
+        verdict.phase = C.PHASE_FAILED
+        verdict.reason, verdict.message = permanent_failure(pod, what)
+        verdict.events.append(Event(C.EVENT_WARNING, verdict.reason, verdict.message))
         return
     if verdict.phase != C.PHASE_FAILED:
         verdict.phase = C.PHASE_RESTARTING
@@ -398,7 +399,7 @@ _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector
           "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
           "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
           "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
-          "runningReplicas", "rendezvousReplicas", "unschedulable")
+          "runningReplicas", "rendezvousReplicas", "unschedulable", "invalidProgressRecords")
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:

@@ -1,44 +1,38 @@
-"""Progress reports through the container's termination message, for the operator.
+"""A node's progress record for the operator: written to the termination message and served at GET /progress.
 
-Why this channel: the kubelet copies the file at ``terminationMessagePath`` into
-``status.containerStatuses[].state.terminated.message`` whenever the container exits
-(crash, kill, success). The operator already watches its pods, so it learns the last
-complete snapshot of every node that stops, and training pods need no API rights (no
-ServiceAccount token, no RBAC to patch the DDPJob). The limit: a report is seen only
-when a container exits, so a running job's progress shows up at its next failure or
-at the end (see docs/recovery.md).
+The record (layout and rules: ``ddpjob_rdzv/progress_record.py``, shared with the operator)
+says where training stands: the newest complete snapshot, when this run of the workers
+started and took its first step, and why training raised. Each node's local-rank-0 worker
+keeps it current and publishes it two ways, neither of which gives training pods API rights
+(no ServiceAccount token, no RBAC to patch the DDPJob):
 
-Each node's local-rank-0 worker keeps one record in that file::
+* **the termination message**: the kubelet copies the file at ``terminationMessagePath``
+  into ``status.containerStatuses[].state.terminated.message`` whenever the container exits
+  (crash, kill, success), and the operator already watches its pods. It is seen only once
+  the container has exited, and holds at most ``TERMINATION_MESSAGE_BYTES`` (4096);
+* **GET /progress** on ``$DDPJOB_PROGRESS_PORT`` (set in rendered pods) while the worker
+  runs: the operator polls it (controller/live_progress.py) the way Prometheus reaches pods,
+  so a job that has not failed yet shows its progress too. A port that is taken only turns
+  the endpoint off, with a warning.
 
-    {"kind": "ddpjob.progress", "version": 1, "node": "2", "written": "...",
-     "snapshot": {<progress.json: epoch, step, time, path, samples_consumed>} | null,
-     "resume": {"time": "<worker start>", "fromStep": 120 | null,
-                "fromSnapshotTime": "..." | null, "firstStepTime": "..." | null},
-     "error": "<why training raised>"}                    # only after an exception
+``snapshot`` is ``<snapshot dir>/progress.json``, checked and copied (rank 0 writes it after
+each complete snapshot; the other nodes copy it from the shared volume at most every
+POLL_SECONDS). ``resume`` lets the operator compute the time to recover (failure ->
+firstStepTime) and the time lost per restart (fromSnapshotTime -> firstStepTime). When an
+exception escapes training the record gets ``error``, and ``fatal`` too when it is a
+:class:`ddpjob_trainer.errors.DoNotRetry`: the operator then fails the job instead of
+retrying. ``fatal`` stays for the container's life: workers that torchrun restarts in the
+same container keep it.
 
-``snapshot`` is ``<snapshot dir>/progress.json`` copied verbatim (one definition of
-the record; rank 0 writes it after each complete snapshot, the other nodes copy it
-from the shared volume at most every POLL_SECONDS). ``resume`` lets the operator
-compute the time to recover (failure -> firstStepTime) and the time lost per restart
-(fromSnapshotTime -> firstStepTime). Times are RFC 3339 UTC with milliseconds.
-
-The same record is also served over HTTP while the worker runs (``GET /progress``
-on ``$DDPJOB_PROGRESS_PORT``, set in rendered pods), so the operator can show the
-progress of a job that has not failed yet: the operator reaches pods as Prometheus
-does, and the pods still need no API rights. It holds no more than the termination
-message (epoch, step, times, the snapshot's path); a port that is taken only turns
-the endpoint off, with a warning.
-
-Writing: the kubelet bind-mounts the one file, so the usual temp-file-and-rename
-cannot replace it (rename onto a mount point fails with EBUSY, and the directory is
-not ours). Instead each record is written with a single ``pwrite`` at offset 0, padded
-with spaces to at least the previous length: the file is never truncated, so a worker
-killed at any moment leaves the previous or the new record, never an empty or mixed
-one (JSON ignores the trailing spaces). The kubelet reads it only after the exit.
+Writing the message: the kubelet bind-mounts the one file, so the usual temp-file-and-rename
+cannot replace it (rename onto a mount point fails with EBUSY, and the directory is not
+ours). Instead each record is written with a single ``pwrite`` at offset 0, padded with
+spaces to at least the previous length: the file is never truncated, so a worker killed at
+any moment leaves the previous or the new record, never an empty or mixed one (JSON ignores
+the trailing spaces). The kubelet reads it only after the exit.
 """
 from __future__ import annotations
 
-import datetime
 import http.server
 import json
 import logging
@@ -48,14 +42,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.progress_record import MAX_ERROR_CHARS, TERMINATION_MESSAGE_BYTES
+
+from .errors import DoNotRetry
+
 log = logging.getLogger(__name__)
 
 ENV_PATH = "DDPJOB_TERMINATION_LOG"  # where to write; rendered into pods with terminationMessagePath
 DEFAULT_PATH = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
-KIND = "ddpjob.progress"  # marks our record among other termination messages
-VERSION = 1
-RECORD_BYTES = 1024  # minimum padded size (the kubelet keeps up to 4096 bytes per container)
-MAX_ERROR_CHARS = 600  # keeps a record far below the kubelet's 4096-byte cap
+RECORD_BYTES = 1024  # minimum padded size of the message (the kubelet keeps up to 4096 bytes)
 POLL_SECONDS = 5.0  # how often nodes other than rank 0's copy progress.json from the shared volume
 PORT_ENV = "DDPJOB_PROGRESS_PORT"  # serve the record at GET /progress on this port (rendered pods set it)
 HTTP_PATH = "/progress"
@@ -84,10 +80,6 @@ def progress_port(environ: dict[str, str] | os._Environ = os.environ) -> int | N
     return int(text)
 
 
-def now_text() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 class ProgressReport:
     """The record of one node, rewritten whenever it changes.
 
@@ -102,9 +94,10 @@ class ProgressReport:
                  node: str = "", port: int | None = None):
         self.path = Path(path) if path else None
         self.progress_file = Path(progress_file) if progress_file else None
-        self.record: dict[str, Any] = {"kind": KIND, "version": VERSION, "node": node, "snapshot": None,
-                                       "resume": {"time": now_text(), "fromStep": None,
-                                                  "fromSnapshotTime": None, "firstStepTime": None}}
+        self.record: dict[str, Any] = progress_record.new_record(node, progress_record.now())
+        fatal = _fatal_in(self.path)
+        if fatal is not None:  # an earlier worker of this container said: do not retry
+            self.record["fatal"] = dict(fatal)
         self._lock = threading.Lock()  # the async snapshot writer thread reports too
         self._seen_mtime: int | None = None
         self._polled = 0.0
@@ -140,14 +133,18 @@ class ProgressReport:
     def stepped(self) -> None:
         """Called after every optimizer step: notes the first one, copies a newer progress.json."""
         if self.record["resume"]["firstStepTime"] is None:
-            self.record["resume"]["firstStepTime"] = now_text()
+            self.record["resume"]["firstStepTime"] = progress_record.now()
             self.refresh(force=True)
         else:
             self.refresh()
 
     def failed(self, error: BaseException) -> None:
-        """Training raised: keep the reason in the record (the kubelet's log fallback is then not used)."""
+        """Training raised: keep the reason in the record (the kubelet's log fallback is then not used);
+        a DoNotRetry also sets ``fatal``, so the operator fails the job instead of retrying."""
         self.record["error"] = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+        if isinstance(error, DoNotRetry):
+            message = str(error) or type(error).__name__
+            self.record["fatal"] = {"reason": error.reason, "message": message[:MAX_ERROR_CHARS]}
         self.refresh(force=True)
 
     def refresh(self, force: bool = False) -> None:
@@ -172,33 +169,57 @@ class ProgressReport:
         except (OSError, ValueError):  # not written yet, or replaced under us: next poll
             return False
         self._seen_mtime = mtime
+        problem = progress_record.check_snapshot(snapshot)
+        if problem is not None:  # the operator would refuse the whole record: keep the last good snapshot
+            log.warning("not reporting %s: %s", self.progress_file, problem.message)
+            return False
         self.record["snapshot"] = snapshot
         return True
 
     def _write(self) -> None:
         with self._lock:
-            self.record["written"] = now_text()
-            data = json.dumps(self.record, sort_keys=True).encode()
-            self._published = data
-            if self.path is None:
-                return
-            padded = data.ljust(max(RECORD_BYTES, self._size))
+            self.record["written"] = progress_record.now()
             try:
-                # Never O_CREAT: the kubelet creates the file before the container starts; a
-                # missing one means no kubelet (a local run or a sandbox), and creating
-                # /dev/termination-log on a host would leak records between runs.
-                fd = os.open(self.path, os.O_WRONLY)
-                try:
-                    # A worker restarted in the same container finds its predecessor's record.
-                    padded = padded.ljust(os.fstat(fd).st_size)
-                    os.pwrite(fd, padded, 0)
-                finally:
-                    os.close(fd)
-            except OSError as error:  # e.g. a read-only root filesystem: reporting is best effort
-                log.debug("not writing the termination message %s: %s", self.path, error)
-                self.path = None
+                published = progress_record.encode(self.record)
+                message = progress_record.encode(self.record, TERMINATION_MESSAGE_BYTES)
+            except ValueError as error:  # a value this worker put in: keep publishing the last good record
+                log.warning("not publishing the progress record: %s", error)
                 return
-            self._size = len(padded)
+            self._published = published
+            if self.path is not None:
+                self._write_message(message)
+
+    def _write_message(self, data: bytes) -> None:
+        padded = data.ljust(max(RECORD_BYTES, self._size))
+        try:
+            # Never O_CREAT: the kubelet creates the file before the container starts; a
+            # missing one means no kubelet (a local run or a sandbox), and creating
+            # /dev/termination-log on a host would leak records between runs.
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                # A worker restarted in the same container finds its predecessor's record.
+                padded = padded.ljust(os.fstat(fd).st_size)
+                os.pwrite(fd, padded, 0)
+            finally:
+                os.close(fd)
+        except OSError as error:  # e.g. a read-only root filesystem: reporting is best effort
+            log.debug("not writing the termination message %s: %s", self.path, error)
+            self.path = None
+            return
+        self._size = len(padded)
+
+
+def _fatal_in(path: Path | None) -> dict[str, Any] | None:
+    """``fatal`` of the record already in the termination message (an earlier worker's), if any."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            data = file.read(progress_record.MAX_RECORD_BYTES + 1)
+    except OSError:
+        return None
+    found = progress_record.parse(data.rstrip())  # the padding is not part of the record
+    return found.fatal if isinstance(found, progress_record.Record) else None
 
 
 class _ProgressHandler(http.server.BaseHTTPRequestHandler):
@@ -227,12 +248,3 @@ def _serve(report: ProgressReport, port: int) -> http.server.ThreadingHTTPServer
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="ddpjob-progress", daemon=True).start()
     return server
-
-
-def read_record(text: str | None) -> dict[str, Any] | None:
-    """The progress record in a termination message, None when it holds something else."""
-    try:
-        record = json.loads(text or "")
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and record.get("kind") == KIND else None

@@ -1,4 +1,5 @@
-"""The progress record in the termination message: written after each snapshot, never torn.
+"""The node's progress record (ddpjob_trainer/progress_report.py): written to the termination
+message after each snapshot and never torn, served at GET /progress, built through the contract.
 
 The kubelet reads the file when the container exits, so what matters is that at every
 moment the file holds one complete record: the previous or the new one.
@@ -14,10 +15,11 @@ import urllib.request
 import pytest
 import torch
 
-from ddpjob_trainer import Trainer, TrainerConfig, distributed
+from ddpjob_rdzv import progress_record
+from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig, distributed
 from ddpjob_trainer.env import DistEnv
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
-from ddpjob_trainer.termination import (
+from ddpjob_trainer.progress_report import (
     DEFAULT_PATH,
     ENV_PATH,
     PORT_ENV,
@@ -25,7 +27,6 @@ from ddpjob_trainer.termination import (
     ProgressReport,
     default_path,
     progress_port,
-    read_record,
 )
 from tests.support.procs import free_port
 
@@ -40,7 +41,10 @@ def kubelet_file(directory):
 
 
 def record_in(path):
-    return read_record(path.read_text())
+    """The record in the file, which must pass the contract the operator applies."""
+    parsed = progress_record.parse(path.read_text())
+    assert isinstance(parsed, progress_record.Record), parsed
+    return parsed.data
 
 
 def write_progress(directory, step, epoch=0):
@@ -132,10 +136,83 @@ def test_the_env_variable_names_the_path_and_the_default_is_used_only_when_the_k
     assert default_path({}) == expected
 
 
-def test_other_termination_messages_are_not_taken_for_records():
-    assert read_record("Traceback (most recent call last): ...") is None
-    assert read_record('{"step": 3}') is None
-    assert read_record("") is None and read_record(None) is None
+def test_a_progress_json_the_contract_refuses_is_not_copied_and_the_last_good_snapshot_stays(tmp_path, caplog):
+    message = kubelet_file(tmp_path)
+    good = write_progress(tmp_path, 4)
+    report = ProgressReport(message, tmp_path / "progress.json")
+    report.resumed(None, None)
+    (tmp_path / "progress.json").write_text(json.dumps({**good, "step": "8a"}))
+    os.utime(tmp_path / "progress.json", ns=(9 * 10**9, 9 * 10**9))
+    with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.progress_report"):
+        report.refresh(force=True)
+    assert record_in(message)["snapshot"] == good
+    assert f'not reporting {tmp_path / "progress.json"}: snapshot.step ("8a") must be an integer from 0 to ' \
+           "9007199254740991" in caplog.text
+
+
+class BadDataset(DoNotRetry):
+    reason = "BadDataset"
+
+
+def test_a_do_not_retry_error_sets_fatal_with_its_reason_and_message(tmp_path):
+    message = kubelet_file(tmp_path)
+    report = ProgressReport(message, None, port=0)
+    try:
+        report.resumed(None, None)
+        assert "fatal" not in record_in(message)
+        report.failed(BadDataset("shard 3: checksum mismatch"))
+        record = record_in(message)
+        assert record["fatal"] == {"reason": "BadDataset", "message": "shard 3: checksum mismatch"}
+        assert record["error"] == "BadDataset: shard 3: checksum mismatch"
+        assert fetch(report.port)[1]["fatal"]["reason"] == "BadDataset", "served over HTTP too"
+    finally:
+        report.close()
+
+
+def test_fatal_outlives_the_worker_a_later_worker_of_the_same_container_keeps_it(tmp_path):
+    """torchrun restarts failed workers in the same container; the next one must not erase
+    the first one's "do not retry" before the container exits."""
+    message = kubelet_file(tmp_path)
+    first = ProgressReport(message, None)
+    first.resumed(None, None)
+    first.failed(DoNotRetry("no tokenizer gpt9", reason="MissingTokenizer"))
+    second = ProgressReport(message, None)
+    second.resumed(None, None)
+    assert record_in(message)["fatal"] == {"reason": "MissingTokenizer", "message": "no tokenizer gpt9"}
+    assert "error" not in record_in(message), "the error is the current worker's own"
+
+
+def test_an_ordinary_error_sets_no_fatal(tmp_path):
+    message = kubelet_file(tmp_path)
+    report = ProgressReport(message, None)
+    report.failed(ValueError("boom"))
+    assert "fatal" not in record_in(message) and record_in(message)["error"] == "ValueError: boom"
+
+
+def test_a_do_not_retry_reason_must_be_an_upper_camel_case_word():
+    with pytest.raises(ValueError) as error:
+        DoNotRetry("x", reason="bad dataset")
+    assert str(error.value) == ('DoNotRetry: fatal.reason ("bad dataset") must be an UpperCamelCase word such as '
+                                "BadDataset, at most 64 characters")
+    assert DoNotRetry("x").reason == "DoNotRetry" and BadDataset().reason == "BadDataset"
+
+
+def test_the_termination_message_fits_the_kubelets_4096_bytes_and_the_endpoint_keeps_all(tmp_path):
+    message = kubelet_file(tmp_path)
+    progress = {"epoch": 0, "step": 1, "time": "2026-11-23T01:00:01Z", "path": "/" + "p" * 1000, "samples_consumed": 8}
+    (tmp_path / "progress.json").write_text(json.dumps(progress))
+    report = ProgressReport(message, tmp_path / "progress.json", port=0)
+    try:
+        report.failed(DoNotRetry("\u2603" * 5000))  # 3 bytes a character: ~4.8 KB of record in all
+        data = message.read_bytes().rstrip()
+        assert len(data) <= progress_record.TERMINATION_MESSAGE_BYTES
+        kept = record_in(message)
+        assert kept["snapshot"] == progress and kept["fatal"]["message"] == "\u2603" * 600
+        assert kept["error"].endswith("..."), "the error is cut to fit, the rest is whole"
+        served = fetch(report.port)[1]
+        assert served["error"] == "DoNotRetry: " + "\u2603" * 588, "the endpoint is not limited to 4096 bytes"
+    finally:
+        report.close()
 
 
 # --- the same record over HTTP ------------------------------------------------------------
@@ -171,7 +248,7 @@ def test_a_taken_port_turns_the_endpoint_off_with_a_warning_and_reporting_goes_o
     with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen()
-        with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.termination"):
+        with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.progress_report"):
             report = ProgressReport(message, tmp_path / "progress.json", port=taken.getsockname()[1])
         report.resumed(None, None)
     assert report.port is None
@@ -202,14 +279,14 @@ def env():
             os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
-def train(env, directory, message, monkeypatch, restart_count=0, fail_at_step=None, **overrides):
+def train(env, directory, message, monkeypatch, restart_count=0, fail_at_step=None, loss_fn=mse, **overrides):
     monkeypatch.setenv(ENV_PATH, str(message))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     overrides.setdefault("epochs", 2)
     config = TrainerConfig(batch_size=8, snapshot_dir=str(directory), snapshot_every_steps=5,
                            metrics_file=str(directory / "metrics.jsonl"), progress_bar=False, **overrides)
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), DATA, config, loss_fn=mse,
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), DATA, config, loss_fn=loss_fn,
                       env=dataclasses.replace(env, restart_count=restart_count),
                       on_step=fault_injection(0.0, fail_at_step, restart_count))
     return trainer.train()
@@ -233,6 +310,23 @@ def test_the_trainer_reports_each_complete_snapshot_and_its_resume(env, tmp_path
     assert done["resume"]["fromSnapshotTime"] == failed["snapshot"]["time"]
     assert done["resume"]["firstStepTime"] > done["resume"]["time"] > failed["resume"]["firstStepTime"]
     assert "error" not in done
+
+
+def test_a_do_not_retry_escaping_training_marks_the_record_fatal(env, tmp_path, monkeypatch):
+    message = kubelet_file(tmp_path)
+    batches = []
+
+    def loss(model, batch):
+        batches.append(1)
+        if len(batches) == 7:
+            raise BadDataset("shard 0: checksum mismatch")
+        return mse(model, batch)
+
+    with pytest.raises(BadDataset):
+        train(env, tmp_path, message, monkeypatch, loss_fn=loss)
+    record = record_in(message)
+    assert record["fatal"] == {"reason": "BadDataset", "message": "shard 0: checksum mismatch"}
+    assert record["snapshot"]["step"] == 5, "the progress before it is still reported"
 
 
 def test_only_local_rank_0_reports(env, tmp_path, monkeypatch):

@@ -1,0 +1,44 @@
+"""Exceptions a training script raises to tell the operator what a failure means.
+
+Torch-free, so a script can import it before anything heavy.
+"""
+from __future__ import annotations
+
+from ddpjob_rdzv import progress_record
+
+
+class DoNotRetry(Exception):
+    """Retrying cannot help: a bad dataset, an invalid configuration, a licence refused.
+
+    When it (or a subclass) escapes ``Trainer.train`` on a node's local-rank-0 worker, the
+    node's progress record carries ``fatal: {reason, message}`` and the operator fails the
+    whole job at once with that reason, instead of replacing the node and spending the
+    restart budget on a failure that would repeat::
+
+        class BadDataset(DoNotRetry):
+            reason = "BadDataset"
+
+        raise BadDataset(f"{path}: checksum {got} != {expected}")
+        raise DoNotRetry("no such tokenizer: gpt9", reason="MissingTokenizer")
+
+    Only the node's local-rank-0 worker writes the record: raised on another local rank,
+    the node fails as an ordinary, retryable error.
+
+    Args:
+        message: what went wrong; its first progress_record.MAX_ERROR_CHARS characters are kept.
+        reason: an UpperCamelCase word for the job's Failed condition and Event (default:
+            the class's ``reason``, "DoNotRetry").
+
+    Raises:
+        ValueError: ``reason`` is not an UpperCamelCase word of at most 64 characters.
+    """
+
+    reason = "DoNotRetry"
+
+    def __init__(self, message: str = "", *, reason: str | None = None):
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+        problem = progress_record.check_reason(self.reason)
+        if problem is not None:
+            raise ValueError(f"DoNotRetry: {problem.message}")
