@@ -127,7 +127,7 @@ def test_a_fatal_record_fails_the_job_at_once_with_its_reason_and_message():
     assert Event(C.EVENT_WARNING, "BadDataset", message) in result.events
     assert not any(isinstance(a, CreatePod) for a in result.actions), "no replacement"
     (entry,) = result.status["failures"]
-    assert (entry["cause"], entry["reason"], entry["message"]) == (C.CAUSE_PERMANENT, "BadDataset",
+    assert (entry["cause"], entry["reason"], entry["message"]) == (C.CAUSE_DO_NOT_RETRY, "BadDataset",
                                                                    "shard 3: checksum mismatch")
 
 

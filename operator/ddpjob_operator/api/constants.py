@@ -158,6 +158,7 @@ SOURCE_PROGRESS_ENDPOINT = "progress endpoint"  # ... or read from (GET /progres
 CAUSE_ERROR = "Error"  # the trainer exited non-zero (retryable; counts against the budget)
 CAUSE_OOM = "OOMKilled"  # the container hit its memory limit (retryable; counts)
 CAUSE_PERMANENT = "PermanentExitCode"  # an exit code in failurePolicy.permanentExitCodes (fails the job)
+CAUSE_DO_NOT_RETRY = "DoNotRetry"  # the trainer raised DoNotRetry: its progress record carries fatal (fails the job)
 CAUSE_DISRUPTED = "Disrupted"  # evicted, preempted or drained (DisruptionTarget); free
 CAUSE_NODE_LOST = "NodeLost"  # lost with its node (taint manager, pod GC, node shutdown); free
 CAUSE_IMAGE_PULL = "ImagePull"  # the image cannot be pulled (fails the job after a bounded wait)

@@ -922,15 +922,25 @@ class LastSnapshot(_Model):
     path: str | None = Field(None, description="Where it is, inside the snapshot volume.")
 
 
+class InvalidProgressRecord(_Model):
+    """A refused progress record (status.invalidProgressRecords): the pod and the field."""
+
+    pod: str | None = Field(None, description="Pod name.")
+    pod_uid: str | None = Field(None, alias="podUID", description="Pod uid.")
+    field: str | None = Field(None, description="The record's field that broke the contract, e.g. snapshot.step.")
+
+
 class NodeFailure(_Model):
     """One failed or disrupted node pod, explained (status.failures)."""
 
     index: int | None = Field(None, description="Node index of the pod.")
     pod: str | None = Field(None, description="Pod name.")
     pod_uid: str | None = Field(None, alias="podUID", description="Pod uid (each pod is listed once).")
-    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "Disrupted", "NodeLost", "ImagePull"] | None = Field(
-        None, description=("Error, OOMKilled, PermanentExitCode (these count against the budget, the last fails "
-                           "the job), Disrupted or NodeLost (free), ImagePull."))
+    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost",
+                   "ImagePull"] | None = Field(
+        None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
+                           "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
+                           "reason is in `reason`), Disrupted or NodeLost (free), ImagePull."))
     exit_code: int | None = Field(None, description="Exit code of torchrun, when it ran.")
     reason: str | None = Field(None, description=(
         "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
@@ -1015,3 +1025,6 @@ class DDPJobStatus(_Model):
     failures: list[NodeFailure] = Field(default_factory=list, description=(
         "The newest failed or disrupted node pods (at most 10), oldest first."))
     recovery: Recovery | None = Field(None, description="Time to recover, time lost, and budget bookkeeping.")
+    invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
+        "Progress records the contract refused, one per pod and field (each reported once in an "
+        "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))

@@ -104,8 +104,8 @@ def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Diag
     outcome = classify_pod(pod, permanent_exit_codes)
     if outcome in (None, Outcome.SUCCEEDED):
         return None
-    if pod.fatal is not None:  # status.failures[].cause has no value of its own for it (yet): PermanentExitCode
-        return Diagnosis(outcome, C.CAUSE_PERMANENT, pod.exit_code, pod.fatal["reason"], pod.fatal["message"])
+    if pod.fatal is not None:
+        return Diagnosis(outcome, C.CAUSE_DO_NOT_RETRY, pod.exit_code, pod.fatal["reason"], pod.fatal["message"])
     disruption = pod.disruption
     reason = (disruption or {}).get("reason") or pod.reason or ""
     if outcome == Outcome.DISRUPTION:
