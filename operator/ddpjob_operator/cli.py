@@ -4,9 +4,10 @@
     ddpjob render JOB.yaml     the Service and Pods the operator would create (a dry run)
     ddpjob run JOB.yaml        run the job here, one local torchrun agent per node (see local/)
 
-Bad input (a missing file, invalid YAML, an invalid spec, a busy rendezvous port,
-an env entry with valueFrom) gets one clear message on stderr and a non-zero exit,
-never a traceback.
+Bad input (a missing or binary file, invalid YAML, a document that is not a mapping, an
+invalid job, a busy rendezvous port, an env entry with valueFrom) gets one clear message on
+stderr and a non-zero exit, never a traceback: 1 when the job breaks a rule (every broken rule
+is listed), 2 when the input cannot be read or run here (see EXIT_*).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ddpjob_operator.local import command as local_run
 from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 from ddpjob_operator.render.node_pod import render_pod, render_service
-from ddpjob_operator.api.spec import DDPJobSpec, InvalidSpecError, JobRef, parse_job, validate_job
+from ddpjob_operator.api.spec import MAX_DEPTH, DDPJobSpec, InvalidSpecError, JobRef, parse_job, validate_job
 
 # Exit codes: 1 = the job is invalid, 2 = the input could not be read at all.
 EXIT_INVALID = 1
@@ -36,19 +37,76 @@ class BadInput(Exception):
 
 
 def load_job(path: str) -> dict[str, Any]:
-    """The one DDPJob document in ``path`` (a file, or - for stdin)."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as e:
-        raise BadInput(f"cannot read {path}: {e.strerror}") from None
-    try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise BadInput(f"{path} is not valid YAML: {_yaml_problem(e)}") from None
+    """The DDPJob document in ``path`` (a file, or - for stdin).
+
+    A file of one document is the job, whatever its kind (validation then names a wrong kind
+    or apiVersion); from several documents the one with kind DDPJob is taken.
+    """
+    documents = _documents(_read_text(path), path)
+    if len(documents) == 1:
+        job = documents[0]
+        if not isinstance(job, dict):
+            raise BadInput(f"{path} must hold a DDPJob: a mapping with apiVersion, kind, metadata and spec, "
+                           f"not {_yaml_kind(job)}")
+        return job
     jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == constants.KIND]
     if len(jobs) != 1:
         raise BadInput(f"{path} must hold exactly one document with kind: {constants.KIND} (found {len(jobs)})")
     return jobs[0]
+
+
+def _read_text(path: str) -> str:
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as e:
+        raise BadInput(f"cannot read {path}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path} is not a YAML text file: byte {e.start} (0x{data[e.start]:02x}) is not UTF-8") from None
+
+
+class _KubectlLoader(yaml.SafeLoader):
+    """PyYAML reading a file into what kubectl sends the API server.
+
+    kubectl decodes YAML with go-yaml into untyped values, which keeps timestamps as strings
+    (`2024-01-01` stays text), then encodes JSON with Go's encoder, which writes a whole float
+    as an integer (`replicas: 2.0` arrives as 2). Without these two, `ddpjob validate` would
+    refuse files the cluster accepts.
+    """
+
+
+_KubectlLoader.yaml_implicit_resolvers = {
+    first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _go_json_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float | int:
+    value = loader.construct_yaml_float(node)
+    return int(value) if value.is_integer() and abs(value) < 1e21 else value  # Go writes 1e21 up as 1e+21
+
+
+_KubectlLoader.add_constructor("tag:yaml.org,2002:float", _go_json_float)
+
+
+def _documents(text: str, path: str) -> list[Any]:
+    try:
+        return [d for d in yaml.load_all(text, Loader=_KubectlLoader) if d is not None]
+    except yaml.YAMLError as e:
+        raise BadInput(f"{path} is not valid YAML: {_yaml_problem(e)}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise BadInput(f"{path} is nested too deeply to read (a DDPJob is at most "
+                       f"{MAX_DEPTH} levels deep)") from None
+
+
+def _yaml_kind(value: Any) -> str:
+    """What a parsed YAML document is, in YAML's words."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    return f"a {type(value).__name__} scalar"
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
@@ -81,9 +139,10 @@ def parse_or_report(job: dict[str, Any], path: str) -> tuple[JobRef, DDPJobSpec]
 def render(path: str, namespace: str | None) -> int:
     job = load_job(path)
     metadata = job.setdefault("metadata", {})
-    metadata.setdefault("uid", DRY_RUN_UID)
-    if namespace:
-        metadata["namespace"] = namespace
+    if isinstance(metadata, dict):  # else validation reports it
+        metadata.setdefault("uid", DRY_RUN_UID)
+        if namespace:
+            metadata["namespace"] = namespace
     parsed = parse_or_report(job, path)
     if parsed is None:
         return EXIT_INVALID

@@ -41,3 +41,8 @@ def test_every_odd_form_the_spec_pattern_accepts_still_parses(text):
 def test_byte_counts_format_with_the_largest_exact_binary_suffix(count, text):
     assert format_bytes(count) == text
     assert parse_quantity(text) == count
+
+
+def test_an_exponent_beyond_any_limit_is_infinity_not_an_error():
+    """A hostile "1e999999999" compares as larger than any limit instead of raising."""
+    assert parse_quantity("1e999999999") > parse_quantity("1Ei")

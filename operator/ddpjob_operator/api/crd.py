@@ -22,7 +22,7 @@ import yaml
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import DNS_LABEL_MAX, NODE_POD_INFIX
-from ddpjob_operator.api.spec import DDPJobSpec, DDPJobStatus, cel
+from ddpjob_operator.api.spec import JOB_NAME_PATTERN, JOB_NAME_RULE, DDPJobSpec, DDPJobStatus, cel
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # operator/ddpjob_operator/api/crd.py
 CRD_FILES = (
@@ -40,6 +40,13 @@ NAME_LENGTH_RULE = cel(
     "has(self.spec.elasticPolicy.maxReplicas) ? self.spec.elasticPolicy.maxReplicas : "
     f"(has(self.spec.replicas) ? self.spec.replicas : 1)) - 1)) <= {DNS_LABEL_MAX - len(NODE_POD_INFIX)}",
     "metadata.name is too long: pod names <name>-node-<index> must fit the 63-character DNS label limit",
+)
+# spec._identity_errors' name rule as CEL. The API server itself only checks object names as DNS-1123
+# subdomains, which let "a.b" and "1job" through to fail later as a Service name.
+NAME_FORMAT_RULE = cel(
+    f"self.metadata.name.matches('{JOB_NAME_PATTERN}')",
+    f"metadata.name {JOB_NAME_RULE}",
+    f"'metadata.name (\"' + self.metadata.name + '\") {JOB_NAME_RULE}'",
 )
 
 
@@ -124,7 +131,7 @@ def open_api_schema() -> dict[str, Any]:
             "spec": _schema_of(DDPJobSpec),
             "status": status,
         },
-        "x-kubernetes-validations": [NAME_LENGTH_RULE],
+        "x-kubernetes-validations": [NAME_FORMAT_RULE, NAME_LENGTH_RULE],
     }
 
 

@@ -9,7 +9,7 @@ https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 
 KI, MI, GI = 1 << 10, 1 << 20, 1 << 30
 
@@ -35,10 +35,11 @@ def parse_quantity(value: int | str) -> Decimal:
     if match is None:
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, \"500m\", \"16Gi\", \"1e3\")")
     number, suffix, exponent = match.groups()
-    if exponent is not None:
-        return Decimal(number) * Decimal(10) ** Decimal(exponent)
-    scale = _BINARY.get(suffix or "")
-    return Decimal(number) * (scale if scale is not None else _DECIMAL[suffix or ""])
+    with localcontext(Context(traps=[])):  # "1e999999999" is Infinity (over any limit), not an exception
+        if exponent is not None:
+            return Decimal(number) * Decimal(10) ** Decimal(exponent)
+        scale = _BINARY.get(suffix or "")
+        return Decimal(number) * (scale if scale is not None else _DECIMAL[suffix or ""])
 
 
 def format_bytes(count: int) -> str:

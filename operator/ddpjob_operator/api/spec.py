@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import (
@@ -40,6 +41,7 @@ from ddpjob_rdzv import BACKEND_NAME as ETCD_V3  # ddpjob's torchrun backend; de
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import name_too_long
+from ddpjob_operator.api.quantity import parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource that nProcPerNode "gpu" needs
 ETCD_BACKENDS = ("etcd", ETCD_V3)  # backends that talk to an external etcd
@@ -62,18 +64,69 @@ RESERVED_ENV = {
     C.ENV_NODE_INDEX: "the pod's node index (set by the operator)",
     C.ENV_NAMESPACE: "metadata.namespace (set by the operator)",
 }
-MAX_ENV = 128  # most spec.env entries (bounds the CEL cost of the reserved-name rule)
 RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
                    C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
 RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME)  # pod volume names the operator uses
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a Secret's name: an RFC 1123 DNS subdomain
-LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # a label value (queue names are label values)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"  # a label value, as apimachinery checks it
+# metadata.name is also the headless Service's name, which Kubernetes checks as a DNS-1035 label
+# (it must start with a letter), and the prefix of the pods' hostnames (no dots): stricter than
+# the DNS-1123 subdomain the API server checks for every object name.
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+JOB_NAME_RULE = ("must be a DNS-1035 label: lowercase letters, digits and hyphens, starting with a letter "
+                 "and ending with a letter or digit (it names the Service and the pods of the job)")
+VOLUME_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a pod volume name: a DNS-1123 label
+# A container env var name as apimachinery's IsEnvVarName checks it (Kubernetes 1.34 relaxed the
+# rule to any printable ASCII but '=', behind a feature gate older clusters lack).
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# What `torchrun -m` can import: dotted Python identifiers (a path such as train.py belongs in script).
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+IMAGE_PATTERN = r"^\S+$"  # an image reference has no whitespace (the kubelet cannot pull " img")
+# A label or annotation key: an optional DNS-1123 subdomain prefix (<= 253) and '/', then a name
+# of <= 63 characters; checked by qualified_name_problem (lengths included).
+QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 
-# Kubernetes resource.Quantity, as apimachinery's OpenAPI pattern spells it.
+# Kubernetes resource.Quantity as apimachinery's OpenAPI pattern spells it, without the leading
+# '-': no resource of a container may be negative (the API server refuses it at pod creation).
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+# What a string field's pattern means, in the words an error message uses.
+PATTERN_RULES = {
+    SECRET_NAME_PATTERN: "must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', "
+                         "starting and ending with a letter or digit",
+    LABEL_VALUE_PATTERN: "must be a label value: letters, digits, '-', '_' and '.', starting and ending "
+                         "with a letter or digit",
+    VOLUME_NAME_PATTERN: "must be a DNS-1123 label: lowercase letters, digits and '-', starting and "
+                         "ending with a letter or digit",
+    ENV_NAME_PATTERN: "must be a C-identifier-like name: letters, digits, '_', '-' and '.', not "
+                      "starting with a digit",
+    MODULE_PATTERN: "must be a dotted Python module name such as pkg.train (a file path goes in spec.script)",
+    IMAGE_PATTERN: "must be an image reference without whitespace",
+    r"^/": "must be an absolute path (start with /)",
+}
+
+# Size limits. Each list or string a CEL rule walks has a maximum, so the API server's cost
+# estimate (it assumes the largest input the schema allows) stays within its per-rule budget.
+MAX_REPLICAS = 1000  # most nodes a job may ask for (replicas, minReplicas, maxReplicas); see DDPJobSpec
+MAX_ENV = 128  # most spec.env entries
+MAX_RESOURCES = 32  # most resource names in limits or requests (each runs the quantity rule)
+MAX_VOLUMES = 64  # most spec.podOverrides.volumes
+MAX_VOLUME_MOUNTS = 64  # most spec.podOverrides.volumeMounts
+MAX_PATH = 4096  # longest mountPath: Linux's PATH_MAX
+MAX_IMAGE = 1024  # longest image: a reference is at most 255 (name) + 129 (tag) + 136 (sha512 digest)
+MAX_NAME = 253  # longest env var, module or script name we accept (a DNS subdomain's length)
+# The API server stores an object in one etcd request, and etcd refuses requests over its
+# --max-request-bytes (1.5 MiB by default): a larger DDPJob fails at `kubectl apply` with
+# "etcdserver: request is too large". (Client-side `kubectl apply` also copies the object into
+# an annotation limited to 256 KiB; `kubectl create` and server-side apply do not.)
+OBJECT_SIZE_LIMIT = 1536 * 1024
+# No DDPJob field is nested deeper than 12 levels (spec.scheduling.affinity.podAntiAffinity...
+# matchExpressions[].values[]); a deeper document is broken or hostile, and the operator's own
+# copies of it (render, kopf) recurse. Checked without recursion, before anything else.
+MAX_DEPTH = 32
 
 
 def cel(rule: str, message: str, message_expression: str | None = None) -> dict[str, str]:
@@ -118,7 +171,7 @@ def _check_quantity(value: Any) -> int | str:
         return value
     if isinstance(value, str) and re.match(QUANTITY_PATTERN, value):
         return value
-    raise ValueError('must be a Kubernetes quantity such as 2, "500m" or "16Gi" (quote fractions)')
+    raise ValueError('must be a non-negative Kubernetes quantity such as 2, "500m" or "16Gi" (quote fractions)')
 
 
 Quantity = Annotated[
@@ -127,7 +180,11 @@ Quantity = Annotated[
     WithJsonSchema({
         "anyOf": [{"type": "integer"}, {"type": "string"}],
         "x-kubernetes-int-or-string": True,
-        "pattern": QUANTITY_PATTERN,
+        "pattern": QUANTITY_PATTERN,  # strings only: JSON Schema patterns skip integers
+        "x-kubernetes-validations": [cel(
+            "type(self) == int ? self >= 0 : true",
+            "spec.resources quantities must not be negative",
+        )],
     }),
 ]
 
@@ -135,11 +192,55 @@ Quantity = Annotated[
 # typed loosely on purpose, the API server validates it when the pod is created.
 KubeObject = dict[str, Any]
 
+# A label value (podOverrides.labels, scheduling.nodeSelector); the API server checks it only
+# when the pod is created, so the CRD checks it here. Keys are checked by the operator
+# (qualified_name_problem): a CEL rule over a map's keys has no length bound to estimate with.
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+
+# The clean absolute path the kubelet will mount at: no '.', '..' or empty segment and no
+# trailing '/' (so two spellings of one directory cannot slip past the "already mounted"
+# rules, which compare strings). Segment = anything but '.' and '..', spelt without lookahead
+# because the API server's regex engine (RE2) has none.
+MOUNT_PATH_PATTERN = r"^(/([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+))+$"
+PATTERN_RULES[MOUNT_PATH_PATTERN] = ("must be a clean absolute path such as /data: no '.', '..' or "
+                                     "empty segments and no trailing /")
+MountPath = Annotated[str, Field(max_length=MAX_PATH, pattern=MOUNT_PATH_PATTERN)]
+
+# podOverrides.volumes[] and volumeMounts[] are core/v1 objects passed through, but the CEL
+# rules about the operator's own volumes read their name and mountPath, and CEL sees only
+# declared fields: so those are declared (and bounded), the rest is kept as given.
+VOLUME_SCHEMA = {
+    "type": "object", "x-kubernetes-preserve-unknown-fields": True, "required": ["name"],
+    "properties": {"name": {"type": "string", "description": "Volume name (a DNS-1123 label).",
+                            "maxLength": 63, "pattern": VOLUME_NAME_PATTERN}},
+}
+MOUNT_SCHEMA = {
+    "type": "object", "x-kubernetes-preserve-unknown-fields": True, "required": ["name", "mountPath"],
+    "properties": {
+        "name": {"type": "string", "description": "Name of the volume to mount.",
+                 "maxLength": 63, "pattern": VOLUME_NAME_PATTERN},
+        "mountPath": {"type": "string", "description": "Where the volume appears in the container.",
+                      "maxLength": MAX_PATH, "pattern": MOUNT_PATH_PATTERN},
+    },
+}
+
+
+def list_map(*keys: str) -> dict[str, Any]:
+    """json_schema_extra of a list whose entries are unique by `keys`: the API server rejects a
+    duplicate at `kubectl apply` (and server-side apply merges entries by these keys)."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
 
 class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are errors (typos)."""
+    """camelCase on the wire, snake_case in Python; unknown fields are errors (typos).
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    Strict: the API server's schema refuses `replicas: true` or "2" and a string given as a
+    number, so the operator and `ddpjob validate` do too. (A whole float such as 2.0 reaches
+    the API server as 2, because kubectl writes JSON with Go's encoder; `ddpjob validate`
+    reads YAML the same way: see cli._KubectlLoader.)
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
 
 
 def _object(model: type[BaseModel], description: str, **extra: Any) -> Any:
@@ -156,7 +257,7 @@ def _object(model: type[BaseModel], description: str, **extra: Any) -> Any:
 class EnvVar(_Model):
     """A core/v1 EnvVar: a literal value or a reference (valueFrom)."""
 
-    name: str = Field(min_length=1, max_length=253, description="Variable name.")
+    name: str = Field(min_length=1, max_length=MAX_NAME, pattern=ENV_NAME_PATTERN, description="Variable name.")
     value: str | None = Field(None, description="Literal value.")
     value_from: KubeObject | None = Field(
         None, description="core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).")
@@ -166,10 +267,11 @@ class Resources(_Model):
     """Compute resources of the trainer container (core/v1 ResourceRequirements)."""
 
     limits: dict[str, Quantity] = Field(
-        default_factory=dict,
+        default_factory=dict, max_length=MAX_RESOURCES,
         description="Maximum resources, e.g. {cpu: \"4\", memory: 16Gi, nvidia.com/gpu: 1}.")
     requests: dict[str, Quantity] = Field(
-        default_factory=dict, description="Guaranteed resources; default to the limits.")
+        default_factory=dict, max_length=MAX_RESOURCES,
+        description="Guaranteed resources (each <= its limit); default to the limits.")
 
 
 class RdzvTimeouts(_Model):
@@ -243,11 +345,11 @@ class ElasticPolicy(_Model):
             "is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)"),
     ]})
 
-    min_replicas: int | None = Field(None, ge=1, description=(
+    min_replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, description=(
         "Fewest nodes that may train (torchrun --nnodes MIN:MAX). Default: replicas, or 1."),
         json_schema_extra=immutable(
             "spec.elasticPolicy.minReplicas", "running torchrun agents were started with it"))
-    max_replicas: int | None = Field(None, ge=1, description=(
+    max_replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, description=(
         "Most nodes that may train; replicas may be scaled up to it. "
         "Default: max(minReplicas, replicas)."),
         json_schema_extra=immutable(
@@ -331,7 +433,7 @@ class NetworkIsolation(_Model):
 class Snapshot(_Model):
     """Where the trainer keeps snapshots; a shared volume lets a replaced node resume."""
 
-    mount_path: str = Field("/snapshots", pattern=r"^/", description=(
+    mount_path: MountPath = Field("/snapshots", description=(
         "Absolute path of the volume in every pod; DDPJOB_SNAPSHOT_DIR points here."))
     volume: KubeObject = Field(
         default_factory=lambda: {"emptyDir": {}}, min_length=1, max_length=1,
@@ -398,7 +500,7 @@ class RunPolicy(_Model):
 class Scheduling(_Model):
     """Where node pods may run (core/v1 PodSpec fields)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
     affinity: KubeObject = Field(default_factory=dict, description="Pod affinity.")
     priority_class_name: str = Field("", description="Pod priorityClassName.")
@@ -517,6 +619,11 @@ class PodOverrides(_Model):
         # `in` on a map costs O(1); a rule iterating the keys would exceed the CEL cost budget.
         cel("!has(self.labels) || (" + " && ".join(f"!('{k}' in self.labels)" for k in RESERVED_LABELS) + ")",
             "spec.podOverrides.labels may not set the labels the operator selects pods by"),
+        # Cost: <= MAX_VOLUMES (64) names x one `in` over 3 constants of <= 63 characters.
+        cel("!has(self.volumes) || self.volumes.all(v, !(v.name in "
+            + json.dumps(list(RESERVED_VOLUMES)).replace('"', "'") + "))",
+            "spec.podOverrides.volumes may not use the volume names the operator adds ("
+            + ", ".join(RESERVED_VOLUMES) + ")"),
     ]})
 
     service_account_name: str = Field("", description=(
@@ -534,11 +641,47 @@ class PodOverrides(_Model):
             "securityContext of the trainer container, merged over the operator's (allowPrivilegeEscalation "
             "false, capabilities drop ALL): a field set here replaces the operator's value of that field. "
             "The rendezvous store container keeps the defaults."))
-    volumes: list[KubeObject] = Field(default_factory=list, description="Extra pod volumes.")
-    volume_mounts: list[KubeObject] = Field(default_factory=list, description=(
-        "Extra volume mounts of the trainer container."))
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    volumes: list[Annotated[KubeObject, WithJsonSchema(VOLUME_SCHEMA)]] = Field(
+        default_factory=list, max_length=MAX_VOLUMES, description="Extra pod volumes (each name once).",
+        json_schema_extra=list_map("name"))
+    volume_mounts: list[Annotated[KubeObject, WithJsonSchema(MOUNT_SCHEMA)]] = Field(
+        default_factory=list, max_length=MAX_VOLUME_MOUNTS, description=(
+            "Extra volume mounts of the trainer container (each mountPath once)."),
+        json_schema_extra=list_map("mountPath"))
+    labels: dict[str, LabelValue] = Field(default_factory=dict, description="Extra pod labels.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+
+
+MOUNTED_BY_OPERATOR = ("is already mounted by the operator (/dev/shm, spec.snapshot.mountPath or the "
+                       f"rdzvSecretName mount {C.RDZV_SECRET_MOUNT_PATH})")
+UNKNOWN_VOLUME = (f"names no volume of the pod: add it to spec.podOverrides.volumes (the operator's own are "
+                  f"{C.SHM_VOLUME}, {C.SNAPSHOT_VOLUME} with spec.snapshot and {C.RDZV_SECRET_VOLUME} with "
+                  "rdzvSecretName)")
+
+
+def _mount_rules() -> list[dict[str, str]]:
+    """CEL twins of _mount_errors. Cost, as the API server estimates it (the largest input the
+    schema allows): <= MAX_VOLUME_MOUNTS (64) mounts x (3 string comparisons of <= MAX_PATH
+    (4096) characters, ~410 units each, + an exists over <= MAX_VOLUMES (64) names of <= 63
+    characters, ~8 units each) ~ 64 x 1750 ~ 112k units per rule: about 1% of its per-expression
+    estimate limit (10M, apiextensions' StaticEstimatedCostLimit)."""
+    mounts = "!has(self.podOverrides) || !has(self.podOverrides.volumeMounts) || self.podOverrides.volumeMounts.all(m, {})"
+    secret = "has(self.elasticPolicy) && has(self.elasticPolicy.rdzvSecretName)"
+    snapshot_path = "(has(self.snapshot.mountPath) ? self.snapshot.mountPath : '/snapshots')"
+    return [
+        cel(mounts.format(
+            f"m.mountPath != '{C.SHM_MOUNT_PATH}' && !(has(self.snapshot) && m.mountPath == {snapshot_path}) && "
+            f"!({secret} && m.mountPath == '{C.RDZV_SECRET_MOUNT_PATH}')"),
+            "spec.podOverrides.volumeMounts may not mount over /dev/shm, spec.snapshot.mountPath or the "
+            f"rdzvSecretName mount {C.RDZV_SECRET_MOUNT_PATH}"),
+        cel(mounts.format(
+            f"m.name == '{C.SHM_VOLUME}' || (has(self.snapshot) && m.name == '{C.SNAPSHOT_VOLUME}') || "
+            f"({secret} && m.name == '{C.RDZV_SECRET_VOLUME}') || "
+            "(has(self.podOverrides.volumes) && self.podOverrides.volumes.exists(v, v.name == m.name))"),
+            "spec.podOverrides.volumeMounts must each name a volume of the pod: one of "
+            f"spec.podOverrides.volumes, {C.SHM_VOLUME}, {C.SNAPSHOT_VOLUME} (with spec.snapshot) or "
+            f"{C.RDZV_SECRET_VOLUME} (with rdzvSecretName)"),
+    ]
 
 
 def _spec_rules() -> list[dict[str, str]]:
@@ -565,7 +708,7 @@ def _spec_rules() -> list[dict[str, str]]:
             + json.dumps(sorted(RESERVED_ENV)).replace('"', "'") + "))",
             "spec.env may not set variables the operator derives from the spec "
             "(PET_*, DDPJOB_*): use the spec field instead"),
-    ]
+    ] + _mount_rules()
 
 
 class DDPJobSpec(_Model):
@@ -573,25 +716,32 @@ class DDPJobSpec(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _spec_rules()})
 
-    replicas: int | None = Field(None, ge=1, description=(
+    # At most MAX_REPLICAS (1000) nodes: a bound on typos (100000) rather than a tested scale.
+    # A c10d rendezvous serves every agent's keep-alives from one TCPStore, each pass of the
+    # operator lists and judges every pod, and 1000 nodes of 8 GPUs is beyond the data-parallel
+    # jobs this operator is for; node indexes up to 999 also leave job names 54 characters.
+    replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, description=(
         "Desired nodes (pods); between minReplicas and maxReplicas. Changed by kubectl scale. "
         "Default: elasticPolicy.minReplicas."))
-    image: str = Field(min_length=1, description="Container image with torch and the training code.",
+    image: str = Field(min_length=1, max_length=MAX_IMAGE, pattern=IMAGE_PATTERN,
+                       description="Container image with torch and the training code.",
                        json_schema_extra=immutable(
                            "spec.image", "all nodes of a DDP group must run the same code"))
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Container imagePullPolicy.")
-    module: str | None = Field(None, min_length=1, description=(
+    module: str | None = Field(None, min_length=1, max_length=MAX_NAME, pattern=MODULE_PATTERN, description=(
         "Python module to run (torchrun -m MODULE); exactly one of module or script."),
         json_schema_extra=immutable("spec.module", "all nodes of a DDP group must run the same code"))
-    script: str | None = Field(None, min_length=1, description=(
+    script: str | None = Field(None, min_length=1, max_length=MAX_PATH, description=(
         "Path of the training script in the image; exactly one of module or script."),
         json_schema_extra=immutable("spec.script", "all nodes of a DDP group must run the same code"))
     args: list[str] = Field(default_factory=list, description="Arguments of the module or script.")
-    # maxItems bounds the cost the API server estimates for the CEL rule over env.
+    # maxItems bounds the cost the API server estimates for the CEL rule over env; a list map,
+    # so a name set twice (the later entry would silently win) is refused at `kubectl apply`.
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description=(
-        "Extra environment (core/v1 EnvVar list); entries come after the operator's and win, "
-        "except the reserved PET_*/DDPJOB_* names, which are rejected."))
+        "Extra environment (core/v1 EnvVar list, each name once); entries come after the "
+        "operator's and win, except the reserved PET_*/DDPJOB_* names, which are rejected."),
+        json_schema_extra=list_map("name"))
     resources: Resources = _object(Resources, "Resources of the trainer container.")
     shared_memory_size: Size | None = Field(None, description=(
         "sizeLimit of the memory-backed /dev/shm of the node pods (DataLoader workers and NCCL pass "
@@ -710,7 +860,8 @@ def _cross_field_errors(spec: DDPJobSpec) -> list[FieldError]:
     if fp.max_backoff_seconds < fp.backoff_seconds:
         errors.append(FieldError("spec.failurePolicy.maxBackoffSeconds", fp.max_backoff_seconds,
                                  f"must be >= spec.failurePolicy.backoffSeconds ({fp.backoff_seconds})"))
-    return errors + _env_errors(spec) + _override_errors(spec) + _security_errors(spec.pod_overrides)
+    return (errors + _resource_errors(spec.resources) + _env_errors(spec) + _override_errors(spec)
+            + _security_errors(spec.pod_overrides))
 
 
 def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
@@ -757,11 +908,49 @@ def _managed_etcd_errors(ep: ElasticPolicy) -> list[FieldError]:
 
 
 def _env_errors(spec: DDPJobSpec) -> list[FieldError]:
-    return [
+    errors = [
         FieldError(f"spec.env[{i}].name", e.name,
                    f"is set by the operator; use {RESERVED_ENV[e.name]} instead")
         for i, e in enumerate(spec.env) if e.name in RESERVED_ENV
     ]
+    return errors + _duplicates("spec.env", "name", [e.name for e in spec.env])
+
+
+def _duplicates(path: str, key: str, values: list[Any]) -> list[FieldError]:
+    """Twin of a list map (list_map): each `key` once, as the API server requires."""
+    first: dict[Any, int] = {}
+    errors = []
+    for i, value in enumerate(values):
+        if value in first:
+            errors.append(FieldError(f"{path}[{i}].{key}", value,
+                                     f"repeats {path}[{first[value]}].{key}: each {key} may appear once"))
+        first.setdefault(value, i)
+    return errors
+
+
+def _string_rule(value: Any, pattern: str, max_length: int) -> str | None:
+    """Why `value` breaks a string field's schema, in _from_pydantic's words; None when it fits."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if len(value) > max_length:
+        return f"must be at most {max_length} characters"
+    if not re.match(pattern, value):
+        return PATTERN_RULES[pattern]
+    return None
+
+
+def _declared_errors(path: str, item: Mapping[str, Any], schema: Mapping[str, Any]) -> list[FieldError]:
+    """Twin of the declared properties of VOLUME_SCHEMA / MOUNT_SCHEMA for one list entry."""
+    errors = []
+    for name, prop in schema["properties"].items():
+        if name not in item:
+            if name in schema["required"]:
+                errors.append(FieldError(f"{path}.{name}", MISSING, "is required"))
+            continue
+        rule = _string_rule(item[name], prop["pattern"], prop["maxLength"])
+        if rule:
+            errors.append(FieldError(f"{path}.{name}", item[name], rule))
+    return errors
 
 
 def _override_errors(spec: DDPJobSpec) -> list[FieldError]:
@@ -771,16 +960,72 @@ def _override_errors(spec: DDPJobSpec) -> list[FieldError]:
             errors.append(FieldError(f"spec.podOverrides.labels[{key!r}]", po.labels[key],
                                      "may not be set: the operator selects its pods by this label"))
     for i, vol in enumerate(po.volumes):
+        errors += _declared_errors(f"spec.podOverrides.volumes[{i}]", vol, VOLUME_SCHEMA)
         if vol.get("name") in RESERVED_VOLUMES:
             errors.append(FieldError(f"spec.podOverrides.volumes[{i}].name", vol.get("name"),
                                      f"is used by the operator; pick a name other than {', '.join(RESERVED_VOLUMES)}"))
-    taken = ({C.SHM_MOUNT_PATH} | ({spec.snapshot.mount_path} if spec.snapshot else set())
-             | ({C.RDZV_SECRET_MOUNT_PATH} if spec.elastic_policy.rdzv_secret_name else set()))
+    errors += _duplicates("spec.podOverrides.volumes", "name", [_key(v.get("name")) for v in po.volumes])
+    return errors + _mount_errors(spec) + _key_errors(spec)
+
+
+def _key(value: Any) -> Any:
+    """A list-map key value, hashable whatever the input (a broken entry is reported elsewhere)."""
+    return value if isinstance(value, (str, int, float, bool, type(None))) else json.dumps(value, default=str)
+
+
+def _operator_mounts(spec: DDPJobSpec) -> dict[str, str]:
+    """Volume name -> mount path of the operator's own mounts in the trainer container."""
+    mounts = {C.SHM_VOLUME: C.SHM_MOUNT_PATH}
+    if spec.snapshot:
+        mounts[C.SNAPSHOT_VOLUME] = spec.snapshot.mount_path
+    if spec.elastic_policy.rdzv_secret_name:
+        mounts[C.RDZV_SECRET_VOLUME] = C.RDZV_SECRET_MOUNT_PATH
+    return mounts
+
+
+def _mount_errors(spec: DDPJobSpec) -> list[FieldError]:
+    """Twins of MOUNT_SCHEMA and of the two volumeMounts rules in _spec_rules."""
+    po, ours, errors = spec.pod_overrides, _operator_mounts(spec), []
+    volumes = set(ours) | {v.get("name") for v in po.volumes if isinstance(v.get("name"), str)}
     for i, mount in enumerate(po.volume_mounts):
-        if mount.get("mountPath") in taken:
-            errors.append(FieldError(f"spec.podOverrides.volumeMounts[{i}].mountPath", mount.get("mountPath"),
-                                     "is already mounted by the operator (/dev/shm, spec.snapshot.mountPath or the "
-                                     f"rdzvSecretName mount {C.RDZV_SECRET_MOUNT_PATH})"))
+        path = f"spec.podOverrides.volumeMounts[{i}]"
+        broken = _declared_errors(path, mount, MOUNT_SCHEMA)
+        errors += broken
+        if broken:
+            continue
+        if mount["mountPath"] in ours.values():
+            errors.append(FieldError(f"{path}.mountPath", mount["mountPath"], MOUNTED_BY_OPERATOR))
+        if mount["name"] not in volumes:
+            errors.append(FieldError(f"{path}.name", mount["name"], UNKNOWN_VOLUME))
+    return errors + _duplicates("spec.podOverrides.volumeMounts", "mountPath",
+                                [_key(m.get("mountPath")) for m in po.volume_mounts])
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why `key` is not a Kubernetes label or annotation key (apimachinery's IsQualifiedName)."""
+    prefix, slash, name = key.rpartition("/")
+    if (len(name) > 63 or not re.fullmatch(QUALIFIED_NAME, name)
+            or (slash and (len(prefix) > 253 or not re.fullmatch(DNS_SUBDOMAIN, prefix)))):
+        return ("must be a qualified name: at most 63 letters, digits, '-', '_' and '.', starting and "
+                "ending with a letter or digit, optionally after a DNS subdomain and '/' (example.com/team)")
+    return None
+
+
+ANNOTATIONS_LIMIT = 256 * 1024  # the API server's limit on an object's annotations, keys and values
+
+
+def _key_errors(spec: DDPJobSpec) -> list[FieldError]:
+    """Label, annotation and nodeSelector keys (the CRD checks only the values: see LabelValue)."""
+    maps = {"spec.podOverrides.labels": spec.pod_overrides.labels,
+            "spec.podOverrides.annotations": spec.pod_overrides.annotations,
+            "spec.scheduling.nodeSelector": spec.scheduling.node_selector}
+    errors = [FieldError(f"{path} key", key, qualified_name_problem(key))
+              for path, keys in maps.items() for key in keys if qualified_name_problem(key)]
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in spec.pod_overrides.annotations.items())
+    if size > ANNOTATIONS_LIMIT:
+        errors.append(FieldError("spec.podOverrides.annotations", f"{size} bytes", (
+            f"must total at most {ANNOTATIONS_LIMIT} bytes of keys and values (256 KiB, the API "
+            "server's limit on a pod's annotations)")))
     return errors
 
 
@@ -802,6 +1047,27 @@ def _root_error(context: str) -> FieldError:
                       f"start the container: also set spec.podOverrides.{context}.runAsNonRoot: false")
 
 
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")  # besides hugepages-<size> and extended ones
+def _resource_errors(res: Resources) -> list[FieldError]:
+    """Resource names the kubelet knows, and each request within its limit (the API server
+    checks both only when it creates the pod; the CRD cannot compare quantities)."""
+    errors = []
+    for kind, values in (("limits", res.limits), ("requests", res.requests)):
+        errors += [FieldError(f"spec.resources.{kind} key", name, (
+            "must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource with a "
+            "domain such as nvidia.com/gpu")) for name in values if not _known_resource(name)]
+    for name, request in res.requests.items():
+        if name in res.limits and parse_quantity(request) > parse_quantity(res.limits[name]):
+            errors.append(FieldError(f"spec.resources.requests.{name}", request,
+                                     f"must be <= spec.resources.limits.{name} ({_show(res.limits[name])})"))
+    return errors
+
+
+def _known_resource(name: str) -> bool:
+    return (name in STANDARD_RESOURCES or name.startswith("hugepages-")
+            or ("/" in name and qualified_name_problem(name) is None))
+
+
 def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
     return [_from_pydantic(err) for err in exc.errors()]
 
@@ -818,10 +1084,18 @@ def _from_pydantic(err: Mapping[str, Any]) -> FieldError:
         "less_than_equal": lambda: f"must be <= {ctx.get('le')}",
         "literal_error": lambda: f"must be one of {ctx.get('expected')}",
         "string_too_short": lambda: "must not be empty",
+        "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
         "too_short": lambda: f"must have at least {ctx.get('min_length')} entries",
         "too_long": lambda: f"must have at most {ctx.get('max_length')} entries",
-        "string_pattern_mismatch": lambda: f"must match {ctx.get('pattern')}",
+        "string_pattern_mismatch": lambda: PATTERN_RULES.get(ctx.get("pattern"), f"must match {ctx.get('pattern')}"),
         "value_error": lambda: str(ctx.get("error", err["msg"])),
+        "int_type": lambda: "must be an integer",
+        "string_type": lambda: "must be a string",
+        "bool_type": lambda: "must be true or false",
+        "list_type": lambda: "must be a list",
+        "dict_type": lambda: "must be a mapping (an object)",
+        "model_type": lambda: "must be a mapping (an object)",
+        "model_attributes_type": lambda: "must be a mapping (an object)",
     }
     rule = rules.get(kind, lambda: _lower_first(err["msg"]))()
     return FieldError(path, value, rule)
@@ -875,16 +1149,76 @@ class JobRef:
                    uid=meta.get("uid", ""), generation=int(meta.get("generation") or 0))
 
 
-def validate_job(body: Mapping[str, Any]) -> list[FieldError]:
-    """validate_spec plus the rules on metadata (generated names fit DNS labels)."""
-    errors = validate_spec(body.get("spec"))
-    name = (body.get("metadata") or {}).get("name", "")
-    if not errors:
-        spec = DDPJobSpec.model_validate(body.get("spec") or {})
-        problem = name_too_long(name, spec.max_replicas)
+def validate_job(body: Any) -> list[FieldError]:
+    """Every broken rule of a DDPJob object: its size and nesting, apiVersion, kind, metadata
+    (the job name) and spec. A document too large or too deep is reported alone: the other
+    rules would walk (or, for a YAML alias bomb, expand) all of it."""
+    if not isinstance(body, Mapping):
+        return [FieldError("DDPJob", body, "must be a mapping (an object) with apiVersion, kind, metadata and spec")]
+    shape = document_errors(body)
+    if shape:
+        return shape
+    errors = _identity_errors(body)
+    spec_errors = validate_spec(body.get("spec"))
+    if not any(e.path.startswith("metadata") for e in errors):
+        name = body["metadata"]["name"]
+        # With an invalid spec maxReplicas is unknown: 1 is the bound every job name must fit.
+        spec = None if spec_errors else DDPJobSpec.model_validate(body.get("spec") or {})
+        problem = name_too_long(name, spec.max_replicas if spec else 1)
         if problem:
             errors.append(FieldError("metadata.name", name, problem))
+    return errors + spec_errors
+
+
+def _identity_errors(body: Mapping[str, Any]) -> list[FieldError]:
+    """apiVersion and kind (the API server routes by them, so no schema of ours sees a wrong
+    one: kubectl says "no matches for kind") and metadata.name."""
+    errors = [FieldError(field, body.get(field, MISSING), f"must be {wanted}")
+              for field, wanted in (("apiVersion", C.API_VERSION), ("kind", C.KIND)) if body.get(field) != wanted]
+    meta = body.get("metadata")
+    meta = {} if meta is None else meta
+    if not isinstance(meta, Mapping):
+        return errors + [FieldError("metadata", meta, "must be a mapping (an object) with the job's name")]
+    name = meta.get("name", MISSING)
+    if name is MISSING:
+        return errors + [FieldError("metadata.name", MISSING, "is required")]
+    if not isinstance(name, str) or not re.match(JOB_NAME_PATTERN, name):
+        errors.append(FieldError("metadata.name", name, JOB_NAME_RULE))
     return errors
+
+
+def document_errors(body: Any) -> list[FieldError]:
+    """Nesting deeper than MAX_DEPTH, or more than OBJECT_SIZE_LIMIT bytes as compact JSON.
+
+    One walk with an explicit stack: no recursion to overflow, and it stops at the first limit,
+    so a YAML alias cycle or an alias bomb (small text, huge expansion) costs no more than a
+    document of the limit's size.
+    """
+    size, stack = 0, [(body, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            return [FieldError(_path_text(path[:6]) + "...", MISSING, (
+                f"is nested more than {MAX_DEPTH} levels deep: no DDPJob field is deeper than 12, so the "
+                "document is broken"))]
+        if isinstance(value, Mapping):
+            size += 2 + len(value) + max(len(value) - 1, 0)  # braces, colons and commas
+            size += sum(len(json.dumps(str(k), ensure_ascii=False).encode()) for k in value)
+            stack += [(v, path + (str(k),)) for k, v in value.items()]
+        elif isinstance(value, list):
+            size += 2 + max(len(value) - 1, 0)  # brackets and commas
+            stack += [(v, path + (i,)) for i, v in enumerate(value)]
+        else:
+            size += len(json.dumps(value, ensure_ascii=False, default=str).encode())
+        if size > OBJECT_SIZE_LIMIT:
+            return [FieldError("DDPJob", MISSING, (
+                f"is over {OBJECT_SIZE_LIMIT} bytes (1.5 MiB) as JSON, etcd's default request limit: the "
+                "API server cannot store it (keep large data in a ConfigMap, a volume or the image)"))]
+    return []
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(path))
 
 
 def parse_job(body: Mapping[str, Any]) -> tuple[JobRef, DDPJobSpec]:
