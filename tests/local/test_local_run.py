@@ -16,6 +16,7 @@ import yaml
 
 from ddpjob_operator import cli
 from ddpjob_operator.local.command import EXIT_INTERRUPTED, EXIT_JOB_FAILED
+from ddpjob_operator.local.procs import marked_pids
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
 from tests.support.torchrun import read_events
 
@@ -43,19 +44,9 @@ def events(run_dir):
 
 
 def leftovers(run_dir):
-    """Live processes of this run (their environment carries the run's node marker)."""
+    """Live processes of this run (their node markers start with the run's rendezvous id)."""
     rdzv_id = json.loads((run_dir / "launch.json").read_text())["rdzv_id"]
-    needle = f"DDPJOB_LOCAL_NODE={rdzv_id}.".encode()
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in environ and state != "Z":
-            found.append(int(entry))
-    return found
+    return marked_pids(f"{rdzv_id}.", prefix=True)
 
 
 def logs(run_dir):
