@@ -33,9 +33,10 @@ import yaml
 
 from ddpjob_operator.local.plan import local_plan
 from ddpjob_operator.api.spec import parse_job
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 
 ROUNDS = 4
 TARGET = 1.2  # ddpjob run may take at most this many times bare torchrun's recovery

@@ -23,8 +23,9 @@ import urllib.request
 from ddpjob_operator.render.common import selector as node_selector
 
 from tests.support.kubelet import ddpjob, set_terminated
-from tests.support.operator_harness import OperatorProcess, running_cluster
-from tests.support.procs import free_port
+from ddpjob_sandbox.operator_process import OperatorProcess
+from ddpjob_sandbox.cluster import running_cluster
+from ddpjob_sandbox.procs import free_port
 
 REPEATS = 5  # warm apply measurements per size
 MANY_JOBS, MANY_NODES = 100, 8

@@ -35,8 +35,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from tests.support.operator_harness import OperatorProcess, operator_command, running_cluster
-from tests.support.procs import free_port
+from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
+from ddpjob_sandbox.cluster import running_cluster
+from ddpjob_sandbox.procs import free_port
 from tests.support.sandbox import (
     FAST_RDZV_TIMEOUTS,
     JobProgress,
@@ -48,7 +49,8 @@ from tests.support.sandbox import (
     trainer_args,
 )
 from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 
 ROUNDS = int(os.environ.get("BENCH_SANDBOX_ROUNDS", "3"))  # one round is ~3 minutes here
 KILL_AFTER_STEP = 20  # the kill follows the snapshot at this step

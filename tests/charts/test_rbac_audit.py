@@ -24,10 +24,11 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.charts.support import by_kind, one, render
-from tests.support.etcd import running_etcd
+from ddpjob_sandbox.etcd import running_etcd
 from tests.support.kubelet import bind, ddpjob, pod_names, set_node, set_running, set_terminated, status
-from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
+from ddpjob_sandbox.client import ApiError
+from ddpjob_sandbox.operator_process import OperatorProcess
+from ddpjob_sandbox.procs import free_port
 
 # Requests from the test itself (urllib client, kubectl) are not the operator's.
 TEST_AGENTS = ("Python-urllib", "kubectl")

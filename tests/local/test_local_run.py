@@ -18,7 +18,7 @@ from ddpjob_operator import cli
 from ddpjob_operator.local.command import EXIT_INTERRUPTED, EXIT_JOB_FAILED
 from ddpjob_operator.local.procs import marked_pids
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
-from tests.support.torchrun import read_events
+from ddpjob_sandbox.metrics import read_events
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "ddpjob-c10d.yaml"
 DDPJOB = Path(sys.executable).parent / "ddpjob"

@@ -1,7 +1,7 @@
 """The test-side Kubernetes API emulator follows the API conventions the operator relies on.
 
 Each test drives the emulator over HTTP (urllib) or with kubectl, as a client of a real API
-server would, and pins one convention from tests/support/kube_emulator.py.
+server would, and pins one convention from ddpjob_sandbox.emulator.
 """
 import json
 import threading
@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.operator_harness import ApiError, cluster, k8s  # noqa: F401  (fixtures)
+from ddpjob_sandbox.client import ApiError
 
 
 def job(name="mlp", replicas=2, **metadata):
@@ -294,9 +294,9 @@ def test_kubectl_apply_get_and_patch_work_against_the_emulator(k8s, tmp_path):
 
 
 def test_watch_from_a_resource_version_older_than_the_log_is_410_gone(k8s, monkeypatch):
-    from tests.support import kube_emulator
+    from ddpjob_sandbox.emulator import server
 
-    monkeypatch.setattr(kube_emulator, "WATCH_LOG_SIZE", 3)  # read when the pods' log is first made
+    monkeypatch.setattr(server, "WATCH_LOG_SIZE", 3)  # read when the pods' log is first made
     first = k8s.create("pods", pod("p0"))["metadata"]["resourceVersion"]
     for i in range(1, 5):
         k8s.create("pods", pod(f"p{i}"))

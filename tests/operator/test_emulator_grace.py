@@ -1,7 +1,7 @@
 """The emulator's opt-in pod grace periods and Node objects, which the force-delete tests rely on."""
 import pytest
 
-from tests.support.operator_harness import ApiError, cluster, k8s  # noqa: F401  (fixtures)
+from ddpjob_sandbox.client import ApiError
 
 
 def pod(name, node=""):

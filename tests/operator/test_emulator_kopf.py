@@ -6,7 +6,7 @@ status patches, events (kopf posts them with generateName) and deletion.
 """
 import textwrap
 
-from tests.support.operator_harness import OperatorProcess, cluster, k8s, kopf_command  # noqa: F401
+from ddpjob_sandbox.operator_process import OperatorProcess, kopf_command
 
 HANDLERS = textwrap.dedent('''
     import kopf

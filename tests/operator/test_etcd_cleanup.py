@@ -22,10 +22,10 @@ from ddpjob_operator.controller import etcd_cleanup
 from ddpjob_rdzv import keys
 from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
-from tests.support.etcd import running_etcd
+from ddpjob_sandbox.etcd import running_etcd
 from tests.support.kubelet import ddpjob, events, pod_names, set_running, set_terminated, status
-from tests.support.operator_harness import OperatorProcess, cluster, k8s, operator, operator_command  # noqa: F401
-from tests.support.procs import free_port
+from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
+from ddpjob_sandbox.procs import free_port
 
 pytestmark = pytest.mark.skipif(not shutil.which("etcd"), reason="needs etcd (scripts/install-system-deps.sh)")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 
 MANAGED = {"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}
 

@@ -13,7 +13,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller.live_progress import progress_urls
 from tests.operator.builders import make_ddpjob, make_pod
 from tests.support.kubelet import ddpjob, pod_names, progress_message, set_running, status
-from tests.support.operator_harness import OperatorProcess, cluster, k8s, operator_command  # noqa: F401  (fixtures)
+from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
 
 def with_ip(pod, ip):

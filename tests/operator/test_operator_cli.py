@@ -8,8 +8,8 @@ import pytest
 
 from ddpjob_operator.controller.main import parse_args, settings_for
 from tests.support.kubelet import ddpjob, pod_names, set_terminated, status
-from tests.support.operator_harness import OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
+from ddpjob_sandbox.operator_process import OperatorProcess
+from ddpjob_sandbox.procs import free_port
 
 
 def fetch(url: str) -> tuple[int, str]:

@@ -8,8 +8,7 @@ import pytest
 
 from ddpjob_operator.controller import kube
 from tests.support.kubelet import ddpjob
-from tests.support.operator_harness import cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 
 
 def connect(url: str) -> kube.Kube:

@@ -8,7 +8,6 @@ import time
 
 from ddpjob_operator.api import constants as C
 from tests.support.kubelet import condition, ddpjob, events, pod_names, set_running, set_terminated, status
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 
 
 def has_event(k8s, kind: str, reason: str) -> bool:

@@ -12,7 +12,8 @@ import yaml
 
 from ddpjob_operator.controller.main import parse_args, settings_for, standby_priority
 from tests.support.kubelet import ddpjob, pod_names
-from tests.support.operator_harness import REPO, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
+from ddpjob_sandbox.cluster import REPO
+from ddpjob_sandbox.operator_process import OperatorProcess
 
 PEERING = "ddpjob-operator"
 PEERING_CRDS = REPO / "charts" / "ddpjob-operator" / "crds" / "kopf-peerings.yaml"

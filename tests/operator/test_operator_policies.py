@@ -5,7 +5,6 @@ import time
 
 from ddpjob_operator.api import constants as C
 from tests.support.kubelet import condition, ddpjob, now, pod_names, set_running, set_terminated, status
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 
 
 def test_active_deadline_fails_the_job_without_any_further_event(k8s, operator):

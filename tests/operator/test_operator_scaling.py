@@ -5,7 +5,7 @@ import time
 
 from ddpjob_operator.api import constants as C
 from tests.support.kubelet import ddpjob, pod_names, set_running, status
-from tests.support.operator_harness import OperatorProcess, cluster, k8s, operator, operator_command  # noqa: F401
+from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

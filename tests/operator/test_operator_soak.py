@@ -6,7 +6,8 @@ import time
 
 from ddpjob_operator.api import constants as C
 from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
-from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s, operator_command  # noqa: F401
+from ddpjob_sandbox.client import ApiError
+from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
 JOBS, STEPS, SEED = 8, 40, 20261122
 

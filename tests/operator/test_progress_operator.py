@@ -16,7 +16,6 @@ from tests.support.kubelet import (
     set_terminated_with_message,
     status,
 )
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 
 T0 = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 

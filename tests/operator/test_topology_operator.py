@@ -14,7 +14,6 @@ from tests.support.kubelet import (
     set_unschedulable,
     status,
 )
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 
 NODES = ["mlp-node-0", "mlp-node-1", "mlp-node-2"]
 

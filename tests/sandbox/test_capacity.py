@@ -14,9 +14,8 @@ import pytest
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
 from tests.support.kubelet import condition, events
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 from tests.support.sandbox import INSUFFICIENT_GPU, node_agent, start_job, trainer_args  # noqa: F401
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.metrics import is_event
 
 START_TIMEOUT = 120  # operator + a torchrun agent + a worker importing torch on 2 shared cores
 HELD = "mlp-node-1"

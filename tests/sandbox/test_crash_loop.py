@@ -16,9 +16,8 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.kubelet import condition, events
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 from tests.support.sandbox import node_agent, start_job, trainer_args  # noqa: F401  (fixture)
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.metrics import is_event
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 FAIL_AT, SNAPSHOT_EVERY = 15, 10

@@ -20,9 +20,8 @@ import pytest
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
 from tests.support.kubelet import events, set_disruption_target
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
 from tests.support.sandbox import node_agent, running_node_agent, start_job, trainer_args  # noqa: F401
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.metrics import is_event
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 VICTIM = "mlp-node-1"

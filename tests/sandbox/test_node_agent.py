@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.operator_harness import cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 from tests.support.sandbox import (
     FINALIZER,
     UnsupportedPodError,

@@ -7,7 +7,6 @@ import time
 import pytest
 
 from tests.support.kubelet import set_disruption_target
-from tests.support.operator_harness import cluster, k8s  # noqa: F401  (fixtures)
 from tests.support.sandbox import (  # noqa: F401  (node_agent: fixture)
     INSUFFICIENT_GPU,
     keep_foreign_conditions,

@@ -8,11 +8,10 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_trainer.termination import POLL_SECONDS
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 from tests.support.sandbox import JobProgress, example_job, kubectl_apply, trainer_args
 from tests.support.sandbox_termination import termination_node_agent  # noqa: F401  (fixture)
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.metrics import is_event
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 

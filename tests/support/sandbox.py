@@ -66,9 +66,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.operator_harness import ApiError, KubeClient
-from tests.support.procs import free_port
-from tests.support.torchrun import read_events
+from ddpjob_sandbox.client import ApiError, KubeClient
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.metrics import read_events
 
 LOOPBACK = "127.0.0.1"
 FINALIZER = "sandbox.ddpjob.io/node-agent"  # held while the pod's processes run

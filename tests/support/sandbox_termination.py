@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.operator_harness import KubeClient
+from ddpjob_sandbox.client import KubeClient
 from tests.support.sandbox import NodeAgent, running_node_agent
 
 TerminationMessageNodeAgent = NodeAgent  # the old subclass's name

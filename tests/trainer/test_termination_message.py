@@ -27,7 +27,7 @@ from ddpjob_trainer.termination import (
     progress_port,
     read_record,
 )
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 
 DATA = make_dataset(96, seed=5)
 

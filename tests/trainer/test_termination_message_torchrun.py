@@ -9,8 +9,8 @@ import time
 from ddpjob_trainer.metrics import read_metrics
 from ddpjob_trainer.snapshot import PROGRESS_FILE
 from ddpjob_trainer.termination import ENV_PATH, POLL_SECONDS, read_record
-from tests.support.elastic_checks import example_target
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event
+from ddpjob_sandbox.torchrun import example_target, AgentGroup, Rendezvous
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 
 EVENT_TIMEOUT = 120
 

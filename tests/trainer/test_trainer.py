@@ -16,7 +16,7 @@ from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, distributed, r
 from ddpjob_trainer.env import DistEnv
 from ddpjob_trainer.examples.mlp import make_dataset, mse
 from ddpjob_trainer.metrics import read_raw_metrics
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 
 DATA = make_dataset(200, seed=3)
 

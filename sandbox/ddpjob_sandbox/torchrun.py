@@ -7,14 +7,11 @@ is how :meth:`Agent.kill` and :meth:`Agent.stop` find them again, even
 after the agent itself is gone and the workers were orphaned.
 
 Progress is observed only through the trainer's JSON-lines metrics file
-(see the metrics contract in ``ddpjob_trainer.metrics``): tests wait for
-events with generous timeouts instead of sleeping fixed times, which keeps
-them stable on a loaded two-core machine.
+(ddpjob_sandbox.metrics.MetricsWatcher, given an AgentGroup to fail fast).
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -23,12 +20,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
-from tests.support.procs import free_port, kill_process_group, start_in_own_group, stop_process_group
+from ddpjob_sandbox.procs import (
+    free_port, kill_process_group, marked_pids, marked_processes, signal_all, start_in_own_group, stop_process_group,
+)
 
 # Environment variable that marks every process of one agent (agent and workers).
 MARKER_ENV = "DDPJOB_TEST_AGENT"
+# What Agent.workers tells of each worker (torchrun sets them).
+WORKER_FACTS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")
 
 # Rendezvous timeouts that make an elastic event cost ~7-15 s instead of ~45 s
 # (the defaults wait 30 s in last call and 15 s to notice a dead node).
@@ -42,10 +42,6 @@ FAST_RDZV_CONF = {
 # Without it gloo worker restarts failed or hung in 4 of 6 runs on this machine:
 # workers then get a fresh TCP store per round instead of reusing the agent's.
 BASE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
-
-Event = dict
-Predicate = Callable[[Event], bool]
-
 
 @dataclass(frozen=True)
 class Rendezvous:
@@ -110,42 +106,6 @@ def torchrun_command(
     ]
 
 
-def marked_processes(marker: str) -> dict[int, dict[str, str]]:
-    """Processes whose environment carries ``MARKER_ENV=marker``: pid -> (ppid, RANK...)."""
-    found = {}
-    needle = f"{MARKER_ENV}={marker}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if needle not in environ:
-            continue
-        # The command name in stat may contain spaces; fields after ")" are fixed.
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":
-            continue
-        info = {"ppid": fields[1]}
-        for item in environ:
-            key, _, value = item.decode(errors="replace").partition("=")
-            if key in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
-                info[key] = value
-        found[int(entry)] = info
-    return found
-
-
-def _kill_all(pids: Iterable[int]) -> None:
-    """SIGKILLs each process and the group it leads (workers lead their own sessions)."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 @dataclass
 class Agent:
     """One torchrun agent (a "node") and the workers it started."""
@@ -165,7 +125,8 @@ class Agent:
 
     def workers(self) -> dict[int, dict[str, str]]:
         """Live workers of this agent: pid -> env facts (RANK, LOCAL_RANK, ...)."""
-        return {pid: info for pid, info in marked_processes(self.marker).items() if info["ppid"] == str(self.pid)}
+        return {p.pid: {k: v for k, v in p.env.items() if k in WORKER_FACTS}
+                for p in marked_processes(self.marker, key=MARKER_ENV) if p.ppid == self.pid}
 
     def wait_for_workers(self, count: int = 1, timeout: float = 60.0) -> dict[int, dict[str, str]]:
         deadline = time.monotonic() + timeout
@@ -192,9 +153,9 @@ class Agent:
 
     def kill(self) -> None:
         """Simulates the death of this node: SIGKILL the agent's group, then its workers' groups."""
-        workers = marked_processes(self.marker)
+        workers = marked_pids(self.marker, key=MARKER_ENV)
         kill_process_group(self.process, signal.SIGKILL)
-        _kill_all(workers)
+        signal_all(workers, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 
@@ -210,7 +171,7 @@ class Agent:
     def stop(self) -> None:
         """Stops the agent gracefully if it still runs, then kills anything left with its marker."""
         stop_process_group(self.process)
-        _kill_all(marked_processes(self.marker))
+        signal_all(marked_pids(self.marker, key=MARKER_ENV), signal.SIGKILL)
 
     def log_tail(self, chars: int = 3000) -> str:
         with contextlib.suppress(OSError):
@@ -281,83 +242,17 @@ class AgentGroup:
         self.stop()
 
 
-def read_events(path: Path) -> list[Event]:
-    """Every complete JSON line of a metrics file (a line still being written is skipped)."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return []
-    events = []
-    for line in text.splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            events.append(json.loads(line))
-    return events
-
-
-class MetricsWatcher:
-    """Follows a metrics file and waits for events, in order, with a cursor.
-
-    Each :meth:`wait` returns the first matching event after the previous
-    match, so a scenario reads top to bottom: wait for A, inject a fault,
-    wait for B.
-    """
-
-    def __init__(self, path: Path, group: AgentGroup | None = None):
-        self.path = Path(path)
-        self.group = group
-        self.cursor = 0
-
-    def events(self) -> list[Event]:
-        return read_events(self.path)
-
-    def wait(self, predicate: Predicate, timeout: float, what: str) -> Event:
-        """Waits up to ``timeout`` s for an event matching ``predicate``; fails fast if all agents exited."""
-        deadline = time.monotonic() + timeout
-        while True:
-            events = self.events()
-            for index in range(self.cursor, len(events)):
-                if predicate(events[index]):
-                    self.cursor = index + 1
-                    return events[index]
-            all_exited = self.group is not None and self.group.agents and not self.group.running()
-            if time.monotonic() > deadline or all_exited:
-                reason = "all agents exited" if all_exited else f"timed out after {timeout} s"
-                tail = "\n".join(json.dumps(e) for e in events[-8:])
-                logs = self.group.logs() if self.group else ""
-                raise AssertionError(f"waiting for {what}: {reason}; last events:\n{tail}\n{logs}")
-            time.sleep(0.2)
-
-
-def is_event(kind: str, **fields) -> Predicate:
-    """A predicate: event type ``kind`` whose fields equal ``fields`` (callables are tests)."""
-
-    def matches(event: Event) -> bool:
-        if event.get("event") != kind:
-            return False
-        for key, expected in fields.items():
-            value = event.get(key)
-            if callable(expected):
-                if value is None or not expected(value):
-                    return False
-            elif value != expected:
-                return False
-        return True
-
-    return matches
-
-
-def effective_history(events: Iterable[Event], kinds: tuple[str, ...] = ("step", "epoch_end")) -> list[Event]:
-    """The history that counts, computed independently of the trainer's own reader.
-
-    A ``start`` event that resumes from step S discards every event of
-    ``kinds`` after step S recorded before it (work lost with the crashed
-    run, to be done again); what is left is the job's effective history.
-    """
-    history: list[Event] = []
-    for event in events:
-        if event.get("event") == "start":
-            resume = int(event.get("resume_step") or 0)
-            history = [kept for kept in history if kept["step"] <= resume]
-        elif event.get("event") in kinds:
-            history.append(event)
-    return history
+def example_target(workdir: Path, *, epochs: int, samples: int, step_sleep: float, batch_size: int = 32) -> list[str]:
+    """torchrun target running the example with snapshots every epoch under ``workdir``."""
+    return [
+        "-m", "ddpjob_trainer.examples.mlp",
+        "--epochs", str(epochs),
+        "--samples", str(samples),
+        "--batch-size", str(batch_size),
+        "--snapshot-dir", str(workdir / "snapshots"),
+        "--snapshot-every-epochs", "1",
+        "--metrics-file", str(workdir / "metrics.jsonl"),
+        "--step-sleep", str(step_sleep),
+        "--val-samples", "0",
+        "--no-progress-bar",
+    ]

@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.procs import free_port, stop_process_group
+from ddpjob_sandbox.procs import free_port, stop_process_group
 
 
 @dataclass
