@@ -22,7 +22,8 @@ import urllib.request
 
 from ddpjob_operator.render.common import selector as node_selector
 
-from tests.support.kubelet import ddpjob, set_terminated
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.scripted import set_terminated
 from ddpjob_sandbox.operator_process import OperatorProcess
 from ddpjob_sandbox.cluster import running_cluster
 from ddpjob_sandbox.procs import free_port
@@ -100,7 +101,7 @@ def _apply_many(k8s) -> float:
 
 
 def _job(name: str, nodes: int) -> dict:
-    return ddpjob(name, replicas=nodes, elasticPolicy={"minReplicas": 1, "maxReplicas": 8})
+    return make_manifest(name, replicas=nodes, elasticPolicy={"minReplicas": 1, "maxReplicas": 8})
 
 
 def _metric(port: int, name: str) -> float:

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tests.support.fixtures import cluster, k8s, operator  # noqa: F401  (fixtures for every test)
+from tests.support.fixtures import cluster, k8s, node_agent, operator  # noqa: F401  (fixtures for every test)
 
 
 def pytest_collection_modifyitems(config, items):

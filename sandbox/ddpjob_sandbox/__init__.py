@@ -8,15 +8,23 @@ the tests that use them). Why not installed: nothing here ships; the Docker imag
 wheels leave it out. pytest finds it through ``pythonpath`` in pyproject.toml, ``python -m
 bench`` through bench/__init__.py; it imports the product packages (installed), never tests/.
 
-Roles, one module each, dependencies pointing down the list:
+Roles, one module each; each imports only modules below it in this list (and the product
+packages), never tests/:
 
-    emulator/         the Kubernetes API server (kmock's emulator plus the API conventions)
-    client            KubeClient over HTTP, and kubectl, as any API client
-    cluster           the emulator served on loopback with the DDPJob CRD and a kubeconfig
-    operator_process  the real operator (or any kopf module) as a subprocess logged in to it
     metrics           following the trainer's metrics file: waits that read top to bottom
+    operator_process  the real operator (or any kopf module) as a subprocess logged in to the cluster
+    cluster           the emulator served on loopback with the DDPJob CRD and a kubeconfig
+    node/             the node agent: a kubelet that runs the pods as local process trees
+                      (launch: volumes, DNS, env; container: process lifecycle; reporting: status)
+    scripted          the kubelet and scheduler played by a script, for runs without a node agent
+    readers           what a user reads of a job: its pods, status, conditions, Events
+    examples          the shipped example manifests, at test speed; kubectl apply
     torchrun          bare torchrun agents on loopback, the baseline the sandbox is measured against
     etcd              a real etcd on free loopback ports
+    client            KubeClient over HTTP, and kubectl, as any API client
+    emulator/         the Kubernetes API server (kmock's emulator plus the API conventions)
+    pod_status        what a kubelet reports: running / terminated / waiting bodies, conditions
+    jobs              the one DDPJob builder: make_spec, make_ddpjob (stored), make_manifest (applied)
     procs             processes: new-session start, marker-based /proc scan (ddpjob run's own),
                       group kill, who listens on a port
 """

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ddpjob_sandbox.client import KubeClient
+    from ddpjob_sandbox.node import NodeAgent
     from ddpjob_sandbox.torchrun import AgentGroup
 
 Event = dict
@@ -69,6 +71,60 @@ class MetricsWatcher:
                 logs = self.group.logs() if self.group else ""
                 raise AssertionError(f"waiting for {what}: {reason}; last events:\n{tail}\n{logs}")
             time.sleep(0.2)
+
+
+class JobProgress:
+    """Follows one sandboxed job through its metrics file, failing fast when the job fails.
+
+    Each :meth:`wait` returns the first event after the previous match that satisfies the
+    predicate, so a scenario reads top to bottom (as :class:`MetricsWatcher`).
+    """
+
+    def __init__(self, k8s: KubeClient, agent: NodeAgent, job: str, metrics_path: Path):
+        self.k8s = k8s
+        self.agent = agent
+        self.job = job
+        self.metrics_path = Path(metrics_path)
+        self.cursor = 0
+
+    def events(self) -> list[dict]:
+        return read_events(self.metrics_path)
+
+    def status(self) -> dict:
+        return (self.k8s.find("ddpjobs", self.job) or {}).get("status") or {}
+
+    def wait(self, predicate: Callable[[dict], bool], timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        next_status_check = 0.0
+        while True:
+            events = self.events()
+            for index in range(self.cursor, len(events)):
+                if predicate(events[index]):
+                    self.cursor = index + 1
+                    return events[index]
+            failed = False
+            if time.monotonic() >= next_status_check:
+                failed = self.status().get("phase") == "Failed"
+                next_status_check = time.monotonic() + 1.0
+            if failed or time.monotonic() > deadline:
+                self.fail(f"waiting for {what}: " + ("the job failed" if failed else f"timed out after {timeout} s"))
+            time.sleep(0.1)
+
+    def wait_phase(self, phase: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status.get("phase") == phase:
+                return status
+            if status.get("phase") in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.2)
+        self.fail(f"waiting for phase {phase} within {timeout} s")
+
+    def fail(self, message: str) -> None:
+        tail = "\n".join(json.dumps(e) for e in self.events()[-8:])
+        raise AssertionError(f"{message}\njob status: {json.dumps(self.status(), indent=1)}\n"
+                             f"last metrics:\n{tail}\ncontainers:\n{self.agent.logs()}")
 
 
 def is_event(kind: str, **fields) -> Predicate:

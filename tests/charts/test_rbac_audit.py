@@ -1,7 +1,7 @@
 """Every API request the real operator makes is allowed by the chart's RBAC, and nothing granted goes unused.
 
 The operator runs with the exact arguments the chart's Deployment renders,
-against the API emulator (tests/support), through a job's whole life: create,
+against the API emulator (ddpjob_sandbox), through a job's whole life: create,
 run, a node failure and its replacement, scale up, success, pod cleanup and
 deletion after ttlSecondsAfterFinished, a pod stuck terminating on a NotReady node
 (force-deleted after reading its Node), and an etcd-v3 job (a real etcd)
@@ -25,7 +25,9 @@ import pytest
 from ddpjob_operator.api import constants as C
 from tests.charts.support import by_kind, one, render
 from ddpjob_sandbox.etcd import running_etcd
-from tests.support.kubelet import bind, ddpjob, pod_names, set_node, set_running, set_terminated, status
+from ddpjob_sandbox.scripted import bind, set_node, set_running, set_terminated
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import pod_names, status
 from ddpjob_sandbox.client import ApiError
 from ddpjob_sandbox.operator_process import OperatorProcess
 from ddpjob_sandbox.procs import free_port
@@ -102,7 +104,7 @@ def run_etcd_job(k8s, endpoint: str) -> None:
     """An etcd-v3 job with a credentials Secret: finishes (the keys are deleted), then is deleted (finalizer)."""
     k8s.request("POST", f"/api/v1/namespaces/{k8s.namespace}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "etcd-client"}, "data": {}})
-    k8s.create("ddpjobs", ddpjob(name="etcd", replicas=1, elasticPolicy={
+    k8s.create("ddpjobs", make_manifest(name="etcd", replicas=1, elasticPolicy={
         "rdzvBackend": "etcd-v3", "rdzvEndpoints": [endpoint], "rdzvSecretName": "etcd-client"}))
     k8s.wait_for(lambda: pod_names(k8s, "etcd") == ["etcd-node-0"], timeout=20, what="the etcd job's pod")
     set_terminated(k8s, "etcd-node-0", 0)
@@ -114,7 +116,7 @@ def run_etcd_job(k8s, endpoint: str) -> None:
 
 def run_managed_etcd_job(k8s) -> None:
     """A job with its own etcd: pod and Service created, the pod deleted when the job finishes."""
-    k8s.create("ddpjobs", ddpjob(name="own", replicas=1, elasticPolicy={
+    k8s.create("ddpjobs", make_manifest(name="own", replicas=1, elasticPolicy={
         "rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}))
     k8s.wait_for(lambda: k8s.find("pods", "own-etcd") and pod_names(k8s, "own") == ["own-node-0"],
                  timeout=20, what="the managed etcd and the node pod")
@@ -125,7 +127,7 @@ def run_managed_etcd_job(k8s) -> None:
 def run_stuck_pod(cluster, k8s) -> None:  # noqa: F811
     """A pod stuck terminating on a NotReady node: the operator reads the Node and force-deletes it."""
     cluster.emulator.graceful_pod_deletion = True
-    k8s.create("ddpjobs", ddpjob(name="stuck", replicas=1, failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
+    k8s.create("ddpjobs", make_manifest(name="stuck", replicas=1, failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
     k8s.wait_for(lambda: pod_names(k8s, "stuck") == ["stuck-node-0"], timeout=20, what="the stuck job's pod")
     set_node(k8s, "gone-a", ready=False)
     bind(k8s, "stuck-node-0", "gone-a")
@@ -142,9 +144,9 @@ def run_job_lifecycle(k8s) -> None:
     The TTL deletion runs on a second job that had no earlier timer (see the
     report on handlers.Passes.schedule keeping fired timers).
     """
-    k8s.create("ddpjobs", ddpjob(replicas=2, elasticPolicy={"minReplicas": 1, "maxReplicas": 3},
+    k8s.create("ddpjobs", make_manifest(replicas=2, elasticPolicy={"minReplicas": 1, "maxReplicas": 3},
                                  runPolicy={"cleanPodPolicy": "All"}))
-    k8s.create("ddpjobs", ddpjob(name="ttl", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1}))
+    k8s.create("ddpjobs", make_manifest(name="ttl", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1}))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=20, what="two node pods")
     for name in pod_names(k8s):
         set_running(k8s, name)

@@ -10,7 +10,8 @@ from ddpjob_operator.decide.actions import CreatePod, Requeue
 from ddpjob_operator.render.store_pod import render_store_pod
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import parse_spec
-from tests.operator.builders import T0, at, job_ref, make_ddpjob
+from tests.operator.builders import T0, at, job_ref
+from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator import topology_builders
 from tests.operator.topology_builders import gen_pod, scheduled_pending, unscheduled, with_store
 

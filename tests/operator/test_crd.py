@@ -16,7 +16,7 @@ import yaml
 
 from ddpjob_operator.api import crd
 from ddpjob_operator.api.spec import validate_spec
-from tests.operator.builders import make_spec
+from ddpjob_sandbox.jobs import make_spec
 from tests.operator.test_spec import INVALID_SPECS, spec_with
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 
 from ddpjob_operator.api import crd
 from ddpjob_operator.api.spec import validate_spec
-from tests.operator.builders import make_ddpjob, make_spec
+from ddpjob_sandbox.jobs import make_ddpjob, make_spec
 from tests.operator.test_crd import CEL_CAUGHT, without_nulls
 from tests.operator.test_spec import INVALID_SPECS, spec_with
 

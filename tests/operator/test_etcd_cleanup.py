@@ -2,7 +2,7 @@
 
 Keys are written with the real layout (``ddpjob_rdzv.keys``) under the job's
 uid, plus a key of another run that must survive. The operator runs against
-the API emulator; the etcd is Debian's etcd 3.4 (tests/support/etcd.py), once
+the API emulator; the etcd is Debian's etcd 3.4 (ddpjob_sandbox/etcd.py), once
 with user/password auth read from the job's ``rdzvSecretName`` Secret. A dead
 endpoint proves a failed cleanup is reported as a Warning Event and never
 holds up a deletion beyond its bound.
@@ -23,7 +23,9 @@ from ddpjob_rdzv import keys
 from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_sandbox.etcd import running_etcd
-from tests.support.kubelet import ddpjob, events, pod_names, set_running, set_terminated, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import events, pod_names, status
+from ddpjob_sandbox.scripted import set_running, set_terminated
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 from ddpjob_sandbox.procs import free_port
 
@@ -63,7 +65,7 @@ def existing(endpoint: str, wanted: list[str], **conf) -> list[str]:
 
 
 def etcd_job(endpoints: list[str], **elastic) -> dict:
-    return ddpjob(replicas=1, elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": endpoints, **elastic})
+    return make_manifest(replicas=1, elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": endpoints, **elastic})
 
 
 def reasons(k8s, kind: str) -> list[str]:
@@ -94,7 +96,7 @@ def test_a_finished_job_loses_its_keys_and_only_its_keys(etcd, k8s, operator):
 
 def test_only_etcd_v3_jobs_carry_the_cleanup_finalizer(etcd, k8s, operator):
     k8s.create("ddpjobs", etcd_job([etcd.endpoint]))
-    k8s.create("ddpjobs", ddpjob(name="plain", replicas=1))
+    k8s.create("ddpjobs", make_manifest(name="plain", replicas=1))
     k8s.wait_for(lambda: pod_names(k8s, "plain") == ["plain-node-0"] and pod_names(k8s) == ["mlp-node-0"],
                  timeout=15, what="both jobs' pods")
 

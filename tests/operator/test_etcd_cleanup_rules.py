@@ -9,7 +9,8 @@ from ddpjob_operator.controller.etcd_cleanup import (
     CleanupTarget, cleanup_target, due_on_finish, needs_finalizer, write_credentials
 )
 from ddpjob_rdzv.settings import settings_from_conf
-from tests.operator.builders import make_ddpjob, make_pod
+from ddpjob_sandbox.jobs import make_ddpjob
+from tests.operator.builders import make_pod
 
 V3 = {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd-0:2379", "etcd-1:2379"]}
 

@@ -10,7 +10,8 @@ from ddpjob_operator.decide.actions import CreatePod, CreateService, DeletePod
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.render.common import selector
 from ddpjob_operator.api.spec import parse_spec
-from tests.operator.builders import job_ref, make_ddpjob
+from tests.operator.builders import job_ref
+from ddpjob_sandbox.jobs import make_ddpjob
 
 MANAGED = {"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import pod_names, status
+from ddpjob_sandbox.scripted import set_running, set_terminated
 
 MANAGED = {"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}
 
@@ -14,7 +16,7 @@ def env_of(pod: dict) -> dict[str, str]:
 
 
 def test_the_managed_etcd_comes_with_the_job_and_goes_when_it_finishes(k8s, operator):
-    uid = k8s.create("ddpjobs", ddpjob(replicas=2, elasticPolicy=MANAGED))["metadata"]["uid"]
+    uid = k8s.create("ddpjobs", make_manifest(replicas=2, elasticPolicy=MANAGED))["metadata"]["uid"]
 
     etcd = k8s.wait_for(lambda: k8s.find("pods", "mlp-etcd"), timeout=15, what="the etcd pod")
     service = k8s.wait_for(lambda: k8s.find("services", "mlp-etcd"), timeout=15, what="the etcd Service")
@@ -38,7 +40,7 @@ def test_the_managed_etcd_comes_with_the_job_and_goes_when_it_finishes(k8s, oper
 
 
 def test_a_lost_etcd_pod_is_created_again(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=1, elasticPolicy=MANAGED))
+    k8s.create("ddpjobs", make_manifest(replicas=1, elasticPolicy=MANAGED))
     first = k8s.wait_for(lambda: k8s.find("pods", "mlp-etcd"), timeout=15, what="the etcd pod")
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=15, what="the node pod")
     set_running(k8s, "mlp-node-0")

@@ -12,7 +12,8 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import parse_spec
 from ddpjob_rdzv.settings import settings_from_conf
-from tests.operator.builders import job_ref, make_ddpjob
+from tests.operator.builders import job_ref
+from ddpjob_sandbox.jobs import make_ddpjob
 
 V3 = {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd-0:2379", "etcd-1:2379"]}
 V2 = {"rdzvBackend": "etcd", "rdzvEndpoints": ["etcd:2379"]}

@@ -6,7 +6,8 @@ import pytest
 
 from ddpjob_operator.decide.failure import Outcome, classify, classify_pod, starts_new_incident
 from ddpjob_operator.decide.budget import backoff_seconds, budget_exhausted
-from tests.operator.builders import at, make_ddpjob, make_pod
+from tests.operator.builders import at, make_pod
+from ddpjob_sandbox.jobs import make_ddpjob
 
 PERMANENT = (126, 127)
 

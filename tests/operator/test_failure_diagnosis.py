@@ -18,7 +18,8 @@ from ddpjob_operator.decide.failure import (
     read_progress,
 )
 from ddpjob_operator.decide.budget import RestartBudget, account_incidents, backoff_exponent, budget_limit_passed
-from tests.operator.builders import T0, at, make_ddpjob, make_pod
+from tests.operator.builders import T0, at, make_pod
+from ddpjob_sandbox.jobs import make_ddpjob
 
 JOB = make_ddpjob(replicas=2)
 

@@ -11,8 +11,11 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller.live_progress import progress_urls
-from tests.operator.builders import make_ddpjob, make_pod
-from tests.support.kubelet import ddpjob, pod_names, progress_message, set_running, status
+from ddpjob_sandbox.jobs import make_ddpjob, make_manifest
+from tests.operator.builders import make_pod
+from ddpjob_sandbox.readers import pod_names, status
+from ddpjob_sandbox.pod_status import progress_message
+from ddpjob_sandbox.scripted import set_running
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
 
@@ -75,7 +78,7 @@ def fake_node():
 def test_a_running_job_that_never_fails_shows_each_new_snapshot(cluster, k8s, tmp_path, fake_node):
     command = operator_command(k8s.namespace, "--progress-poll-seconds", "0.5")
     with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
-        k8s.create("ddpjobs", ddpjob(replicas=1))
+        k8s.create("ddpjobs", make_manifest(replicas=1))
         k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
         fake_node.at_step(40, "2026-11-23T01:00:40Z")
         set_running(k8s, "mlp-node-0")

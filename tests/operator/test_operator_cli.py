@@ -7,7 +7,9 @@ import urllib.request
 import pytest
 
 from ddpjob_operator.controller.main import parse_args, settings_for
-from tests.support.kubelet import ddpjob, pod_names, set_terminated, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import pod_names, status
+from ddpjob_sandbox.scripted import set_terminated
 from ddpjob_sandbox.operator_process import OperatorProcess
 from ddpjob_sandbox.procs import free_port
 
@@ -49,7 +51,7 @@ def test_healthz_and_metrics_are_served_and_count_jobs_by_phase(cluster, k8s, tm
     command = [sys.executable, "-m", "ddpjob_operator", "--namespace", k8s.namespace,
                "--liveness-port", str(liveness), "--metrics-port", str(metrics)]
     with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
-        k8s.create("ddpjobs", ddpjob(replicas=2))
+        k8s.create("ddpjobs", make_manifest(replicas=2))
         k8s.wait_for(lambda: len(pod_names(k8s)) == 2, timeout=20, what="two node pods")
         set_terminated(k8s, "mlp-node-1", 1)
         k8s.wait_for(lambda: status(k8s).get("restarts") == 1, what="a counted failure")
@@ -67,8 +69,8 @@ def test_without_namespaces_the_operator_serves_every_namespace(cluster, tmp_pat
     command = [sys.executable, "-m", "ddpjob_operator", "--liveness-port", "0", "--metrics-port", "0"]
     team_a, team_b = cluster.client("team-a"), cluster.client("team-b")
     with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
-        team_a.create("ddpjobs", ddpjob("a", replicas=1))
-        team_b.create("ddpjobs", ddpjob("b", replicas=2))
+        team_a.create("ddpjobs", make_manifest("a", replicas=1))
+        team_b.create("ddpjobs", make_manifest("b", replicas=2))
         team_a.wait_for(lambda: pod_names(team_a, "a") == ["a-node-0"], timeout=30, what="team-a's pod")
         team_b.wait_for(lambda: pod_names(team_b, "b") == ["b-node-0", "b-node-1"], timeout=30, what="team-b's pods")
     assert "Traceback" not in process.log()
@@ -89,12 +91,12 @@ def _metrics(port):
 def test_a_namespace_pattern_serves_matching_namespaces_even_new_ones(cluster, tmp_path):
     command = [sys.executable, "-m", "ddpjob_operator", "-n", "team-*", "--liveness-port", "0", "--metrics-port", "0"]
     team_a, other = cluster.client("team-a"), cluster.client("other")
-    team_a.create("ddpjobs", ddpjob("a", replicas=1))  # exists before the operator starts
+    team_a.create("ddpjobs", make_manifest("a", replicas=1))  # exists before the operator starts
     with OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
         team_a.wait_for(lambda: pod_names(team_a, "a") == ["a-node-0"], timeout=30, what="team-a's pod")
-        other.create("ddpjobs", ddpjob("o", replicas=1))
+        other.create("ddpjobs", make_manifest("o", replicas=1))
         team_b = cluster.client("team-b")  # a namespace created while the operator runs
-        team_b.create("ddpjobs", ddpjob("b", replicas=1))
+        team_b.create("ddpjobs", make_manifest("b", replicas=1))
         team_b.wait_for(lambda: pod_names(team_b, "b") == ["b-node-0"], timeout=30, what="team-b's pod")
         assert pod_names(other, "o") == [], "a namespace outside the pattern is not served"
     assert "Traceback" not in process.log()

@@ -7,7 +7,7 @@ import kopf
 import pytest
 
 from ddpjob_operator.controller import kube
-from tests.support.kubelet import ddpjob
+from ddpjob_sandbox.jobs import make_manifest
 from ddpjob_sandbox.procs import free_port
 
 
@@ -51,7 +51,7 @@ def test_delete_or_skip_skips_missing_pods_and_newer_pods_of_the_same_name(k8s):
 
 
 def test_status_patch_writes_only_the_status_and_skips_a_deleted_job(k8s):
-    k8s.create("ddpjobs", ddpjob())
+    k8s.create("ddpjobs", make_manifest())
 
     async def scenario(api):
         patched = await api.patch_job_status(k8s.namespace, "mlp", {"phase": "Running", "restarts": 0})
@@ -63,7 +63,7 @@ def test_status_patch_writes_only_the_status_and_skips_a_deleted_job(k8s):
 
 
 def test_events_name_the_job_and_the_operator(k8s):
-    job = k8s.create("ddpjobs", ddpjob())
+    job = k8s.create("ddpjobs", make_manifest())
 
     async def scenario(api):
         await api.post_event(job, "Warning", "NodeFailed", "node pod mlp-node-1 failed (exit code 1)")

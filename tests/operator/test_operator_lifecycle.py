@@ -7,7 +7,9 @@ subresource exactly as a kubelet would (phase plus the container's terminated ex
 import time
 
 from ddpjob_operator.api import constants as C
-from tests.support.kubelet import condition, ddpjob, events, pod_names, set_running, set_terminated, status
+from ddpjob_sandbox.readers import condition, events, pod_names, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.scripted import set_running, set_terminated
 
 
 def has_event(k8s, kind: str, reason: str) -> bool:
@@ -19,7 +21,7 @@ def env_of(pod: dict) -> dict[str, str]:
 
 
 def test_a_new_job_gets_a_headless_service_and_one_torchrun_pod_per_node(k8s, operator):
-    job = k8s.create("ddpjobs", ddpjob(replicas=3))
+    job = k8s.create("ddpjobs", make_manifest(replicas=3))
     uid = job["metadata"]["uid"]
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1", "mlp-node-2"], timeout=15,
                  what="three node pods")
@@ -47,7 +49,7 @@ def test_a_new_job_gets_a_headless_service_and_one_torchrun_pod_per_node(k8s, op
 
 
 def test_the_job_runs_when_its_pods_run_and_succeeds_when_all_exit_zero(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, runPolicy={"cleanPodPolicy": "All"}))
+    k8s.create("ddpjobs", make_manifest(replicas=2, runPolicy={"cleanPodPolicy": "All"}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     for name in pod_names(k8s):
         set_running(k8s, name)
@@ -63,7 +65,7 @@ def test_the_job_runs_when_its_pods_run_and_succeeds_when_all_exit_zero(k8s, ope
 
 
 def test_succeeded_pods_are_kept_with_the_default_clean_pod_policy(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2))
+    k8s.create("ddpjobs", make_manifest(replicas=2))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     for name in pod_names(k8s):
         set_terminated(k8s, name, 0)
@@ -73,7 +75,7 @@ def test_succeeded_pods_are_kept_with_the_default_clean_pod_policy(k8s, operator
 
 
 def test_a_failed_node_is_replaced_under_the_same_name_after_the_backoff(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={"maxRestarts": 3, "backoffSeconds": 2}))
+    k8s.create("ddpjobs", make_manifest(replicas=2, failurePolicy={"maxRestarts": 3, "backoffSeconds": 2}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     for name in pod_names(k8s):
         set_running(k8s, name)
@@ -96,7 +98,7 @@ def test_a_failed_node_is_replaced_under_the_same_name_after_the_backoff(k8s, op
 
 
 def test_a_permanent_exit_code_fails_the_job_with_the_reason_and_an_event(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2))
+    k8s.create("ddpjobs", make_manifest(replicas=2))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_terminated(k8s, "mlp-node-0", 127)
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=20, what="phase Failed")
@@ -111,7 +113,7 @@ def test_a_permanent_exit_code_fails_the_job_with_the_reason_and_an_event(k8s, o
 
 
 def test_a_spec_invalid_to_the_operator_reports_invalid_spec_and_creates_nothing(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(script="/workspace/train.py"))  # module and script both set
+    k8s.create("ddpjobs", make_manifest(script="/workspace/train.py"))  # module and script both set
     k8s.wait_for(lambda: condition(k8s, C.COND_INVALID_SPEC), timeout=20, what="the InvalidSpec condition")
     invalid = condition(k8s, C.COND_INVALID_SPEC)
     assert invalid["status"] == "True"

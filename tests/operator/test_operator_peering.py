@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from ddpjob_operator.controller.main import parse_args, settings_for, standby_priority
-from tests.support.kubelet import ddpjob, pod_names
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import pod_names
 from ddpjob_sandbox.cluster import REPO
 from ddpjob_sandbox.operator_process import OperatorProcess
 
@@ -59,7 +60,7 @@ def test_of_two_replicas_the_older_acts_and_the_other_takes_over_when_it_stops(c
         ranks = peers(k8s)
         assert ranks["replica-a"]["priority"] > ranks["replica-b"]["priority"]
 
-        k8s.create("ddpjobs", ddpjob(replicas=2))
+        k8s.create("ddpjobs", make_manifest(replicas=2))
         k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=30, what="two node pods")
         assert "Handler 'job_changed' succeeded" in first.log()
         # Same priorities would pause both and leave the job without pods; a

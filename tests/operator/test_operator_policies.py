@@ -4,11 +4,14 @@ a spec that is fixed after being rejected. Real operator against the API emulato
 import time
 
 from ddpjob_operator.api import constants as C
-from tests.support.kubelet import condition, ddpjob, now, pod_names, set_running, set_terminated, status
+from ddpjob_sandbox.readers import condition, pod_names, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.pod_status import now_rfc3339
+from ddpjob_sandbox.scripted import set_running, set_terminated
 
 
 def test_active_deadline_fails_the_job_without_any_further_event(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=1, runPolicy={"activeDeadlineSeconds": 1}))
+    k8s.create("ddpjobs", make_manifest(replicas=1, runPolicy={"activeDeadlineSeconds": 1}))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
     set_running(k8s, "mlp-node-0")
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=20,
@@ -18,7 +21,7 @@ def test_active_deadline_fails_the_job_without_any_further_event(k8s, operator):
 
 
 def test_ttl_after_finished_deletes_the_job_and_by_ownership_its_pods(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=1, runPolicy={"ttlSecondsAfterFinished": 1, "cleanPodPolicy": "None"}))
+    k8s.create("ddpjobs", make_manifest(replicas=1, runPolicy={"ttlSecondsAfterFinished": 1, "cleanPodPolicy": "None"}))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
     set_terminated(k8s, "mlp-node-0", 0)
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUCCEEDED, what="phase Succeeded")
@@ -28,7 +31,7 @@ def test_ttl_after_finished_deletes_the_job_and_by_ownership_its_pods(k8s, opera
 
 
 def test_a_spent_restart_budget_fails_the_job(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={"maxRestarts": 0}))
+    k8s.create("ddpjobs", make_manifest(replicas=2, failurePolicy={"maxRestarts": 0}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_terminated(k8s, "mlp-node-1", 1)
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=20, what="phase Failed")
@@ -36,13 +39,13 @@ def test_a_spent_restart_budget_fails_the_job(k8s, operator):
 
 
 def test_a_disrupted_node_is_replaced_without_spending_the_budget(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={"maxRestarts": 0}))
+    k8s.create("ddpjobs", make_manifest(replicas=2, failurePolicy={"maxRestarts": 0}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     old_uid = k8s.get("pods", "mlp-node-1")["metadata"]["uid"]
     k8s.patch("pods", "mlp-node-1", {"status": {"phase": "Failed", "reason": "Evicted", "conditions": [
-        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "lastTransitionTime": now()}],
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "lastTransitionTime": now_rfc3339()}],
         "containerStatuses": [{"name": C.CONTAINER_NAME, "state": {"terminated": {
-            "exitCode": 137, "reason": "Error", "finishedAt": now()}}}]}}, subresource="status")
+            "exitCode": 137, "reason": "Error", "finishedAt": now_rfc3339()}}}]}}, subresource="status")
     k8s.wait_for(lambda: (p := k8s.find("pods", "mlp-node-1")) and p["metadata"]["uid"] != old_uid, timeout=20,
                  what="the evicted node to be replaced")
     assert status(k8s).get("restarts", 0) == 0
@@ -50,7 +53,7 @@ def test_a_disrupted_node_is_replaced_without_spending_the_budget(k8s, operator)
 
 
 def test_a_node_pod_deleted_by_someone_else_is_created_again(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2))
+    k8s.create("ddpjobs", make_manifest(replicas=2))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     old_uid = k8s.get("pods", "mlp-node-0")["metadata"]["uid"]
     k8s.delete("pods", "mlp-node-0")
@@ -59,7 +62,7 @@ def test_a_node_pod_deleted_by_someone_else_is_created_again(k8s, operator):
 
 
 def test_fixing_an_invalid_spec_starts_the_job(k8s, operator):
-    body = ddpjob(replicas=2)
+    body = make_manifest(replicas=2)
     body["spec"]["elasticPolicy"] = {"rdzvBackend": "etcd"}  # etcd without endpoints: invalid
     k8s.create("ddpjobs", body)
     k8s.wait_for(lambda: condition(k8s, C.COND_INVALID_SPEC), what="InvalidSpec")

@@ -4,14 +4,16 @@ import pathlib
 import time
 
 from ddpjob_operator.api import constants as C
-from tests.support.kubelet import ddpjob, pod_names, set_running, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import pod_names, status
+from ddpjob_sandbox.scripted import set_running
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def elastic(replicas, low=1, high=4):
-    return ddpjob(replicas=replicas, elasticPolicy={"minReplicas": low, "maxReplicas": high})
+    return make_manifest(replicas=replicas, elasticPolicy={"minReplicas": low, "maxReplicas": high})
 
 
 def nodes(count):
@@ -42,7 +44,7 @@ def test_kubectl_scale_goes_through_the_scale_subresource_to_the_operator(k8s, o
 
 
 def test_suspend_deletes_pods_but_keeps_service_and_status_and_resume_recreates_them(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2))
+    k8s.create("ddpjobs", make_manifest(replicas=2))
     k8s.wait_for(lambda: pod_names(k8s) == nodes(2), what="two node pods")
     for name in nodes(2):
         set_running(k8s, name)
@@ -60,7 +62,7 @@ def test_suspend_deletes_pods_but_keeps_service_and_status_and_resume_recreates_
 
 
 def test_an_operator_killed_mid_pass_resumes_without_duplicate_pods(cluster, k8s, tmp_path):
-    k8s.create("ddpjobs", ddpjob(replicas=6))
+    k8s.create("ddpjobs", make_manifest(replicas=6))
     cluster.emulator.write_latency = 0.4  # a slow API: the first pass is still writing when killed
     first = OperatorProcess(cluster, operator_command(k8s.namespace), tmp_path / "first.log").start()
     try:
@@ -98,7 +100,7 @@ def test_kubectl_apply_of_the_example_manifest_starts_the_job(k8s, operator):
 
 
 def test_kubectl_describe_shows_the_operator_events(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=1))
+    k8s.create("ddpjobs", make_manifest(replicas=1))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], what="the node pod")
     k8s.wait_for(lambda: k8s.list("events"), timeout=15, what="an Event about the job")
     described = k8s.kubectl("describe", "ddpjob", "mlp").stdout

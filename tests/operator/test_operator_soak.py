@@ -5,7 +5,9 @@ import random
 import time
 
 from ddpjob_operator.api import constants as C
-from tests.support.kubelet import ddpjob, pod_names, set_running, set_terminated, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import pod_names, status
+from ddpjob_sandbox.scripted import set_running, set_terminated
 from ddpjob_sandbox.client import ApiError
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
@@ -51,7 +53,7 @@ def test_random_failures_scaling_suspensions_and_an_operator_restart_converge(cl
     operator = OperatorProcess(cluster, operator_command(k8s.namespace), tmp_path / "first.log").start()
     try:
         for job, want in jobs.items():
-            k8s.create("ddpjobs", ddpjob(job, replicas=want["replicas"], failurePolicy=policy,
+            k8s.create("ddpjobs", make_manifest(job, replicas=want["replicas"], failurePolicy=policy,
                                          elasticPolicy={"minReplicas": 1, "maxReplicas": 4}))
         for step in range(STEPS):
             if step == STEPS // 2:  # the operator dies without warning and comes back

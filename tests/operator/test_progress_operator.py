@@ -3,19 +3,10 @@ reports termination messages carrying the trainer's progress record, as a real k
 import datetime
 
 from ddpjob_operator.api import constants as C
-from tests.support.kubelet import (
-    bind,
-    condition,
-    ddpjob,
-    events,
-    pod_names,
-    progress_message,
-    set_disruption_target,
-    set_node,
-    set_running,
-    set_terminated_with_message,
-    status,
-)
+from ddpjob_sandbox.scripted import bind, set_disruption_target, set_node, set_running, set_terminated
+from ddpjob_sandbox.readers import condition, events, pod_names, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.pod_status import progress_message
 
 T0 = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 
@@ -33,13 +24,13 @@ def uid(k8s, pod):
 def fail_and_wait_for_replacement(k8s, pod, step, error="RuntimeError: boom"):
     old = uid(k8s, pod)
     set_running(k8s, pod)
-    set_terminated_with_message(k8s, pod, 1, progress_message(step, snapshot_time(step), error=error))
+    set_terminated(k8s, pod, 1, message=progress_message(step, snapshot_time(step), error=error))
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED or (uid(k8s, pod) not in (None, old)),
                  timeout=20, what=f"{pod} to be replaced (or the job to fail)")
 
 
 def test_last_snapshot_reaches_status_and_a_progressing_job_survives_more_failures_than_max_restarts(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={
+    k8s.create("ddpjobs", make_manifest(replicas=2, failurePolicy={
         "maxRestarts": 1, "backoffSeconds": 1, "maxBackoffSeconds": 1}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_running(k8s, "mlp-node-0")
@@ -55,7 +46,7 @@ def test_last_snapshot_reaches_status_and_a_progressing_job_survives_more_failur
 
 
 def test_a_crash_loop_at_the_same_step_fails_after_the_budget_with_a_reason(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={
+    k8s.create("ddpjobs", make_manifest(replicas=2, failurePolicy={
         "maxRestarts": 10, "maxRestartsWithoutProgress": 2, "backoffSeconds": 1, "maxBackoffSeconds": 1}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_running(k8s, "mlp-node-0")
@@ -74,7 +65,7 @@ def test_a_crash_loop_at_the_same_step_fails_after_the_budget_with_a_reason(k8s,
 
 
 def test_a_disruption_target_does_not_consume_the_budget(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={"maxRestarts": 0, "maxRestartsWithoutProgress": 0}))
+    k8s.create("ddpjobs", make_manifest(replicas=2, failurePolicy={"maxRestarts": 0, "maxRestartsWithoutProgress": 0}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     for n in range(2):
         old = uid(k8s, "mlp-node-1")
@@ -91,7 +82,7 @@ def test_a_disruption_target_does_not_consume_the_budget(k8s, operator):
 
 def test_a_pod_stuck_terminating_on_a_not_ready_node_is_force_deleted_and_replaced(cluster, k8s, operator):
     cluster.emulator.graceful_pod_deletion = True  # deletions wait for a kubelet that never answers
-    k8s.create("ddpjobs", ddpjob(replicas=2, failurePolicy={
+    k8s.create("ddpjobs", make_manifest(replicas=2, failurePolicy={
         "maxRestarts": 0, "forceDeleteTerminatingAfterSeconds": 1}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_node(k8s, "gpu-a", ready=False)
@@ -117,12 +108,12 @@ def test_a_failed_job_stops_its_running_pods_but_never_touches_the_snapshot_clai
     k8s.request("POST", claims, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                                  "metadata": {"name": "mlp-snapshots"},
                                  "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
-    k8s.create("ddpjobs", ddpjob(replicas=2, snapshot={"volume": {"persistentVolumeClaim": {"claimName": "mlp-snapshots"}}},
+    k8s.create("ddpjobs", make_manifest(replicas=2, snapshot={"volume": {"persistentVolumeClaim": {"claimName": "mlp-snapshots"}}},
                                  runPolicy={"ttlSecondsAfterFinished": 1}))  # cleanPodPolicy Running (default)
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_running(k8s, "mlp-node-0")
     set_running(k8s, "mlp-node-1")
-    set_terminated_with_message(k8s, "mlp-node-1", 127, "torchrun: not found")  # permanent: fails the job
+    set_terminated(k8s, "mlp-node-1", 127, message="torchrun: not found")  # permanent: fails the job
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_FAILED, timeout=20, what="phase Failed")
     assert status(k8s)["failures"][0]["cause"] == "PermanentExitCode"
     k8s.wait_for(lambda: k8s.find("pods", "mlp-node-0") is None, timeout=20,

@@ -13,7 +13,8 @@ from ddpjob_operator.decide.actions import Requeue
 from ddpjob_operator.decide.reconcile import reconcile
 from ddpjob_operator.api.spec import parse_spec
 from ddpjob_operator.decide.budget import replacement_delay
-from tests.operator.builders import at, make_ddpjob, make_pod, running_pods
+from tests.operator.builders import at, make_pod, running_pods
+from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator.test_status import step
 
 

@@ -7,7 +7,8 @@ from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.decide.actions import DeletePod, Requeue
 from ddpjob_operator.api.spec import parse_spec
 from ddpjob_operator.decide.stuck import nodes_to_read, stuck_pods, with_force_deletions
-from tests.operator.builders import at, make_ddpjob, make_pod
+from tests.operator.builders import at, make_pod
+from ddpjob_sandbox.jobs import make_ddpjob
 
 JOB = make_ddpjob(replicas=2, failurePolicy={"forceDeleteTerminatingAfterSeconds": 60})
 

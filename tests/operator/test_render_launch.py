@@ -6,7 +6,7 @@ import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError, launch_plan, merged_env, rdzv_conf
 from ddpjob_operator.api.spec import RdzvTimeouts, parse_spec
-from tests.operator.builders import make_spec
+from ddpjob_sandbox.jobs import make_spec
 
 
 def plan(spec_fields=None, **kw):

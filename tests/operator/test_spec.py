@@ -7,7 +7,7 @@ import pytest
 from ddpjob_operator.api.spec import (
     DDPJobSpec, FieldError, InvalidSpecError, JobRef, parse_job, parse_spec, validate_job, validate_spec
 )
-from tests.operator.builders import make_ddpjob, make_spec
+from ddpjob_sandbox.jobs import make_ddpjob, make_spec
 
 # (test id, spec changes, exact messages) — the corpus of invalid specs; test_crd.py
 # checks the same corpus against the generated openAPIV3Schema where a schema can tell.

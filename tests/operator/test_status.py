@@ -8,7 +8,8 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import parse_spec, validate_spec
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.status import StatusUpdate, compute_status, set_condition
-from tests.operator.builders import T0, at, job_ref, make_ddpjob, make_pod, running_pods
+from tests.operator.builders import T0, at, job_ref, make_pod, running_pods
+from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator.topology_builders import with_store
 
 

@@ -4,16 +4,9 @@ store pod's life, pods waiting for capacity, and Kueue labels."""
 from __future__ import annotations
 
 from ddpjob_operator.api import constants as C
-from tests.support.kubelet import (
-    condition,
-    ddpjob,
-    events,
-    pod_names,
-    set_running,
-    set_terminated,
-    set_unschedulable,
-    status,
-)
+from ddpjob_sandbox.readers import condition, events, pod_names, status
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.scripted import set_running, set_terminated, set_unschedulable
 
 NODES = ["mlp-node-0", "mlp-node-1", "mlp-node-2"]
 
@@ -49,7 +42,7 @@ def new_group(k8s, old: dict[str, dict], names: list[str]):
 
 
 def test_losing_the_c10d_store_host_restarts_every_node_once_under_a_new_rendezvous_id(k8s, operator):
-    old = start_running(k8s, NODES, ddpjob(replicas=3, elasticPolicy={"rdzvStore": "node"}))
+    old = start_running(k8s, NODES, make_manifest(replicas=3, elasticPolicy={"rdzvStore": "node"}))
     uid = k8s.get("ddpjobs", "mlp")["metadata"]["uid"]
     assert {rdzv_id(p) for p in old.values()} == {uid}
     set_terminated(k8s, "mlp-node-0", 1)
@@ -62,7 +55,7 @@ def test_losing_the_c10d_store_host_restarts_every_node_once_under_a_new_rendezv
 
 
 def test_under_etcd_losing_node_0_replaces_only_node_0_under_the_same_id(k8s, operator):
-    body = ddpjob(replicas=3, elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd:2379"]})
+    body = make_manifest(replicas=3, elasticPolicy={"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["etcd:2379"]})
     old = start_running(k8s, NODES, body)
     set_terminated(k8s, "mlp-node-0", 1)
     k8s.wait_for(lambda: (p := pods_by_name(k8s).get("mlp-node-0")) and p["metadata"]["uid"] != old["mlp-node-0"]["metadata"]["uid"],
@@ -74,7 +67,7 @@ def test_under_etcd_losing_node_0_replaces_only_node_0_under_the_same_id(k8s, op
 
 
 def test_the_store_pod_is_created_first_and_its_failure_replaces_it_and_restarts_the_group(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2))  # c10d: the store pod is the default
+    k8s.create("ddpjobs", make_manifest(replicas=2))  # c10d: the store pod is the default
     k8s.wait_for(lambda: set(pods_by_name(k8s)) == {"mlp-rdzv", "mlp-node-0", "mlp-node-1"}, what="store and nodes")
     assert pod_names(k8s) == ["mlp-node-0", "mlp-node-1"]  # the store pod is not a node
     service = k8s.get("services", "mlp-rdzv")
@@ -97,7 +90,7 @@ def test_the_store_pod_is_created_first_and_its_failure_replaces_it_and_restarts
 
 
 def test_with_the_store_pod_losing_node_0_replaces_only_node_0(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2))
+    k8s.create("ddpjobs", make_manifest(replicas=2))
     k8s.wait_for(lambda: set(pods_by_name(k8s)) == {"mlp-rdzv", "mlp-node-0", "mlp-node-1"}, what="store and nodes")
     for name in ("mlp-rdzv", "mlp-node-0", "mlp-node-1"):
         set_running(k8s, name)
@@ -113,7 +106,7 @@ def test_with_the_store_pod_losing_node_0_replaces_only_node_0(k8s, operator):
 
 
 def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_scheduled(k8s, operator):
-    body = ddpjob(replicas=3, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
+    body = make_manifest(replicas=3, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
                   scheduling={"pendingTimeoutSeconds": 1})
     k8s.create("ddpjobs", body)
     k8s.wait_for(lambda: set(NODES) <= set(pod_names(k8s)), what="three node pods")
@@ -139,7 +132,7 @@ def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_sched
 
 
 def test_a_queue_name_gives_every_node_pod_the_kueue_pod_group_labels(k8s, operator):
-    k8s.create("ddpjobs", ddpjob(replicas=2, scheduling={"queueName": "team-a"}))
+    k8s.create("ddpjobs", make_manifest(replicas=2, scheduling={"queueName": "team-a"}))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     for pod in (pods_by_name(k8s)[name] for name in pod_names(k8s)):  # the store pod is in no group
         labels, annotations = pod["metadata"]["labels"], pod["metadata"].get("annotations", {})
@@ -148,7 +141,7 @@ def test_a_queue_name_gives_every_node_pod_the_kueue_pod_group_labels(k8s, opera
 
 
 def test_a_preempted_node_shrinks_the_job_to_min_and_its_replacement_waits_for_capacity(k8s, operator):
-    body = ddpjob(replicas=3, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
+    body = make_manifest(replicas=3, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
                   failurePolicy={"maxRestarts": 0, "backoffSeconds": 0}, scheduling={"pendingTimeoutSeconds": 1})
     old = start_running(k8s, NODES, body)
     k8s.patch("pods", "mlp-node-2", {"status": {"phase": "Failed", "reason": "Preempted", "conditions": [

@@ -7,7 +7,8 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.actions import CreatePod, CreateService, DeletePod, Requeue
-from tests.operator.builders import at, make_ddpjob, make_pod
+from tests.operator.builders import at, make_pod
+from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator.topology_builders import ETCD_V3, STORE_ON_NODE, STORE_POD, env_of, gen_pod, step, store
 
 

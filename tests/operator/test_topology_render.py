@@ -11,7 +11,8 @@ from ddpjob_operator.decide.observed import is_store_pod
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import parse_spec
-from tests.operator.builders import job_ref, make_ddpjob
+from tests.operator.builders import job_ref
+from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator.topology_builders import STORE_POD, env_of
 
 

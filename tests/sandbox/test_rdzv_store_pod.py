@@ -9,10 +9,10 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
-from tests.support.kubelet import events
+from ddpjob_sandbox.readers import events
 from ddpjob_sandbox.procs import free_port
-from tests.support.sandbox import JobProgress, example_job, kubectl_apply, node_agent, trainer_args  # noqa: F401
-from ddpjob_sandbox.metrics import is_event
+from ddpjob_sandbox.metrics import JobProgress, is_event
+from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
 
 EPOCHS = 3
 SNAPSHOT_EVERY = 10

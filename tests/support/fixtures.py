@@ -16,6 +16,7 @@ import pytest
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.cluster import Cluster, running_cluster
+from ddpjob_sandbox.node import NodeAgent, running_node_agent
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
 
@@ -49,3 +50,11 @@ def operator(cluster: Cluster, k8s: KubeClient, tmp_path: pathlib.Path,
     log = process.log()
     sys.stdout.write(f"\n--- operator log ({process.log_path}) ---\n{log[-20000:]}\n")
     assert "Traceback" not in log, f"the operator raised an unexpected exception:\n{log[-5000:]}"
+
+
+@pytest.fixture
+def node_agent(k8s: KubeClient, tmp_path: pathlib.Path) -> Iterator[NodeAgent]:
+    """A node agent running the pods of ``k8s.namespace``; its container logs are printed after the test."""
+    with running_node_agent(k8s, tmp_path / "node") as agent:
+        yield agent
+        sys.stdout.write(f"\n--- sandbox node containers ---\n{agent.logs()}\nnode agent API errors: {agent.errors}\n")
