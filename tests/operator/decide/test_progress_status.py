@@ -15,7 +15,7 @@ from ddpjob_operator.api.spec import parse_spec
 from ddpjob_operator.decide.budget import replacement_delay
 from tests.operator.builders import at, make_pod, running_pods
 from ddpjob_sandbox.jobs import make_ddpjob
-from tests.operator.test_status import step
+from tests.operator.decide.test_status import step
 
 
 def snap(step_, seconds, epoch=0):

@@ -17,8 +17,8 @@ import pytest
 from ddpjob_operator.api import crd
 from ddpjob_operator.api.spec import validate_spec
 from ddpjob_sandbox.jobs import make_ddpjob, make_spec
-from tests.operator.test_crd import CEL_CAUGHT, without_nulls
-from tests.operator.test_spec import INVALID_SPECS, spec_with
+from tests.operator.api.test_crd import CEL_CAUGHT, without_nulls
+from tests.operator.api.test_spec import INVALID_SPECS, spec_with
 
 celpy = pytest.importorskip("celpy", reason="cel-python is in requirements-test.txt")
 

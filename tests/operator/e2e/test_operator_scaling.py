@@ -9,7 +9,7 @@ from ddpjob_sandbox.readers import pod_names, status
 from ddpjob_sandbox.scripted import set_running
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def elastic(replicas, low=1, high=4):

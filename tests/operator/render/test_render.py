@@ -15,7 +15,7 @@ from ddpjob_operator.render.store_pod import render_store_pod
 from ddpjob_operator.api.spec import JobRef, parse_spec
 from ddpjob_sandbox.jobs import make_spec
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 REF = JobRef(name="mlp", namespace="team-a", uid="6f1c2a9e-0000-4000-8000-000000000001", generation=1)
 
 
