@@ -127,7 +127,8 @@ def run_managed_etcd_job(k8s) -> None:
 def run_stuck_pod(cluster, k8s) -> None:  # noqa: F811
     """A pod stuck terminating on a NotReady node: the operator reads the Node and force-deletes it."""
     cluster.emulator.graceful_pod_deletion = True
-    k8s.create("ddpjobs", make_manifest(name="stuck", replicas=1, failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
+    k8s.create("ddpjobs", make_manifest(name="stuck", replicas=1,
+                                        failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
     k8s.wait_for(lambda: pod_names(k8s, "stuck") == ["stuck-node-0"], timeout=20, what="the stuck job's pod")
     set_node(k8s, "gone-a", ready=False)
     bind(k8s, "stuck-node-0", "gone-a")
@@ -145,7 +146,7 @@ def run_job_lifecycle(k8s) -> None:
     report on handlers.Passes.schedule keeping fired timers).
     """
     k8s.create("ddpjobs", make_manifest(replicas=2, elasticPolicy={"minReplicas": 1, "maxReplicas": 3},
-                                 runPolicy={"cleanPodPolicy": "All"}))
+                                        runPolicy={"cleanPodPolicy": "All"}))
     k8s.create("ddpjobs", make_manifest(name="ttl", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1}))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=20, what="two node pods")
     for name in pod_names(k8s):

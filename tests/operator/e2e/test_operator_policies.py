@@ -43,7 +43,8 @@ def test_a_disrupted_node_is_replaced_without_spending_the_budget(k8s, operator)
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     old_uid = k8s.get("pods", "mlp-node-1")["metadata"]["uid"]
     k8s.patch("pods", "mlp-node-1", {"status": {"phase": "Failed", "reason": "Evicted", "conditions": [
-        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "lastTransitionTime": now_rfc3339()}],
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+         "lastTransitionTime": now_rfc3339()}],
         "containerStatuses": [{"name": C.CONTAINER_NAME, "state": {"terminated": {
             "exitCode": 137, "reason": "Error", "finishedAt": now_rfc3339()}}}]}}, subresource="status")
     k8s.wait_for(lambda: (p := k8s.find("pods", "mlp-node-1")) and p["metadata"]["uid"] != old_uid, timeout=20,

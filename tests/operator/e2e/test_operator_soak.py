@@ -54,7 +54,7 @@ def test_random_failures_scaling_suspensions_and_an_operator_restart_converge(cl
     try:
         for job, want in jobs.items():
             k8s.create("ddpjobs", make_manifest(job, replicas=want["replicas"], failurePolicy=policy,
-                                         elasticPolicy={"minReplicas": 1, "maxReplicas": 4}))
+                                                elasticPolicy={"minReplicas": 1, "maxReplicas": 4}))
         for step in range(STEPS):
             if step == STEPS // 2:  # the operator dies without warning and comes back
                 operator.kill()

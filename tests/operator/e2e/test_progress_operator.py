@@ -108,8 +108,9 @@ def test_a_failed_job_stops_its_running_pods_but_never_touches_the_snapshot_clai
     k8s.request("POST", claims, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                                  "metadata": {"name": "mlp-snapshots"},
                                  "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
-    k8s.create("ddpjobs", make_manifest(replicas=2, snapshot={"volume": {"persistentVolumeClaim": {"claimName": "mlp-snapshots"}}},
-                                 runPolicy={"ttlSecondsAfterFinished": 1}))  # cleanPodPolicy Running (default)
+    k8s.create("ddpjobs", make_manifest(replicas=2,
+                                        snapshot={"volume": {"persistentVolumeClaim": {"claimName": "mlp-snapshots"}}},
+                                        runPolicy={"ttlSecondsAfterFinished": 1}))  # cleanPodPolicy Running (default)
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
     set_running(k8s, "mlp-node-0")
     set_running(k8s, "mlp-node-1")

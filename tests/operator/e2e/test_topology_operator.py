@@ -107,7 +107,7 @@ def test_with_the_store_pod_losing_node_0_replaces_only_node_0(k8s, operator):
 
 def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_scheduled(k8s, operator):
     body = make_manifest(replicas=3, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
-                  scheduling={"pendingTimeoutSeconds": 1})
+                         scheduling={"pendingTimeoutSeconds": 1})
     k8s.create("ddpjobs", body)
     k8s.wait_for(lambda: set(NODES) <= set(pod_names(k8s)), what="three node pods")
     set_running(k8s, "mlp-node-0")
@@ -142,7 +142,7 @@ def test_a_queue_name_gives_every_node_pod_the_kueue_pod_group_labels(k8s, opera
 
 def test_a_preempted_node_shrinks_the_job_to_min_and_its_replacement_waits_for_capacity(k8s, operator):
     body = make_manifest(replicas=3, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
-                  failurePolicy={"maxRestarts": 0, "backoffSeconds": 0}, scheduling={"pendingTimeoutSeconds": 1})
+                         failurePolicy={"maxRestarts": 0, "backoffSeconds": 0}, scheduling={"pendingTimeoutSeconds": 1})
     old = start_running(k8s, NODES, body)
     k8s.patch("pods", "mlp-node-2", {"status": {"phase": "Failed", "reason": "Preempted", "conditions": [
         {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
