@@ -39,7 +39,7 @@ manifests: crd
 	$(PY) scripts/generate-manifests.py
 
 # The CRD is generated from the pydantic model (operator/ddpjob_operator/api/spec.py);
-# tests/operator/test_crd.py fails when the checked-in files drift from it.
+# tests/operator/api/test_crd.py fails when the checked-in files drift from it.
 crd: $(STAMP)
 	$(PY) -m ddpjob_operator.api.crd
 	$(PY) -m ddpjob_operator.api.crd --reference > docs/reference.md

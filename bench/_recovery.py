@@ -5,7 +5,7 @@ import datetime
 import time
 from pathlib import Path
 
-from tests.support.torchrun import read_events
+from ddpjob_sandbox.metrics import read_events
 
 EVENT_TIMEOUT = 120.0
 

@@ -33,9 +33,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from bench._recovery import event_time, first_step_after, wait_for
+from ddpjob_sandbox.examples import C10D_EXAMPLE
+from ddpjob_sandbox.pod_status import observed_pod, progress_message, terminated_status
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import metrics as operator_metrics
 from ddpjob_operator.decide import progress
@@ -43,7 +43,6 @@ from ddpjob_trainer.metrics import read_metrics, read_raw_metrics
 
 KILL_AFTER = 5.0  # seconds after the first step (and after full size again, for the second kill)
 RUN_TIMEOUT = 400.0  # one run, kills and recoveries included
-EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "ddpjob-c10d.yaml"
 DDPJOB = Path(sys.executable).parent / "ddpjob"
 NODES = 2  # the example's replicas
 
@@ -74,7 +73,7 @@ def main() -> None:
 def measure(workdir: Path, kills: int) -> RunFigures:
     """One `ddpjob run` of the example with `kills` injected node kills (0, 1 or 2)."""
     run_dir, job = workdir / "run", workdir / "job.yaml"
-    job.write_text(EXAMPLE.read_text())
+    job.write_text(C10D_EXAMPLE.read_text())
     argv = [str(DDPJOB), "run", str(job), "--workdir", str(run_dir), "--port", "0", "--plain"]
     if kills:
         argv += ["--kill-node-after", str(KILL_AFTER)]
@@ -138,12 +137,11 @@ def _reports(raw: list[dict]) -> list[dict]:
         step = start.get("resume_step") or None
         snapshot = next((e for e in reversed(raw) if e["event"] == "snapshot" and e["step"] == step
                          and event_time(e) <= event_time(start)), None) if step else None
-        record = {"kind": "ddpjob.progress", "version": 1, "node": "0", "snapshot": None,
-                  "resume": {"time": start["time"], "fromStep": step,
-                             "fromSnapshotTime": snapshot["time"] if snapshot else None,
-                             "firstStepTime": first_step["time"] if first_step else None}}
-        container = {"name": C.CONTAINER_NAME, "state": {"terminated": {"exitCode": 0, "message": json.dumps(record)}}}
-        pods.append({"metadata": {"name": f"run-{i}", "uid": f"run-{i}"}, "status": {"containerStatuses": [container]}})
+        record = progress_message(None, node="0", resume={
+            "time": start["time"], "fromStep": step, "fromSnapshotTime": snapshot["time"] if snapshot else None,
+            "firstStepTime": first_step["time"] if first_step else None})
+        finished = (first_step or start)["time"]
+        pods.append(observed_pod(f"run-{i}", terminated_status(C.CONTAINER_NAME, start["time"], finished, 0, record)))
     return pods
 
 

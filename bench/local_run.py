@@ -8,7 +8,7 @@ not host the store, is SIGKILLed a fixed time after the first training step.
 
 Measured: seconds from the kill to the first training step after it (the
 survivor's resumed step), once under ``ddpjob run`` (its CLI, as a user runs
-it) and once as two bare torchrun agents (``tests.support.torchrun.AgentGroup``),
+it) and once as two bare torchrun agents (``ddpjob_sandbox.torchrun.AgentGroup``),
 alternating in ROUNDS rounds. The ratio is taken within each round (neighbouring
 runs share the machine's load) and its median reported with the range.
 Each round also prints the world size of that first step: 1 when the survivor
@@ -33,14 +33,15 @@ import yaml
 
 from ddpjob_operator.local.plan import local_plan
 from ddpjob_operator.api.spec import parse_job
-from tests.support.procs import free_port
+from ddpjob_sandbox.examples import load_example, write_manifest
+from ddpjob_sandbox.procs import free_port
 from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 
 ROUNDS = 4
 TARGET = 1.2  # ddpjob run may take at most this many times bare torchrun's recovery
 KILL_AFTER = 3.0  # seconds after the first training step
-EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "ddpjob-c10d.yaml"
 # Long enough that training is still running well after the kill and the resume.
 BENCH_ARGS = ["--epochs", "50", "--samples", "512", "--batch-size", "32", "--snapshot-every-epochs", "1",
               "--step-sleep", "0.05", "--val-samples", "0", "--no-progress-bar"]
@@ -49,12 +50,10 @@ DDPJOB = Path(sys.executable).parent / "ddpjob"
 
 def bench_job(workdir: Path) -> Path:
     """The example job with the bench's schedule, written to workdir/job.yaml."""
-    job = yaml.safe_load(EXAMPLE.read_text())
+    job = load_example()
     job["spec"]["args"] = BENCH_ARGS
     job["spec"]["elasticPolicy"]["rdzvStore"] = "node"  # as the bare torchrun side: node 0 hosts the store
-    path = workdir / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return path
+    return write_manifest(job, workdir / "job.yaml")
 
 
 def ddpjob_recovery(workdir: Path) -> tuple[float, int]:

@@ -22,9 +22,11 @@ import urllib.request
 
 from ddpjob_operator.render.common import selector as node_selector
 
-from tests.support.kubelet import ddpjob, set_terminated
-from tests.support.operator_harness import OperatorProcess, running_cluster
-from tests.support.procs import free_port
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.scripted import set_terminated
+from ddpjob_sandbox.operator_process import OperatorProcess
+from ddpjob_sandbox.cluster import running_cluster
+from ddpjob_sandbox.procs import free_port
 
 REPEATS = 5  # warm apply measurements per size
 MANY_JOBS, MANY_NODES = 100, 8
@@ -99,7 +101,7 @@ def _apply_many(k8s) -> float:
 
 
 def _job(name: str, nodes: int) -> dict:
-    return ddpjob(name, replicas=nodes, elasticPolicy={"minReplicas": 1, "maxReplicas": 8})
+    return make_manifest(name, replicas=nodes, elasticPolicy={"minReplicas": 1, "maxReplicas": 8})
 
 
 def _metric(port: int, name: str) -> float:

@@ -28,8 +28,12 @@ import tempfile
 import time
 
 from tests.support.fake_pods import FakePod, gzip_bomb, huge_body, record_answer, redirect, trickle
-from tests.support.kubelet import ddpjob, pod_names, progress_message, set_running, status
-from tests.support.operator_harness import OperatorProcess, operator_command, running_cluster
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import pod_names, status
+from ddpjob_sandbox.pod_status import progress_message
+from ddpjob_sandbox.scripted import set_running
+from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
+from ddpjob_sandbox.cluster import running_cluster
 
 POLLS = 6  # polls per kind
 POLL_SECONDS = 0.2  # --progress-poll-seconds
@@ -61,7 +65,7 @@ def _measure(cluster, tmp: pathlib.Path, kind: str, env: dict[str, str]) -> dict
     command = operator_command(k8s.namespace, "--progress-poll-seconds", str(POLL_SECONDS))
     with FakePod(record_answer(VALID)) as target, FakePod(_answers(kind, target)) as fake, \
             OperatorProcess(cluster, command, tmp / f"operator-{kind}.log", env=env) as operator:
-        k8s.create("ddpjobs", ddpjob(replicas=1))
+        k8s.create("ddpjobs", make_manifest(replicas=1))
         k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=60, what="the node pod")
         set_running(k8s, "mlp-node-0")
         k8s.wait_for(lambda: status(k8s).get("phase") == "Running", timeout=60, what="phase Running")

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.elastic_checks import example_target
-from tests.support.etcd import running_etcd
-from tests.support.procs import free_port, start_in_own_group, stop_process_group
-from tests.support.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, read_events, unique_run_id
+from ddpjob_sandbox.torchrun import example_target, FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id
+from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.procs import free_port, start_in_own_group, stop_process_group
+from ddpjob_sandbox.metrics import read_events
 
 TOPOLOGIES = ("c10d, store on node 0", "c10d, store pod", "etcd-v3")
 NODES = 3

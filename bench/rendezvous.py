@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.etcd import running_etcd
-from tests.support.procs import free_port
-from tests.support.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id
+from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id
 
 WORKER = Path(__file__).with_name("_rdzv_worker.py")
 BACKENDS = ("c10d", "etcd-v2", "etcd-v3")

@@ -3,12 +3,12 @@
 Run with ``python -m bench sandbox``. In each round, on the same machine:
 
 * sandbox: the c10d example DDPJob (the scenario tests' test-speed copy, see
-  ``tests.support.sandbox.example_job``) applied with kubectl to the API emulator, the real
+  ``ddpjob_sandbox.examples.example_job``) applied with kubectl to the API emulator, the real
   operator creating its pods and the sandbox node agent running them as local torchrun
   agents; after the snapshot at step 20 node 1 (node 0 hosts the c10d store, as in a
   cluster) is SIGKILLed as a whole (agent and workers). The operator replaces it after the
   failure policy's 1 s backoff.
-* bare torchrun: two torchrun agents (``tests.support.torchrun.AgentGroup``) with the same
+* bare torchrun: two torchrun agents (``ddpjob_sandbox.torchrun.AgentGroup``) with the same
   trainer args, the same rendezvous settings (checked against the pods' PET_RDZV_CONF, and
   ``is_host=false`` on node 1 as the sandbox gives it) and the same fault: node 1's whole
   process tree SIGKILLed after step 20's snapshot. Nobody replaces it.
@@ -35,20 +35,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from tests.support.operator_harness import OperatorProcess, operator_command, running_cluster
-from tests.support.procs import free_port
-from tests.support.sandbox import (
-    FAST_RDZV_TIMEOUTS,
-    JobProgress,
-    example_job,
-    holds_socket,
-    kubectl_apply,
-    listening_socket_inodes,
-    running_node_agent,
-    trainer_args,
-)
+from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
+from ddpjob_sandbox.cluster import running_cluster
+from ddpjob_sandbox.procs import free_port, holds_socket, listening_socket_inodes
+from ddpjob_sandbox.examples import FAST_RDZV_TIMEOUTS, example_job, kubectl_apply, trainer_args
+from ddpjob_sandbox.metrics import JobProgress, MetricsWatcher, is_event
+from ddpjob_sandbox.node import running_node_agent
 from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
 
 ROUNDS = int(os.environ.get("BENCH_SANDBOX_ROUNDS", "3"))  # one round is ~3 minutes here
 KILL_AFTER_STEP = 20  # the kill follows the snapshot at this step

@@ -44,8 +44,9 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from bench._baselines import handwritten
-from tests.support.procs import free_port
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event, read_events
 
 REPEATS = 6
 RECOVERY_REPEATS = 4

@@ -1,8 +1,11 @@
-"""Suite-wide test settings: markers that skip with a reason where the machine lacks a GPU or cluster."""
+"""Suite-wide test settings: the sandbox fixtures, and markers that skip with a reason where the machine
+lacks a GPU or cluster."""
 import os
 import shutil
 
 import pytest
+
+from tests.support.fixtures import cluster, k8s, node_agent, operator  # noqa: F401  (fixtures for every test)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -26,10 +26,13 @@ import yaml
 
 from ddpjob_operator.controller import etcd_cleanup
 from tests.charts.support import CHART_DIR, one, render
-from tests.support.etcd import running_etcd
-from tests.support.kubelet import bind, ddpjob, events, pod_names, set_node, set_running, set_terminated, status
-from tests.support.operator_harness import ApiError, OperatorProcess, cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
+from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.scripted import bind, set_node, set_running, set_terminated
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.readers import events, pod_names, status
+from ddpjob_sandbox.client import ApiError
+from ddpjob_sandbox.operator_process import OperatorProcess
+from ddpjob_sandbox.procs import free_port
 from tests.support.rbac import TEST_AGENTS, Access, Authorizer, access_of, grants_of
 
 PEERING_CRDS = CHART_DIR / "crds" / "kopf-peerings.yaml"
@@ -63,7 +66,7 @@ def run_etcd_job(k8s, endpoint: str, may_read_secrets: bool) -> None:
     skipped with a Warning when the Secret may not be read), then is deleted (finalizer)."""
     k8s.request("POST", f"/api/v1/namespaces/{k8s.namespace}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "etcd-client"}, "data": {}})
-    k8s.create("ddpjobs", ddpjob(name="etcd", replicas=1, elasticPolicy={
+    k8s.create("ddpjobs", make_manifest(name="etcd", replicas=1, elasticPolicy={
         "rdzvBackend": "etcd-v3", "rdzvEndpoints": [endpoint], "rdzvSecretName": "etcd-client"}))
     k8s.wait_for(lambda: pod_names(k8s, "etcd") == ["etcd-node-0"], timeout=20, what="the etcd job's pod")
     set_terminated(k8s, "etcd-node-0", 0)
@@ -84,7 +87,7 @@ def cleanup_events(k8s, reason: str) -> list[str]:
 
 def run_managed_etcd_job(k8s) -> None:
     """A job with its own etcd: pod and Service created, the pod deleted when the job finishes."""
-    k8s.create("ddpjobs", ddpjob(name="own", replicas=1, elasticPolicy={
+    k8s.create("ddpjobs", make_manifest(name="own", replicas=1, elasticPolicy={
         "rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}))
     k8s.wait_for(lambda: k8s.find("pods", "own-etcd") and pod_names(k8s, "own") == ["own-node-0"],
                  timeout=20, what="the managed etcd and the node pod")
@@ -96,7 +99,8 @@ def run_stuck_pod(cluster, k8s, process, may_read_nodes: bool) -> None:  # noqa:
     """A pod stuck terminating on a NotReady node: the operator reads the Node and force-deletes it,
     or, when it may not read Nodes, says so in its log and leaves the pod to its node."""
     cluster.emulator.graceful_pod_deletion = True
-    k8s.create("ddpjobs", ddpjob(name="stuck", replicas=1, failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
+    k8s.create("ddpjobs", make_manifest(name="stuck", replicas=1,
+                                        failurePolicy={"forceDeleteTerminatingAfterSeconds": 0}))
     k8s.wait_for(lambda: pod_names(k8s, "stuck") == ["stuck-node-0"], timeout=20, what="the stuck job's pod")
     set_node(k8s, "gone-a", ready=False)
     bind(k8s, "stuck-node-0", "gone-a")
@@ -119,9 +123,9 @@ def run_job_lifecycle(k8s) -> None:
     The TTL deletion runs on a second job that had no earlier timer (see the
     report on handlers.Passes.schedule keeping fired timers).
     """
-    k8s.create("ddpjobs", ddpjob(replicas=2, elasticPolicy={"minReplicas": 1, "maxReplicas": 3},
-                                 runPolicy={"cleanPodPolicy": "All"}))
-    k8s.create("ddpjobs", ddpjob(name="ttl", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1}))
+    k8s.create("ddpjobs", make_manifest(replicas=2, elasticPolicy={"minReplicas": 1, "maxReplicas": 3},
+                                        runPolicy={"cleanPodPolicy": "All"}))
+    k8s.create("ddpjobs", make_manifest(name="ttl", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1}))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=20, what="two node pods")
     for name in pod_names(k8s):
         set_running(k8s, name)

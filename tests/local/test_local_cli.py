@@ -2,22 +2,19 @@
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
 from ddpjob_operator import cli
+from ddpjob_sandbox.examples import C10D_EXAMPLE, load_example, write_manifest
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "ddpjob-c10d.yaml"
+EXAMPLE = C10D_EXAMPLE
 
 
 def example(tmp_path, **spec_changes):
-    job = yaml.safe_load(EXAMPLE.read_text())
+    job = load_example()
     job["spec"].update(spec_changes)
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return str(path)
+    return str(write_manifest(job, tmp_path / "job.yaml"))
 
 
 def run_cli(capsys, tmp_path, *argv):
@@ -57,7 +54,7 @@ def test_an_invalid_spec_names_the_field_value_and_rule(capsys, tmp_path):
 
 
 def test_a_busy_rendezvous_port_is_refused_with_the_fix(capsys, tmp_path, busy_port):
-    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    spec = load_example()["spec"]
     code, err = run_cli(capsys, tmp_path, example(tmp_path, elasticPolicy={**spec["elasticPolicy"], "rdzvPort": busy_port}))
     assert code == cli.EXIT_BAD_INPUT
     assert err == [f"ddpjob: spec.elasticPolicy.rdzvPort ({busy_port}) is already in use on 127.0.0.1: "

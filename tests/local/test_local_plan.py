@@ -7,7 +7,7 @@ from ddpjob_operator.render.launch import UnsupportedLocalEnvError
 from ddpjob_operator.local.plan import FAST_RDZV_TIMEOUTS, inherited_env, local_plan, local_spec, localize
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import JobRef, parse_spec
-from tests.operator.builders import make_spec
+from ddpjob_sandbox.jobs import make_spec
 
 RUN = Path("/tmp/run")
 SNAP = RUN / "snapshots"

@@ -16,16 +16,17 @@ import yaml
 
 from ddpjob_operator import cli
 from ddpjob_operator.local.command import EXIT_INTERRUPTED, EXIT_JOB_FAILED
+from ddpjob_operator.local.procs import marked_pids
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
-from tests.support.torchrun import read_events
+from ddpjob_sandbox.examples import load_example, write_manifest
+from ddpjob_sandbox.metrics import read_events
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "ddpjob-c10d.yaml"
 DDPJOB = Path(sys.executable).parent / "ddpjob"
 
 
 def job_file(tmp_path, *, args=None, replicas=None, failure_policy=None, elastic=None):
     """The example job with test-speed changes (fewer epochs, a short backoff)."""
-    job = yaml.safe_load(EXAMPLE.read_text())
+    job = load_example()
     spec = job["spec"]
     spec["args"] = args or ["--epochs", "4", "--samples", "2048", "--batch-size", "32", "--snapshot-every-epochs", "1",
                             "--snapshot-every-steps", "10", "--step-sleep", "0.03"]
@@ -33,9 +34,7 @@ def job_file(tmp_path, *, args=None, replicas=None, failure_policy=None, elastic
     spec["elasticPolicy"].update(elastic or {})
     if replicas is not None:
         spec["replicas"] = replicas
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return str(path)
+    return str(write_manifest(job, tmp_path / "job.yaml"))
 
 
 def events(run_dir):
@@ -43,19 +42,9 @@ def events(run_dir):
 
 
 def leftovers(run_dir):
-    """Live processes of this run (their environment carries the run's node marker)."""
+    """Live processes of this run (their node markers start with the run's rendezvous id)."""
     rdzv_id = json.loads((run_dir / "launch.json").read_text())["rdzv_id"]
-    needle = f"DDPJOB_LOCAL_NODE={rdzv_id}.".encode()
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in environ and state != "Z":
-            found.append(int(entry))
-    return found
+    return marked_pids(f"{rdzv_id}.", prefix=True)
 
 
 def logs(run_dir):

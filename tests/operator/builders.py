@@ -1,13 +1,12 @@
-"""Small builders of DDPJob bodies and Pod dicts for the operator's pure tests.
+"""Small builders of Pod dicts and times for the operator's pure tests.
 
-`make_ddpjob(replicas=3)` gives a valid job; keyword arguments change one thing
-each, so a test states only what matters to it. `make_pod(job, 1, phase="Failed",
-exit_code=1)` gives a pod as the API would return it.
+The DDPJob bodies come from ddpjob_sandbox.jobs (`make_ddpjob(replicas=3)`), the one
+builder of tests and benchmarks. `make_pod(job, 1, phase="Failed", exit_code=1)` gives
+the job's rendered pod as the API would return it, with an observed status.
 """
 
 from __future__ import annotations
 
-import copy
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -23,36 +22,6 @@ T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)  # the fixed clock of t
 def at(seconds: float) -> datetime:
     """T0 plus `seconds`."""
     return T0 + timedelta(seconds=seconds)
-
-
-def make_spec(*, replicas: int | None = 2, min_replicas: int | None = None,
-              max_replicas: int | None = None, **fields: Any) -> dict[str, Any]:
-    """A valid spec dict; keyword arguments (camelCase spec fields) override or add fields."""
-    spec: dict[str, Any] = {"image": "ghcr.io/ddpjob/trainer:0.1.0", "module": "ddpjob_trainer.examples.mlp"}
-    if replicas is not None:
-        spec["replicas"] = replicas
-    elastic = dict(fields.pop("elasticPolicy", {}))
-    if min_replicas is not None:
-        elastic["minReplicas"] = min_replicas
-    if max_replicas is not None:
-        elastic["maxReplicas"] = max_replicas
-    if elastic:
-        spec["elasticPolicy"] = elastic
-    spec.update(fields)
-    return spec
-
-
-def make_ddpjob(name: str = "mlp", *, namespace: str = "default", uid: str = "uid-mlp",
-                generation: int = 1, status: dict[str, Any] | None = None,
-                **spec_fields: Any) -> dict[str, Any]:
-    """A DDPJob body (metadata, spec, status) as the API server would hand it over."""
-    return {
-        "apiVersion": C.API_VERSION,
-        "kind": C.KIND,
-        "metadata": {"name": name, "namespace": namespace, "uid": uid, "generation": generation},
-        "spec": make_spec(**spec_fields),
-        "status": copy.deepcopy(status) if status else {},
-    }
 
 
 def job_ref(body: dict[str, Any]) -> JobRef:

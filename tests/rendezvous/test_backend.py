@@ -18,9 +18,9 @@ from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
-from tests.support.etcd import running_etcd
-from tests.support.procs import free_port
-from tests.support.torchrun import unique_run_id
+from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.torchrun import unique_run_id
 
 
 @pytest.fixture(scope="module")

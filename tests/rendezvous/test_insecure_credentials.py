@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_rdzv.settings import settings_from_conf
-from tests.support.torchrun import AgentGroup, Rendezvous, unique_run_id
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
 
 REFUSED = (
     "rdzv_conf username ('trainer') and password would travel to etcd in plaintext: no ca_cert is set "

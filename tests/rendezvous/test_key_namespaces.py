@@ -11,7 +11,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_rdzv import delete_rendezvous, keys
-from tests.support.etcd import running_etcd
+from ddpjob_sandbox.etcd import running_etcd
 
 UID = "6f1c2a3e-0000-4000-8000-000000000001"
 
@@ -118,7 +118,7 @@ def test_deleting_one_jobs_keys_leaves_the_other_namespaces_job_alone(etcd):
 def test_the_torchrun_handler_keeps_its_keys_under_DDPJOB_NAMESPACE(etcd, monkeypatch):
     from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
-    from tests.support.torchrun import unique_run_id
+    from ddpjob_sandbox.torchrun import unique_run_id
 
     run_id = unique_run_id()
     monkeypatch.setenv(C.ENV_NAMESPACE, "team-c")  # what the operator renders into every node pod

@@ -13,8 +13,8 @@ from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
-from tests.support.procs import free_port, start_in_own_group, stop_process_group
-from tests.support.torchrun import unique_run_id
+from ddpjob_sandbox.procs import free_port, start_in_own_group, stop_process_group
+from ddpjob_sandbox.torchrun import unique_run_id
 
 pytestmark = pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("etcd")), reason="needs openssl and etcd")
 

@@ -7,16 +7,9 @@ from pathlib import Path
 import pytest
 
 from ddpjob_rdzv import delete_rendezvous
-from tests.support.etcd import running_etcd
-from tests.support.torchrun import (
-    FAST_RDZV_CONF,
-    AgentGroup,
-    MetricsWatcher,
-    Rendezvous,
-    is_event,
-    read_events,
-    unique_run_id,
-)
+from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event, read_events
 
 WORKER = Path(__file__).with_name("worker.py")
 

@@ -1,7 +1,7 @@
 """End to end in the sandbox: ``kubectl apply`` of the c10d example, the real operator, real
 torchrun and real training of the example MLP on the sandbox node; then faults.
 
-Test-speed overrides (see ``tests.support.sandbox.example_job``): a copy of
+Test-speed overrides (see ``ddpjob_sandbox.examples.example_job``): a copy of
 manifests/examples/ddpjob-c10d.yaml is applied with fewer samples, ``--step-sleep`` and
 ``--snapshot-every-steps`` in the trainer args, one worker per node, a free rendezvous port,
 short rdzvTimeouts (3 s last call, 2 s x 3 keep-alive) and a 1 s replacement backoff.
@@ -17,11 +17,10 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
-from tests.support.kubelet import condition, events
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
-from tests.support.sandbox import JobProgress, example_job, kubectl_apply, node_agent, trainer_args  # noqa: F401
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.readers import condition, events
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.metrics import JobProgress, is_event
+from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
 
 EPOCHS = 4
 SNAPSHOT_EVERY = 10

@@ -5,7 +5,7 @@ in its status, and grows when the capacity arrives.
 The sandbox node plays a scheduler without capacity for ``mlp-node-1``
 (NodeAgent.hold_unscheduled: Pending, PodScheduled False, reason Unschedulable, kube-scheduler's
 message) until the test releases it. Test-speed overrides as in tests/sandbox/test_c10d.py
-(see tests.support.sandbox.example_job); rdzvStore ``node``.
+(see ddpjob_sandbox.examples.example_job); rdzvStore ``node``.
 """
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
-from tests.support.kubelet import condition, events
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.sandbox import INSUFFICIENT_GPU, node_agent, start_job, trainer_args  # noqa: F401
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.readers import condition, events
+from ddpjob_sandbox.pod_status import INSUFFICIENT_GPU
+from tests.sandbox.scenarios import start_job
+from ddpjob_sandbox.examples import trainer_args
+from ddpjob_sandbox.metrics import is_event
 
 START_TIMEOUT = 120  # operator + a torchrun agent + a worker importing torch on 2 shared cores
 HELD = "mlp-node-1"

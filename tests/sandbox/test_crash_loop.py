@@ -8,17 +8,17 @@ failure ends the pod; each replacement pod is a fresh torchrun (restart count 0 
 resumes from the snapshot at step 10 and fails at step 15 again. Nothing in the node agent
 is needed for that.
 
-Test-speed overrides as in tests/sandbox/test_c10d.py (see tests.support.sandbox.example_job).
+Test-speed overrides as in tests/sandbox/test_c10d.py (see ddpjob_sandbox.examples.example_job).
 """
 from __future__ import annotations
 
 import pytest
 
 from ddpjob_operator.api import constants as C
-from tests.support.kubelet import condition, events
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.sandbox import node_agent, start_job, trainer_args  # noqa: F401  (fixture)
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.readers import condition, events
+from tests.sandbox.scenarios import start_job
+from ddpjob_sandbox.examples import trainer_args
+from ddpjob_sandbox.metrics import is_event
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 FAIL_AT, SNAPSHOT_EVERY = 15, 10

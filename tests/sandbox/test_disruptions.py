@@ -8,7 +8,7 @@ the example MLP on the sandbox node, with the cluster's controllers played by th
   force-deletes it after failurePolicy.forceDeleteTerminatingAfterSeconds; then the
   replacement starts and joins the training.
 
-Test-speed overrides as in tests/sandbox/test_c10d.py (see tests.support.sandbox.example_job);
+Test-speed overrides as in tests/sandbox/test_c10d.py (see ddpjob_sandbox.examples.example_job);
 rdzvStore is ``node`` (set explicitly) and the victim is node 1, which does not host the store.
 """
 from __future__ import annotations
@@ -19,10 +19,12 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
-from tests.support.kubelet import events, set_disruption_target
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.sandbox import node_agent, running_node_agent, start_job, trainer_args  # noqa: F401
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.readers import events
+from ddpjob_sandbox.scripted import set_disruption_target
+from ddpjob_sandbox.node import running_node_agent
+from tests.sandbox.scenarios import start_job
+from ddpjob_sandbox.examples import trainer_args
+from ddpjob_sandbox.metrics import is_event
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 VICTIM = "mlp-node-1"

@@ -12,11 +12,10 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
-from tests.support.etcd import running_etcd
-from tests.support.kubelet import events
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.sandbox import JobProgress, example_job, kubectl_apply, node_agent, trainer_args  # noqa: F401
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.readers import events
+from ddpjob_sandbox.metrics import JobProgress, is_event
+from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
 
 EPOCHS = 6
 SNAPSHOT_EVERY = 4  # optimizer steps (each accumulates 2 micro-batches, as in the example)

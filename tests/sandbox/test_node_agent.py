@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import textwrap
 import time
@@ -12,19 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.operator_harness import cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
-from tests.support.sandbox import (
-    FINALIZER,
-    UnsupportedPodError,
-    container_launch,
-    exit_code_of,
-    map_hosts,
-    marked_pids,
-    node_agent,  # noqa: F401  (fixture)
-    POD_ENV,
-    running_node_agent,
-)
+from ddpjob_sandbox.procs import free_port, marked_pids
+from ddpjob_sandbox.node.reporting import FINALIZER
+from ddpjob_sandbox.node.launch import UnsupportedPodError, container_launch, map_hosts, POD_ENV
+from ddpjob_sandbox.node import running_node_agent
 
 
 def make_pod(name: str, script: str, *, env: dict | None = None, volumes: list | None = None,
@@ -113,11 +103,6 @@ def test_env_naming_the_termination_message_path_points_at_the_pods_own_file(tmp
     assert launch.env["DDPJOB_TERMINATION_LOG"] == str(launch.termination_log)
 
 
-def test_a_signal_death_reads_as_a_container_runtime_exit_code():
-    assert (exit_code_of(-signal.SIGKILL), exit_code_of(-signal.SIGTERM), exit_code_of(0), exit_code_of(3)) == \
-        (137, 143, 0, 3)
-
-
 # ----------------------------------------------------------------------------- against the API
 
 
@@ -167,7 +152,7 @@ def test_killing_a_pod_kills_its_whole_process_tree_and_reads_as_exit_137(k8s, n
     node_agent.kill("node")
     done = wait_phase(k8s, "node", ("Failed",))
     assert terminated(done)["exitCode"] == 137 and terminated(done)["reason"] == "Error"
-    k8s.wait_for(lambda: not marked_pids(POD_ENV, container.uid), timeout=5, what="no process of the pod left")
+    k8s.wait_for(lambda: not marked_pids(container.uid, key=POD_ENV), timeout=5, what="no process of the pod left")
 
 
 def test_when_the_main_process_exits_what_it_left_behind_dies_with_the_container(k8s, node_agent):
@@ -260,7 +245,7 @@ def test_stopping_the_agent_kills_every_process_it_started(k8s, tmp_path):
         k8s.create("pods", make_pod("left-running", SESSION_CHILD))
         container = agent.wait_for_container("left-running")
         k8s.wait_for(lambda: len(container.pids()) == 2, what="both processes started")
-    assert marked_pids(POD_ENV, container.uid) == []
+    assert marked_pids(container.uid, key=POD_ENV) == []
 
 
 def test_the_termination_message_file_reaches_the_terminated_state(k8s, node_agent):

@@ -6,14 +6,9 @@ import time
 
 import pytest
 
-from tests.support.kubelet import set_disruption_target
-from tests.support.operator_harness import cluster, k8s  # noqa: F401  (fixtures)
-from tests.support.sandbox import (  # noqa: F401  (node_agent: fixture)
-    INSUFFICIENT_GPU,
-    keep_foreign_conditions,
-    node_agent,
-    running_node_agent,
-)
+from ddpjob_sandbox.scripted import set_disruption_target
+from ddpjob_sandbox.pod_status import INSUFFICIENT_GPU, keep_foreign_conditions
+from ddpjob_sandbox.node import running_node_agent
 from tests.sandbox.test_node_agent import make_pod, wait_phase
 
 SLEEPER = "import time; time.sleep(60)"

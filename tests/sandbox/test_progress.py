@@ -8,19 +8,17 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_trainer.progress_report import POLL_SECONDS
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
-from tests.support.sandbox import JobProgress, example_job, kubectl_apply, trainer_args
-from tests.support.sandbox_termination import termination_node_agent  # noqa: F401  (fixture)
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.metrics import JobProgress, is_event
+from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 
 
 @pytest.mark.slow  # ~80 s of real training on two shared cores
 def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progress(
-        k8s, operator, termination_node_agent, tmp_path):
-    agent = termination_node_agent
+        k8s, operator, node_agent, tmp_path):
+    agent = node_agent
     body = example_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
                        rdzv_port=free_port())
     body["spec"]["failurePolicy"]["maxRestarts"] = 0  # without progress the first failure would end the job
@@ -47,8 +45,8 @@ def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progr
 
 @pytest.mark.slow  # ~50 s of real training on two shared cores
 @pytest.mark.operator_args("--progress-poll-seconds", "1")
-def test_the_status_follows_the_snapshots_of_a_job_that_never_fails(k8s, operator, termination_node_agent, tmp_path):
-    agent = termination_node_agent
+def test_the_status_follows_the_snapshots_of_a_job_that_never_fails(k8s, operator, node_agent, tmp_path):
+    agent = node_agent
     body = example_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
                        rdzv_port=free_port())
     kubectl_apply(k8s, body, tmp_path)

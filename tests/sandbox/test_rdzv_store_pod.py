@@ -9,11 +9,10 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
-from tests.support.kubelet import events
-from tests.support.operator_harness import cluster, k8s, operator  # noqa: F401  (fixtures)
-from tests.support.procs import free_port
-from tests.support.sandbox import JobProgress, example_job, kubectl_apply, node_agent, trainer_args  # noqa: F401
-from tests.support.torchrun import is_event
+from ddpjob_sandbox.readers import events
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.metrics import JobProgress, is_event
+from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
 
 EPOCHS = 3
 SNAPSHOT_EVERY = 10

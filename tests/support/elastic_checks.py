@@ -10,23 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddpjob_trainer.metrics import read_metrics
-from tests.support.torchrun import effective_history, read_events
-
-
-def example_target(workdir: Path, *, epochs: int, samples: int, step_sleep: float, batch_size: int = 32) -> list[str]:
-    """torchrun target running the example with snapshots every epoch under ``workdir``."""
-    return [
-        "-m", "ddpjob_trainer.examples.mlp",
-        "--epochs", str(epochs),
-        "--samples", str(samples),
-        "--batch-size", str(batch_size),
-        "--snapshot-dir", str(workdir / "snapshots"),
-        "--snapshot-every-epochs", "1",
-        "--metrics-file", str(workdir / "metrics.jsonl"),
-        "--step-sleep", str(step_sleep),
-        "--val-samples", "0",
-        "--no-progress-bar",
-    ]
+from ddpjob_sandbox.metrics import effective_history, read_events
 
 
 def assert_ran_exactly_once(metrics_path: Path, epochs: int) -> list[dict]:

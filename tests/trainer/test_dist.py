@@ -11,7 +11,7 @@ import torch.distributed as torch_dist
 
 from ddpjob_trainer.dist import backend_for, device_for, distributed
 from ddpjob_trainer.env import DistEnv
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 
 
 def single_worker(monkeypatch, local_rank=0) -> DistEnv:

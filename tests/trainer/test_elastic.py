@@ -10,12 +10,12 @@ import contextlib
 
 import pytest
 
-from tests.support.etcd import running_etcd
-from tests.support.torchrun import FAST_RDZV_CONF, AgentGroup, MetricsWatcher, Rendezvous, is_event, unique_run_id
+from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id, example_target
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 from tests.support.elastic_checks import (
     assert_ran_exactly_once,
     assert_resumed_from_snapshots,
-    example_target,
     steps_redone,
     world_size_phases,
 )

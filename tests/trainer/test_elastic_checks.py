@@ -15,7 +15,7 @@ from tests.support.elastic_checks import (
     steps_redone,
     world_size_phases,
 )
-from tests.support.torchrun import effective_history
+from ddpjob_sandbox.metrics import effective_history
 
 
 def start(resume_step=0, resume_epoch=0, world_size=2):

@@ -11,8 +11,8 @@ import time
 
 from ddpjob_trainer.metrics import read_metrics
 from ddpjob_trainer.snapshot import PROGRESS_FILE, SnapshotStore
-from tests.support.elastic_checks import example_target
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event, read_events
+from ddpjob_sandbox.torchrun import example_target, AgentGroup, Rendezvous
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event, read_events
 
 EVENT_TIMEOUT = 120
 # Observed here: the survivor exits ~2 s after the host dies; the bound is

@@ -12,7 +12,7 @@ import torch
 
 from ddpjob_trainer import SnapshotStore, read_metrics
 from ddpjob_trainer.metrics import read_raw_metrics
-from tests.support.procs import start_in_own_group, stop_process_group
+from ddpjob_sandbox.procs import start_in_own_group, stop_process_group
 
 EPOCHS = 3
 SAMPLES = 1024

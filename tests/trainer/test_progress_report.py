@@ -28,7 +28,7 @@ from ddpjob_trainer.progress_report import (
     default_path,
     progress_port,
 )
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 
 DATA = make_dataset(96, seed=5)
 

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from ddpjob_trainer.snapshot import SnapshotStore, snapshot_stem
-from tests.support.procs import kill_process_group, start_in_own_group, stop_process_group
+from ddpjob_sandbox.procs import kill_process_group, start_in_own_group, stop_process_group
 
 WRITER = textwrap.dedent(
     """

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tests.support.procs import free_port, start_in_own_group, stop_process_group
+from ddpjob_sandbox.procs import free_port, start_in_own_group, stop_process_group
 
 
 def wait_for_line(process: subprocess.Popen, needle: str, timeout: float = 60) -> str:

@@ -10,8 +10,9 @@ from ddpjob_rdzv import progress_record
 from ddpjob_trainer.metrics import read_metrics
 from ddpjob_trainer.progress_report import ENV_PATH, POLL_SECONDS
 from ddpjob_trainer.snapshot import PROGRESS_FILE
-from tests.support.elastic_checks import example_target
-from tests.support.torchrun import AgentGroup, MetricsWatcher, Rendezvous, is_event
+from ddpjob_sandbox.torchrun import example_target
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 
 EVENT_TIMEOUT = 120
 

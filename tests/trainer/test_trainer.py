@@ -17,7 +17,7 @@ from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError
 from ddpjob_trainer.env import DistEnv
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
 from ddpjob_trainer.metrics import read_raw_metrics
-from tests.support.procs import free_port
+from ddpjob_sandbox.procs import free_port
 
 DATA = make_dataset(200, seed=3)
 

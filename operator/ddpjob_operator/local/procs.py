@@ -45,28 +45,56 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def marked_pids(marker: str) -> list[int]:
-    """Live processes (not zombies) whose environment has MARKER_ENV=marker."""
-    needle = f"{MARKER_ENV}={marker}".encode()
+@dataclass(frozen=True)
+class MarkedProcess:
+    """A live process found by its environment marker."""
+
+    pid: int
+    ppid: int
+    env: dict[str, str]
+
+
+def marked_processes(marker: str, *, key: str = MARKER_ENV, prefix: bool = False) -> list[MarkedProcess]:
+    """Live processes (not zombies) whose environment has key=marker (with prefix: key=marker...).
+
+    The one /proc scanner of the project: `ddpjob run` finds a node's orphaned workers with
+    it, and the test sandbox (ddpjob_sandbox.procs) a pod's or an agent's.
+    """
+    needle = f"{key}={marker}".encode()
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                continue
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:  # gone meanwhile, or not ours
-            continue
-        if state != "Z":
-            found.append(int(entry))
+        if entry.isdigit():
+            process = _marked_process(int(entry), needle, prefix)
+            if process is not None:
+                found.append(process)
     return found
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
+def _marked_process(pid: int, needle: bytes, prefix: bool) -> MarkedProcess | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if needle not in environ and not (prefix and any(item.startswith(needle) for item in environ)):
+            return None
+        # The command name in stat may hold spaces and parentheses; the fields after the last ")" are fixed.
+        state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    except (OSError, ValueError):  # gone meanwhile, or not ours
+        return None
+    if state == "Z":
+        return None
+    env = dict(item.decode(errors="replace").partition("=")[::2] for item in environ if item)
+    return MarkedProcess(pid, int(ppid), env)
+
+
+def marked_pids(marker: str, *, key: str = MARKER_ENV, prefix: bool = False) -> list[int]:
+    """The pids of marked_processes(marker, key=key, prefix=prefix)."""
+    return [process.pid for process in marked_processes(marker, key=key, prefix=prefix)]
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    """Sends `sig` to each process and to the group it leads (torchrun workers lead their own)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)  # workers lead their own groups
+            os.killpg(pid, sig)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
@@ -107,8 +135,8 @@ class NodeProcess:
         workers = marked_pids(self.marker)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
-        _signal_all(workers, signal.SIGKILL)
-        _signal_all(marked_pids(self.marker), signal.SIGKILL)  # anything spawned meanwhile
+        signal_all(workers, signal.SIGKILL)
+        signal_all(marked_pids(self.marker), signal.SIGKILL)  # anything spawned meanwhile
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 

@@ -1,0 +1,136 @@
+"""Talking to the API emulator (or any API server) over HTTP, as a test or benchmark does.
+
+:class:`KubeClient` is a small synchronous client on urllib: nothing is shared with the
+operator's own client, so a test sees the API as any other client does. ``kubectl`` runs
+against the same server through the cluster's kubeconfig.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# Resource name -> (API path prefix, namespaced). Only what the tests use.
+RESOURCES: dict[str, tuple[str, bool]] = {
+    "pods": ("/api/v1", True),
+    "services": ("/api/v1", True),
+    "events": ("/api/v1", True),
+    "configmaps": ("/api/v1", True),
+    "namespaces": ("/api/v1", False),
+    "nodes": ("/api/v1", False),
+    "events.k8s.io": ("/apis/events.k8s.io/v1", True),
+    "ddpjobs": ("/apis/ddpjob.io/v1alpha1", True),
+    "networkpolicies": ("/apis/networking.k8s.io/v1", True),
+    "customresourcedefinitions": ("/apis/apiextensions.k8s.io/v1", False),
+    "kopfpeerings": ("/apis/kopf.dev/v1", True),
+}
+
+
+class ApiError(Exception):
+    """An API call answered with an HTTP error; ``status`` and the ``Status`` body are kept."""
+
+    def __init__(self, status: int, body: Any, what: str):
+        self.status = status
+        self.body = body
+        reason = body.get("reason") if isinstance(body, dict) else None
+        message = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"{what} -> HTTP {status} {reason}: {message}")
+
+
+class KubeClient:
+    """A small synchronous API client for tests (urllib; nothing shared with the operator)."""
+
+    def __init__(self, url: str, kubeconfig: pathlib.Path, namespace: str = "default"):
+        self.url = url.rstrip("/")
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+
+    def path(self, resource: str, name: str | None = None, namespace: str | None = None,
+             subresource: str | None = None) -> str:
+        prefix, namespaced = RESOURCES[resource]
+        plural = resource.split(".")[0] if "." in resource else resource
+        parts = [prefix]
+        if namespaced:
+            parts += ["namespaces", namespace or self.namespace]
+        parts.append(plural)
+        if name:
+            parts.append(name)
+        if subresource:
+            parts.append(subresource)
+        return "/".join(parts)
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                params: Mapping[str, str] | None = None, timeout: float = 10) -> Any:
+        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read()
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                payload = raw.decode(errors="replace")
+            raise ApiError(e.code, payload, f"{method} {path}") from None
+        return json.loads(text) if text else None
+
+    def create(self, resource: str, body: Mapping[str, Any], namespace: str | None = None) -> dict:
+        return self.request("POST", self.path(resource, namespace=namespace), body)
+
+    def get(self, resource: str, name: str, namespace: str | None = None, subresource: str | None = None) -> dict:
+        return self.request("GET", self.path(resource, name, namespace, subresource))
+
+    def find(self, resource: str, name: str, namespace: str | None = None) -> dict | None:
+        """The object, or None where it does not exist."""
+        try:
+            return self.get(resource, name, namespace)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, resource: str, namespace: str | None = None, label_selector: str = "",
+             field_selector: str = "") -> list[dict]:
+        params = {k: v for k, v in {"labelSelector": label_selector, "fieldSelector": field_selector}.items() if v}
+        return self.request("GET", self.path(resource, namespace=namespace), params=params)["items"]
+
+    def patch(self, resource: str, name: str, patch: Any, namespace: str | None = None,
+              subresource: str | None = None, patch_type: str = "merge") -> dict:
+        content_type = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
+                        "strategic": "application/strategic-merge-patch+json"}[patch_type]
+        return self.request("PATCH", self.path(resource, name, namespace, subresource), patch, content_type)
+
+    def replace(self, resource: str, name: str, body: Mapping[str, Any], namespace: str | None = None,
+                subresource: str | None = None) -> dict:
+        return self.request("PUT", self.path(resource, name, namespace, subresource), body)
+
+    def delete(self, resource: str, name: str, namespace: str | None = None, **options: Any) -> dict:
+        return self.request("DELETE", self.path(resource, name, namespace), options or None)
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05,
+                 what: str = "condition") -> Any:
+        """Polls ``predicate`` until it returns something truthy; fails the test with ``what`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}; last value: {last!r}")
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        """Runs kubectl against the emulator in this client's namespace."""
+        command = ["kubectl", "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace, *args]
+        result = subprocess.run(command, capture_output=True, text=True, input=input, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr}")
+        return result

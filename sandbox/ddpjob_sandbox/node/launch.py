@@ -1,0 +1,170 @@
+"""How one pod maps onto this machine (pure): volumes, cluster DNS, the image's commands, env.
+
+* volumes: a ``persistentVolumeClaim`` becomes one directory per claim shared by every pod
+  (the snapshot volume must be shared across nodes and survive pod replacement); an
+  ``emptyDir`` one directory per pod. Env values and args under a container's mountPaths
+  are rewritten to those directories (there is no mount namespace).
+* DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names become
+  127.0.0.1, so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
+* the image: ``torchrun``/``python`` resolve to this interpreter's virtualenv; the process
+  inherits this machine's environment (PATH, HOME) minus torchrun and ddpjob variables, then
+  gets the pod's env on top, like an image's env under a container's.
+* the termination message file: ``terminationMessagePath`` is a per-pod file, and env
+  values naming that path point there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ddpjob_sandbox.pod_status import LOOPBACK
+
+NODE_ENV = "SANDBOX_NODE"  # marks every process this agent started (teardown safety net)
+POD_ENV = "SANDBOX_POD_UID"  # marks every process of one pod (the container's boundary)
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"  # the API's default terminationMessagePath
+# Variables of this machine that would fight the pod's own: torchrun flags, ddpjob settings.
+DROPPED_ENV_PREFIXES = ("PET_", "DDPJOB_", "TORCHELASTIC_", "KUBECONFIG", POD_ENV, NODE_ENV)
+VENV_COMMANDS = ("torchrun", "python", "python3")  # found next to sys.executable, not on PATH
+
+# A DNS name that only cluster DNS resolves: anything under .svc / .svc.cluster.local.
+_SVC_NAME = re.compile(r"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                       r"\.svc(\.cluster\.local)?(?![\w.-])")
+
+
+class UnsupportedPodError(ValueError):
+    """The pod uses something this one-machine node cannot provide."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerLaunch:
+    """What the node runs for a pod: argv, environment, working directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    termination_log: Path | None = None  # the local file behind terminationMessagePath
+
+
+def volume_dirs(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
+    """Volume name -> local directory: shared per claim, private per pod for emptyDir.
+
+    Raises:
+        UnsupportedPodError: a volume of another kind (secret, configMap, hostPath...).
+    """
+    meta = pod["metadata"]
+    dirs = {}
+    for volume in pod["spec"].get("volumes") or []:
+        name = volume["name"]
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            dirs[name] = claim_dir(root, meta["namespace"], claim)
+        elif "emptyDir" in volume:
+            dirs[name] = pod_dir(root, meta) / "volumes" / name
+        else:
+            kind = next((k for k in volume if k != "name"), "?")
+            raise UnsupportedPodError(f"volume {name!r} is a {kind}; the sandbox node supports "
+                                      "persistentVolumeClaim and emptyDir only")
+    return dirs
+
+
+def claim_dir(root: Path, namespace: str, claim: str) -> Path:
+    """The directory that stands for PersistentVolumeClaim ``claim`` (ReadWriteMany)."""
+    return root / "claims" / namespace / claim
+
+
+def pod_dir(root: Path, meta: Mapping[str, Any]) -> Path:
+    """A pod's private directory (like /var/lib/kubelet/pods/<uid>)."""
+    return root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+def mounts(container: Mapping[str, Any], dirs: Mapping[str, Path]) -> list[tuple[str, Path]]:
+    """(mountPath, local dir) of each volumeMount, longest path first (the innermost mount wins)."""
+    pairs = []
+    for mount in container.get("volumeMounts") or []:
+        local = dirs[mount["name"]]
+        sub = mount.get("subPath")
+        pairs.append((mount["mountPath"].rstrip("/") or "/", local / sub if sub else local))
+    return sorted(pairs, key=lambda pair: -len(pair[0]))
+
+
+def localize(value: str, mount_pairs: list[tuple[str, Path]]) -> str:
+    """``value`` with a leading mountPath (the path itself or below it) replaced by its directory."""
+    for path, local in mount_pairs:
+        if value == path:
+            return str(local)
+        if value.startswith(path + "/"):
+            return str(local / value[len(path) + 1:])
+    return value
+
+
+def map_hosts(value: str, namespace: str, services: list[str]) -> str:
+    """Cluster DNS names inside ``value`` replaced by 127.0.0.1 (every pod runs on loopback)."""
+    value = _SVC_NAME.sub(LOOPBACK, value)
+    if services:
+        names = "|".join(re.escape(s) for s in services)
+        pod_in_service = rf"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?\.({names})(\.{re.escape(namespace)})?(?![\w.-])"
+        value = re.sub(pod_in_service, LOOPBACK, value)
+    return value
+
+
+def resolve_command(name: str) -> str:
+    """The executable for a container's command[0]: the virtualenv's torchrun/python, else PATH."""
+    if "/" not in name and name in VENV_COMMANDS:
+        candidate = Path(sys.executable).parent / name
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which(name) if "/" not in name else name
+    if not found:
+        raise UnsupportedPodError(f'command "{name}" is not found next to {sys.executable} or on PATH')
+    return found
+
+
+def base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """This machine's environment as the "image" env: without torchrun, ddpjob and sandbox variables."""
+    return {k: v for k, v in environ.items() if not k.startswith(DROPPED_ENV_PREFIXES)}
+
+
+def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
+                     environ: Mapping[str, str]) -> ContainerLaunch:
+    """The local launch of a pod's (only) container.
+
+    Args:
+        pod: the Pod object.
+        root: the node's directory (volumes, logs, working directories).
+        services: Service names in the pod's namespace (for ``<pod>.<service>`` names).
+        environ: the environment the "image" provides (see base_env).
+
+    Raises:
+        UnsupportedPodError: more than one container, a valueFrom env entry, an unsupported
+            volume or a command that is not found.
+    """
+    spec, meta = pod["spec"], pod["metadata"]
+    containers = spec.get("containers") or []
+    if len(containers) != 1:
+        raise UnsupportedPodError(f"pod has {len(containers)} containers; the sandbox node runs exactly one")
+    container = containers[0]
+    termination_log = pod_dir(root, meta) / "termination-log"
+    # The kubelet bind-mounts one file at terminationMessagePath; here paths naming it move.
+    pairs = [(container.get("terminationMessagePath", DEFAULT_TERMINATION_PATH), termination_log),
+             *mounts(container, volume_dirs(pod, root))]
+
+    def local(value: str) -> str:
+        return map_hosts(localize(value, pairs), meta["namespace"], services)
+
+    env = base_env(environ)
+    env["HOSTNAME"] = spec.get("hostname") or meta["name"]
+    for entry in container.get("env") or []:
+        if "valueFrom" in entry:
+            raise UnsupportedPodError(f"env {entry['name']} uses valueFrom; the sandbox node takes literal values only")
+        env[entry["name"]] = local(entry.get("value") or "")
+    command = list(container.get("command") or [])
+    if not command:
+        raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")
+    argv = [resolve_command(command[0]), *map(local, command[1:]), *map(local, container.get("args") or [])]
+    cwd = Path(localize(container["workingDir"], pairs)) if container.get("workingDir") else pod_dir(root, meta) / "cwd"
+    return ContainerLaunch(argv, env, cwd, termination_log)

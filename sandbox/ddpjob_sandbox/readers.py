@@ -1,0 +1,28 @@
+"""What a user reads of a DDPJob through the API: its node pods, status, conditions, Events."""
+from __future__ import annotations
+
+from ddpjob_operator.render.common import selector
+
+from ddpjob_sandbox.client import KubeClient
+
+
+def pod_names(k8s: KubeClient, job: str = "mlp") -> list[str]:
+    """The job's live node pods (the rendezvous store pod is not a node)."""
+    return sorted(p["metadata"]["name"] for p in k8s.list("pods", label_selector=selector(job))
+                  if not p["metadata"].get("deletionTimestamp"))
+
+
+def status(k8s: KubeClient, job: str = "mlp") -> dict:
+    """The job's status ({} before the operator wrote one)."""
+    return k8s.get("ddpjobs", job).get("status") or {}
+
+
+def condition(k8s: KubeClient, type_: str, job: str = "mlp") -> dict | None:
+    """The job's condition of ``type_``, if any."""
+    return next((c for c in status(k8s, job).get("conditions") or [] if c["type"] == type_), None)
+
+
+def events(k8s: KubeClient, job: str = "mlp") -> list[tuple[str, str, str]]:
+    """(type, reason, message) of every Event about the job, oldest first."""
+    return [(e["type"], e["reason"], e["message"]) for e in k8s.list("events")
+            if e["involvedObject"]["name"] == job]

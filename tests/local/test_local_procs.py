@@ -1,0 +1,52 @@
+"""The /proc scanner that finds a node's processes by their environment marker (also the sandbox's)."""
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from ddpjob_operator.local.procs import MARKER_ENV, marked_pids, marked_processes
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture
+def marked():
+    """Starts sleepers with a fresh marker in their environment; kills them after the test."""
+    started = []
+
+    def start(env: dict[str, str]) -> subprocess.Popen:
+        process = subprocess.Popen(SLEEP, env={**os.environ, **env})
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def test_a_marked_process_is_found_with_its_parent_and_environment(marked):
+    marker = uuid.uuid4().hex
+    process = marked({MARKER_ENV: marker, "RANK": "3"})
+    (found,) = marked_processes(marker)
+    assert (found.pid, found.ppid, found.env[MARKER_ENV], found.env["RANK"]) == (process.pid, os.getpid(), marker, "3")
+
+
+def test_another_key_and_a_prefix_select_what_they_name_only(marked):
+    run = uuid.uuid4().hex
+    node = marked({"SANDBOX_POD_UID": f"{run}.node-0"})
+    store = marked({"SANDBOX_POD_UID": f"{run}.store"})
+    assert marked_pids(f"{run}.node-0", key="SANDBOX_POD_UID") == [node.pid]
+    assert sorted(marked_pids(f"{run}.", key="SANDBOX_POD_UID", prefix=True)) == sorted([node.pid, store.pid])
+    assert marked_pids(f"{run}.", key="SANDBOX_POD_UID") == [], "without prefix the value must match whole"
+    assert marked_pids(f"{run}.node-0") == [], f"the default key is {MARKER_ENV}"
+
+
+def test_a_zombie_is_not_a_live_process(marked):
+    marker = uuid.uuid4().hex
+    process = marked({MARKER_ENV: marker})
+    process.kill()
+    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie
+    assert marked_pids(marker) == []

@@ -1,0 +1,12 @@
+"""Tests of ddpjob_operator, in folders that mirror its rooms.
+
+    api/         spec model, CRD and its CEL rules, generated names
+    render/      spec -> Service and Pod dicts (golden files in golden/)
+    decide/      failure, budget, status, plan, topology, capacity, stuck pods (pure, fixed clock)
+    controller/  one controller module each: kube.py's verbs over the emulator, handlers'
+                 passes, metrics, main's flags, live progress, etcd cleanup rules
+    e2e/         the real operator process (every room through kopf) over the API emulator,
+                 with the kubelet scripted (ddpjob_sandbox.scripted)
+
+Here: cli.py's tests, the import-layer rules, and the pure tests' pod builders.
+"""

@@ -1,0 +1,1 @@
+"""controller/: one controller module at a time (kube.py against the emulator, handlers, metrics, main)."""

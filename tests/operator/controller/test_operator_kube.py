@@ -1,0 +1,106 @@
+"""kube.py's verbs are idempotent and sort errors into "skip", "retry later" and "fail",
+checked against the API emulator (and a server that only answers 503) over HTTP."""
+import asyncio
+
+import aiohttp.web
+import kopf
+import pytest
+
+from ddpjob_operator.controller import kube
+from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.procs import free_port
+
+
+def connect(url: str) -> kube.Kube:
+    return kube.Kube(kopf.ConnectionInfo(server=url, token="test"))
+
+
+def pod(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"ddpjob.io/job-name": "mlp"}},
+            "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}}
+
+
+def run(url, scenario):
+    """Runs ``scenario(api)`` with a fresh client to ``url`` and closes the client."""
+    async def with_client():
+        api = connect(url)
+        try:
+            return await scenario(api)
+        finally:
+            await api.close()
+    return asyncio.run(with_client())
+
+
+def test_create_or_skip_creates_once_and_then_skips(k8s):
+    async def scenario(api):
+        return [await api.create_or_skip(pod("p0"), k8s.namespace), await api.create_or_skip(pod("p0"), k8s.namespace)]
+    assert run(k8s.url, scenario) == [True, False]
+    assert [p["metadata"]["name"] for p in k8s.list("pods")] == ["p0"]
+
+
+def test_delete_or_skip_skips_missing_pods_and_newer_pods_of_the_same_name(k8s):
+    stale_uid = k8s.create("pods", pod("p0"))["metadata"]["uid"]
+    k8s.delete("pods", "p0")
+    k8s.create("pods", pod("p0"))  # a replacement with a new uid
+
+    async def scenario(api):
+        return [await api.delete_or_skip("Pod", k8s.namespace, "p0", stale_uid),
+                await api.delete_or_skip("Pod", k8s.namespace, "ghost")]
+    assert run(k8s.url, scenario) == [False, False]
+    assert k8s.find("pods", "p0") is not None, "the newer pod must survive a delete aimed at the old uid"
+
+
+def test_status_patch_writes_only_the_status_and_skips_a_deleted_job(k8s):
+    k8s.create("ddpjobs", make_manifest())
+
+    async def scenario(api):
+        patched = await api.patch_job_status(k8s.namespace, "mlp", {"phase": "Running", "restarts": 0})
+        missing = await api.patch_job_status(k8s.namespace, "ghost", {"phase": "Running"})
+        return patched, missing
+    patched, missing = run(k8s.url, scenario)
+    assert patched["status"] == {"phase": "Running", "restarts": 0} and missing is None
+    assert k8s.get("ddpjobs", "mlp")["metadata"]["generation"] == 1
+
+
+def test_events_name_the_job_and_the_operator(k8s):
+    job = k8s.create("ddpjobs", make_manifest())
+
+    async def scenario(api):
+        await api.post_event(job, "Warning", "NodeFailed", "node pod mlp-node-1 failed (exit code 1)")
+    run(k8s.url, scenario)
+    [event] = k8s.list("events")
+    assert event["involvedObject"]["uid"] == job["metadata"]["uid"]
+    assert (event["type"], event["reason"], event["source"]["component"]) == ("Warning", "NodeFailed",
+                                                                                "ddpjob-operator")
+
+
+def test_a_busy_server_becomes_a_temporary_error_and_a_bad_request_an_api_error():
+    port = free_port()
+
+    async def scenario():
+        app = aiohttp.web.Application()
+        app.router.add_route("POST", "/api/v1/namespaces/ns/pods",
+                             lambda _: aiohttp.web.Response(status=503, text="<html>overloaded</html>"))
+        app.router.add_route("GET", "/api/v1/namespaces/ns/pods",
+                             lambda _: aiohttp.web.json_response({"reason": "BadRequest", "message": "bad"},
+                                                                 status=400))
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
+        api = connect(f"http://127.0.0.1:{port}")
+        try:
+            with pytest.raises(kopf.TemporaryError, match="503"):
+                await api.create_or_skip(pod("p0"), "ns")
+            with pytest.raises(kube.ApiError, match="400 BadRequest: bad"):
+                await api.list_pods("ns", "a=b")
+        finally:
+            await api.close()
+            await runner.cleanup()
+        unreachable = connect(f"http://127.0.0.1:{free_port()}")
+        try:
+            with pytest.raises(kopf.TemporaryError):
+                await unreachable.list_pods("ns", "a=b")
+        finally:
+            await unreachable.close()
+
+    asyncio.run(scenario())

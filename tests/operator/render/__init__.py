@@ -1,0 +1,1 @@
+"""render/: spec -> Service and Pod dicts, pure; golden YAML in ../golden/."""
