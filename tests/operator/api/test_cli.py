@@ -8,7 +8,7 @@ import yaml
 
 from ddpjob_operator import cli
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "ddpjob-c10d.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "ddpjob-c10d.yaml"
 
 
 def write(tmp_path, text, name="job.yaml"):

@@ -308,7 +308,7 @@ def test_the_override_example_in_the_install_docs_is_valid_and_stays_restricted(
 
     import yaml
 
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "install.md").read_text()
     section = docs.split("### Your own trainer image", 1)[1]
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))["spec"]
     assert validate_spec(make_spec(**example)) == []
