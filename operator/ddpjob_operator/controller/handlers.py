@@ -36,7 +36,7 @@ from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metric
 from ddpjob_operator.decide import managed_etcd, stuck
 from ddpjob_operator.api.names import managed_etcd_name, network_policy_name
 from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
-from ddpjob_operator.decide.observed import Observed, ObservedEtcd, PodView, view_pod, view_pods
+from ddpjob_operator.decide.observed import Observed, ObservedEtcd, PodView, claimed, view_pods
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render.etcd_pod import etcd_selector
 from ddpjob_operator.render.common import job_selector
@@ -134,7 +134,8 @@ async def run_pass(api: kube.Kube, key: JobKey,
         if job is None:
             metrics.observe_job(namespace, name, None)
             return PassOutcome(gone=True)
-        pods = view_pods(await api.list_pods(namespace, job_selector(name)))  # read once, for every decision
+        # Read once, for every decision; only pods the job controls (a copied label claims nothing).
+        pods = claimed(view_pods(await api.list_pods(namespace, job_selector(name))), job["metadata"].get("uid", ""))
         service_exists = await api.exists("Service", namespace, name)
         polled = bool(progress_poll) and (job.get("status") or {}).get("phase") in POLLED_PHASES
         live = await live_progress.read_live_progress(pods) if polled else []
@@ -160,9 +161,9 @@ async def _observe_managed_etcd(api: kube.Kube, namespace: str, name: str,
     """The job's own etcd pod and Service, when the job asks for one (see managed_etcd)."""
     if not managed_etcd.requested(job):
         return None
-    pods = await api.list_pods(namespace, etcd_selector(name))
+    pods = claimed(view_pods(await api.list_pods(namespace, etcd_selector(name))), job["metadata"].get("uid", ""))
     return ObservedEtcd(
-        pod=view_pod(pods[0]) if pods else None,
+        pod=pods[0] if pods else None,
         service_exists=await api.exists("Service", namespace, managed_etcd_name(name)))
 
 

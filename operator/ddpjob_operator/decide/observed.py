@@ -37,6 +37,7 @@ class PodView:
     index: int | None = None  # ddpjob.io/node-index; None when absent or malformed
     generation: int = 0  # ddpjob.io/rdzv-generation; pods made before generations existed are 0
     component: str = ""  # app.kubernetes.io/component: node, rdzv-store, etcd
+    controller_uid: str = ""  # uid of its controlling ownerReference ('' when none)
     phase: str = "Pending"  # status.phase; a pod without status is Pending (just created)
     created_at: datetime | None = None
     deletion_at: datetime | None = None  # metadata.deletionTimestamp: it is going away
@@ -109,6 +110,7 @@ def view_pod(pod: Pod) -> PodView:
     return PodView(
         name=meta.get("name") or "", uid=meta.get("uid") or "", index=_number(labels.get(C.LABEL_NODE_INDEX)),
         generation=_number(labels.get(C.LABEL_RDZV_GENERATION)) or 0, component=labels.get(C.LABEL_COMPONENT) or "",
+        controller_uid=_controller_uid(meta),
         phase=status.get("phase") or "Pending", created_at=parse_time(meta.get("creationTimestamp")),
         deletion_at=parse_time(meta.get("deletionTimestamp")), node_name=spec.get("nodeName") or "",
         ip=status.get("podIP") or "", ports=_ports(spec),
@@ -122,6 +124,18 @@ def view_pod(pod: Pod) -> PodView:
 
 def view_pods(pods: Iterable[Pod]) -> tuple[PodView, ...]:
     return tuple(view_pod(p) for p in pods)
+
+
+def claimed(pods: Iterable[PodView], owner_uid: str) -> tuple[PodView, ...]:
+    """The pods whose controller is the object with `owner_uid`. Labels alone claim nothing:
+    anyone who may create pods in the namespace can copy a job's labels, and such a pod would
+    otherwise be counted, polled for progress and deleted as if it were the job's own."""
+    return tuple(p for p in pods if p.controller_uid == owner_uid)
+
+
+def _controller_uid(meta: Mapping[str, Any]) -> str:
+    owners = meta.get("ownerReferences") or []
+    return next((o.get("uid") or "" for o in owners if isinstance(o, Mapping) and o.get("controller")), "")
 
 
 def _number(raw: Any) -> int | None:

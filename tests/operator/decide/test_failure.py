@@ -6,7 +6,7 @@ import pytest
 
 from ddpjob_operator.decide.failure import Outcome, classify, classify_pod
 from ddpjob_operator.decide.budget import starts_new_incident
-from ddpjob_operator.decide.observed import view_pod
+from ddpjob_operator.decide.observed import claimed, view_pod, view_pods
 from ddpjob_operator.decide.budget import backoff_seconds, budget_exhausted
 from tests.operator.builders import at, make_pod
 from ddpjob_sandbox.jobs import make_ddpjob
@@ -70,3 +70,15 @@ def test_failures_group_into_incidents(failed, started, incident, new):
     started_at = at(started) if started is not None else None
     incident_at = at(incident) if incident is not None else None
     assert starts_new_incident(at(failed), started_at, incident_at) is new
+
+
+def test_only_pods_the_job_controls_are_claimed():
+    job = make_ddpjob()
+    own, copied = make_pod(job, 0), make_pod(job, 1)
+    copied["metadata"]["ownerReferences"] = []  # the labels alone
+    other = make_pod(job, 2)
+    other["metadata"]["ownerReferences"][0]["uid"] = "uid-of-another-job"
+    not_controller = make_pod(job, 3)
+    not_controller["metadata"]["ownerReferences"][0]["controller"] = False
+    views = view_pods([own, copied, other, not_controller])
+    assert [p.name for p in claimed(views, job["metadata"]["uid"])] == ["mlp-node-0"]
