@@ -1,20 +1,13 @@
-"""A job's own single-member etcd (`spec.elasticPolicy.managedEtcd.enabled`): render and plan, pure.
+"""The plan of a job's own single-member etcd (`spec.elasticPolicy.managedEtcd.enabled`), pure.
 
-For jobs that want an etcd rendezvous (no node hosts the state, so losing any
-node replaces only that node) without an etcd to share. The operator runs pod
-and Service `<job>-etcd`, both owned by the job (garbage collection removes them
-with it), and points every node's PET_RDZV_ENDPOINT at the Service.
-
-The pod deliberately lacks the job-name label: node-pod listing, scaling and
-status never see it. handlers.py observes it by its own selector
-(`etcd_selector`) and passes what it saw to `plan_managed_etcd`, whose actions
-(plan.py's CreatePod/CreateService/DeletePod) kube.py executes like any other.
-
-Lifecycle: created with the job's first pass (the agents' etcd client retries
-for rdzv_conf read_timeout, 60 s, while it starts); a pod that failed or was
-evicted is deleted and created again (its emptyDir data, the rendezvous state,
-is gone, which torch's agents survive by rendezvousing again); deleted when the
-job finishes (it holds nothing worth keeping), the Service goes with the job.
+What the pod and Service look like, and why the pod lacks the job-name label, is in
+render/etcd_pod.py. Here: the controller observes them by their own selector and
+`plan_managed_etcd` returns the actions. Created with the job's first pass (the
+agents' etcd client retries for rdzv_conf read_timeout, 60 s, while it starts); a pod
+that failed or was evicted is deleted and created again (its emptyDir data, the
+rendezvous state, is gone, which torch's agents survive by rendezvousing again);
+deleted when the job finishes (it holds nothing worth keeping), the Service goes with
+the job.
 """
 
 from __future__ import annotations
