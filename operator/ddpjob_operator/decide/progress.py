@@ -23,6 +23,7 @@ dropped: it never stops a pass.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
@@ -36,34 +37,45 @@ from ddpjob_operator.decide.observed import PodView, RecordProblem
 SNAPSHOT_KEYS = ("epoch", "step", "time", "path")  # status.lastSnapshot (the contract's fields)
 
 
-def ingest(pods: Iterable[PodView], status: dict[str, Any],
-           live: Iterable[Mapping[str, Any] | RecordProblem] = ()) -> list[Event]:
-    """Update lastSnapshot and recovery from every record found (in the pods' termination
-    messages, and ``live`` ones read from running pods); idempotent per record. Records the
-    contract refused are left out; returns a Warning Event for each one not reported before."""
+@dataclass(frozen=True)
+class Ingested:
+    """What the records tell the status: fields to merge over it, and Warnings to post."""
+
+    changes: dict[str, Any]  # lastSnapshot, recovery, invalidProgressRecords
+    events: list[Event]
+
+
+def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
+           live: Iterable[Mapping[str, Any] | RecordProblem] = ()) -> Ingested:
+    """lastSnapshot and recovery from every record found (in the pods' termination messages,
+    and ``live`` ones read from running pods); idempotent per record. Records the contract
+    refused are left out, with a Warning Event for each one not reported before."""
     pods, live = list(pods), list(live)
     records = [r for pod in pods for r in pod.progress] + [r for r in live if not isinstance(r, RecordProblem)]
+    last = status.get("lastSnapshot")
     for record in records:
         snapshot = record.get("snapshot")
-        if isinstance(snapshot, Mapping) and newer_snapshot(snapshot, status.get("lastSnapshot")):
-            status["lastSnapshot"] = {k: snapshot[k] for k in SNAPSHOT_KEYS if snapshot.get(k) is not None}
+        if isinstance(snapshot, Mapping) and newer_snapshot(snapshot, last):
+            last = {k: snapshot[k] for k in SNAPSHOT_KEYS if snapshot.get(k) is not None}
     resumes = [r["resume"] for r in records if isinstance(r.get("resume"), Mapping)
                and parse_time(r["resume"].get("firstStepTime")) and parse_time(r["resume"].get("time"))]
+    recovery = dict(status.get("recovery") or {})
     for resume in sorted(resumes, key=lambda r: parse_time(r["time"])):
-        _take_resume(resume, status)
+        recovery = _with_resume(recovery, resume, status)
     problems = [RecordProblem.of(pod, C.SOURCE_TERMINATION_MESSAGE, invalid) for pod in pods
                 for invalid in pod.record_problems] + [p for p in live if isinstance(p, RecordProblem)]
-    return report_record_problems(pods, problems, status)
+    reported, events = record_problems(pods, problems, status.get("invalidProgressRecords"))
+    return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported}, events)
 
 
-def report_record_problems(pods: Iterable[PodView], problems: Iterable[RecordProblem],
-                           status: dict[str, Any]) -> list[Event]:
-    """A Warning Event for each refused record whose (pod, field) is not in
-    status.invalidProgressRecords yet, and that list updated: a termination message stays in
-    the pod and an endpoint is polled every pass, so without it each pass would warn again.
-    Entries of pods no longer observed are dropped."""
+def record_problems(pods: Iterable[PodView], problems: Iterable[RecordProblem],
+                    reported: Iterable[Mapping[str, Any]] | None) -> tuple[list[dict[str, Any]] | None, list[Event]]:
+    """status.invalidProgressRecords with the new problems, and a Warning Event for each refused
+    record whose (pod, field) is not listed yet: a termination message stays in the pod and an
+    endpoint is polled every pass, so without the list each pass would warn again. Entries of
+    pods no longer observed are dropped."""
     observed = {p.uid for p in pods}
-    kept = [e for e in status.get("invalidProgressRecords") or [] if e.get("podUID") in observed]
+    kept = [dict(e) for e in reported or [] if e.get("podUID") in observed]
     seen = {(e.get("podUID"), e.get("field")) for e in kept}
     events = []
     for problem in problems:
@@ -73,19 +85,18 @@ def report_record_problems(pods: Iterable[PodView], problems: Iterable[RecordPro
         kept.append({"pod": problem.pod, "podUID": problem.uid, "field": problem.invalid.field})
         events.append(Event(C.EVENT_WARNING, C.REASON_INVALID_PROGRESS_RECORD, C.MSG_INVALID_PROGRESS_RECORD.format(
             pod=problem.pod, source=problem.source, problem=problem.invalid.message)))
-    status["invalidProgressRecords"] = kept[-C.MAX_RECORD_PROBLEMS_KEPT:] or None
-    return events
+    return kept[-C.MAX_RECORD_PROBLEMS_KEPT:] or None, events
 
 
-def _take_resume(resume: Mapping[str, Any], status: dict[str, Any]) -> None:
-    """Count a run's lead time once. Runs are told apart by start time: every node of one run
-    starts before any node's first step (the first step is a collective), and a later run
-    starts after an earlier run's first step."""
-    recovery = dict(status.get("recovery") or {})
+def _with_resume(recovery: dict[str, Any], resume: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """`recovery` with a run's lead time counted once. Runs are told apart by start time: every
+    node of one run starts before any node's first step (the first step is a collective), and a
+    later run starts after an earlier run's first step."""
     last = recovery.get("lastResume") or {}
     started, first_step = parse_time(resume["time"]), parse_time(resume["firstStepTime"])
     if last and started <= parse_time(last["firstStepTime"]):
-        return
+        return recovery
+    recovery = dict(recovery)
     origin = parse_time(resume.get("fromSnapshotTime")) or parse_time(status.get("startTime"))
     if origin is not None and first_step > origin:
         recovery["lostSeconds"] = round(float(recovery.get("lostSeconds") or 0) + seconds_between(origin, first_step), 3)
@@ -94,33 +105,32 @@ def _take_resume(resume: Mapping[str, Any], status: dict[str, Any]) -> None:
         recovery["lastRecoverySeconds"] = round(seconds_between(failed, first_step), 3)
         recovery["recoveredFailureTime"] = status["lastFailureTime"]
     recovery["lastResume"] = {k: resume.get(k) for k in ("time", "firstStepTime", "fromStep")}
-    status["recovery"] = recovery
-
-
-# --- Restart budget by progress ----------------------------------------------------------
+    return recovery
 
 
 # --- status.failures ------------------------------------------------------------------------
 
-def note_failures(pods: Iterable[PodView], status: dict[str, Any], now: datetime,
-                  permanent_exit_codes: Iterable[int] = ()) -> list[tuple[PodView, Diagnosis]]:
-    """Add failed and disrupted pods not listed yet to status.failures (newest last, at most
-    C.MAX_FAILURES_KEPT); returns the new ones."""
-    new = []
+def noted_failures(pods: Iterable[PodView], failures: Iterable[Mapping[str, Any]] | None, now: datetime,
+                   permanent_exit_codes: Iterable[int] = ()
+                   ) -> tuple[list[dict[str, Any]] | None, list[tuple[PodView, Diagnosis]]]:
+    """status.failures with the failed and disrupted pods not listed yet (newest last, at most
+    C.MAX_FAILURES_KEPT; None while there is none), and the new ones."""
+    failures, new = [dict(f) for f in failures or []], []
     for pod in pods:
         diagnosis = diagnose_pod(pod, permanent_exit_codes) or diagnose_deleted(pod)
-        if diagnosis is not None and add_failure(status, pod, diagnosis, now):
+        if diagnosis is not None and (listed := with_failure(failures, pod, diagnosis, now)) is not None:
+            failures = listed
             new.append((pod, diagnosis))
-    return new
+    return failures or None, new
 
 
-def add_failure(status: dict[str, Any], pod: PodView, diagnosis: Diagnosis, now: datetime) -> bool:
-    """List `pod` in status.failures unless it is there already (by uid); True when added."""
-    failures = list(status.get("failures") or [])
+def with_failure(failures: Iterable[Mapping[str, Any]] | None, pod: PodView, diagnosis: Diagnosis,
+                 now: datetime) -> list[dict[str, Any]] | None:
+    """status.failures with `pod` listed; None when it is there already (by uid)."""
+    failures = [dict(f) for f in failures or []]
     if pod.uid in {f.get("podUID") for f in failures}:
-        return False
-    status["failures"] = (failures + [failure_entry(pod, diagnosis, now)])[-C.MAX_FAILURES_KEPT:]
-    return True
+        return None
+    return (failures + [failure_entry(pod, diagnosis, now)])[-C.MAX_FAILURES_KEPT:]
 
 
 def failure_entry(pod: PodView, diagnosis: Diagnosis, now: datetime) -> dict[str, Any]:

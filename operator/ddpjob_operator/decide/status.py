@@ -73,7 +73,8 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
     # Before failures: the failed pods' records tell whether training progressed.
-    record_events = progress.ingest(observed.pods, status, observed.live_progress)
+    ingested = progress.ingest(observed.pods, status, observed.live_progress)
+    status.update(ingested.changes)
     status.update(_counts(ref, spec, observed.node_pods))
     status["observedGeneration"] = ref.generation
     replicas = spec.desired_replicas if spec is not None else 0
@@ -89,6 +90,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         status["startTime"] = status.get("startTime") or format_time(now)
         noted = _note_failures(spec, observed.pods, status, now)  # every pod, the old generation's too
         restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
+        status.update(restart.changes if restart else {})
         groups = observed.of_generation(topology.generation_of(status), replicas)
         verdict = _active_verdict(spec, groups, status, now, prev.get("phase"))
         verdict.events[:0] = noted
@@ -97,7 +99,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     if spec is not None and not errors:
         status.update(_capacity_counts(spec, groups))
     update = _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
-    update.events.extend(record_events)
+    update.events.extend(ingested.events)
     if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
         _report_capacity(update, prev, spec, groups, now)
     return update
@@ -224,7 +226,9 @@ def _note_failures(spec: DDPJobSpec, pods: Iterable[PodView], status: dict[str, 
     """List every failed or disrupted pod in status.failures; a pod deleted under a
     DisruptionTarget before it failed (drained, preempted, its node lost) gets its only Event here."""
     events = []
-    for pod, diagnosis in progress.note_failures(pods, status, now, spec.failure_policy.permanent_exit_codes):
+    status["failures"], noted = progress.noted_failures(pods, status.get("failures"), now,
+                                                        spec.failure_policy.permanent_exit_codes)
+    for pod, diagnosis in noted:
         if pod.phase != "Failed":
             events.append(Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED, C.MSG_NODE_DISRUPTED.format(
                 what=f"node pod {pod.name} is being deleted ({diagnosis.reason or diagnosis.cause})")))
@@ -255,7 +259,9 @@ def _check_image_pull(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, An
         diagnosis = diagnose_image_pull(pod, now, timeout)
         if diagnosis is None:
             continue
-        progress.add_failure(status, pod, diagnosis, now)
+        listed = progress.with_failure(status.get("failures"), pod, diagnosis, now)
+        if listed is not None:  # else it is listed already
+            status["failures"] = listed
         invalid = diagnosis.reason in INVALID_IMAGE_REASONS
         verdict.phase, verdict.reason = C.PHASE_FAILED, C.REASON_IMAGE_PULL
         verdict.message = C.MSG_IMAGE_PULL.format(

@@ -78,15 +78,16 @@ def _loss(host: PodView | None, nodes: list[PodView], handled: set[str], who: st
 
 @dataclass(frozen=True)
 class GroupRestart:
-    """What a whole-group restart did to the status, for the Event and the phase."""
+    """A whole-group restart: its message, and the status fields it changes."""
 
     message: str
     counted: bool  # it used one restart of failurePolicy.maxRestarts
+    changes: dict[str, Any]  # rendezvousGeneration, handledFailures, and the ledger when counted
 
 
-def begin_group_restart(job: str, spec: DDPJobSpec, observed: Observed, status: dict[str, Any],
+def begin_group_restart(job: str, spec: DDPJobSpec, observed: Observed, status: Mapping[str, Any],
                         now: datetime) -> GroupRestart | None:
-    """Start a whole-group restart when the store was lost; updates `status` in place.
+    """A whole-group restart when the store was lost (None when none is due).
 
     Bumps rendezvousGeneration; counts one incident (unless the store was deleted or
     disrupted, which, like any disruption, does not use the budget, or the failure joins
@@ -107,15 +108,13 @@ def begin_group_restart(job: str, spec: DDPJobSpec, observed: Observed, status: 
         failed_at = min(loss.pod.finished_at or now, now)
         opened = open_incident(ledger_of(status), failed_at, loss.pod.created_at)
     counted = opened is not None
-    if counted:
-        status.update(ledger_fields(opened, status))
-    status["handledFailures"] = sorted(set(status.get("handledFailures") or []) | {
-        p.uid for p in observed.pods if p.phase == "Failed" and p.generation <= generation})
-    status["rendezvousGeneration"] = generation + 1
+    changes = {**(ledger_fields(opened, status) if counted else {}), "rendezvousGeneration": generation + 1,
+               "handledFailures": sorted(set(status.get("handledFailures") or []) | {
+                   p.uid for p in observed.pods if p.phase == "Failed" and p.generation <= generation})}
     # Whether this incident is charged is decided afterwards, from the failed pods' progress
     # records (budget.judge, in status.py); the message must not promise either way.
     budget = (f"one failure incident, charged to spec.failurePolicy.maxRestarts ({spec.failure_policy.max_restarts}) "
               "unless a newer snapshot was complete" if counted else "this does not use the restart budget")
     return GroupRestart(C.MSG_GROUP_RESTART.format(what=loss.what, generation=generation + 1, budget=budget),
-                        counted)
+                        counted, changes)
 
