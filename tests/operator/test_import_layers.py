@@ -29,7 +29,7 @@ IO_ONLY = ("kopf", "aiohttp", "prometheus_client", "kubernetes", "kubernetes_asy
 # (which never import one another), then the modules that compose policies into one pass.
 ROOM_TIERS = {
     "render": [{"common", "launch", "kueue"}, {"node_pod", "store_pod", "etcd_pod", "network_policy"}],
-    "decide": [{"actions", "observed", "failure", "budget"},
+    "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation"},
                {"capacity", "topology", "progress", "stuck", "managed_etcd"},
                {"plan", "status"}, {"reconcile"}],
 }

@@ -185,3 +185,14 @@ NETWORKING_API_VERSION = "networking.k8s.io/v1"  # apiVersion of the job's Netwo
 # The chart's app.kubernetes.io/name on the operator's pods: the default of --operator-pod-selector,
 # which picks who may read the trainers' progress port through the job's NetworkPolicy.
 OPERATOR_APP_NAME = "ddpjob-operator"
+
+# --- Creating a job's objects (decide/creation.py) ---------------------------------------
+COND_POD_CREATE_FAILED = "PodCreateFailed"  # True while the API refuses to create a pod or Service of the job
+REASON_POD_CREATE_FAILED = "PodCreateFailed"  # the Warning Event's reason; the condition's is the API's (Forbidden, ...)
+REASON_CREATES_SUCCEED = "CreateSucceeded"  # PodCreateFailed went False: creates succeed again
+REASON_API_UNREACHABLE = "NoAnswer"  # PodCreateFailed's reason when the API server did not answer at all
+MSG_POD_CREATE_FAILED = ("creating {kind} {name} failed ({answer}): {message}; "  # REASON_POD_CREATE_FAILED
+                         "the operator retries with a growing delay")
+MSG_CREATES_SUCCEED = "no create of the job's pods or Services is failing"  # REASON_CREATES_SUCCEED
+RULE_MAX_REPLICAS = "must be <= {limit}, the operator's --max-replicas setting"  # a FieldError rule (InvalidSpec)
+DEFAULT_MAX_REPLICAS = 1000  # --max-replicas: node pods one job may ask for (see docs/install.md)

@@ -26,8 +26,9 @@ from typing import Any, Iterable, Mapping
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
-from ddpjob_operator.decide import capacity, progress, topology
+from ddpjob_operator.decide import capacity, creation, progress, topology
 from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.conditions import condition_of, set_condition  # set_condition: callers import it here too
 from ddpjob_operator.decide.budget import (
     failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
 )
@@ -58,7 +59,8 @@ class _Verdict:
 
 def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
                    previous: Mapping[str, Any] | None, now: datetime, *,
-                   errors: Iterable[FieldError] = ()) -> StatusUpdate:
+                   errors: Iterable[FieldError] = (),
+                   create_failure: creation.CreateFailure | None = None) -> StatusUpdate:
     """The status after one observation.
 
     Args:
@@ -69,6 +71,8 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         previous: the status stored on the object (None or {} for a new job).
         now: the current time (tests pass a fixed clock).
         errors: validation errors of the spec; non-empty means InvalidSpec.
+        create_failure: the last create the API refused (None: the last creates succeeded),
+            reported as the PodCreateFailed condition (creation.py).
     """
     prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
@@ -100,6 +104,8 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     update.events.extend(record_events)
     if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
         _report_capacity(update, prev, spec, groups, now)
+    if status.get("phase") not in C.FINISHED_PHASES:
+        _report_creation(update, prev, create_failure, now)
     return update
 
 
@@ -160,6 +166,16 @@ def _report_capacity(update: StatusUpdate, prev: Mapping[str, Any], spec: DDPJob
         update.status["conditions"] = set_condition(conditions, C.COND_NODES_UNSCHEDULABLE, "False",
                                                     C.REASON_SCHEDULED, C.MSG_SCHEDULED, now_s)
         update.events.append(Event(C.EVENT_NORMAL, C.REASON_SCHEDULED, C.MSG_SCHEDULED))
+
+
+def _report_creation(update: StatusUpdate, prev: Mapping[str, Any], failure: creation.CreateFailure | None,
+                     now: datetime) -> None:
+    """The PodCreateFailed condition and its Events, as creation.py decides them."""
+    change = creation.create_failed_condition(failure, condition_of(prev.get("conditions"), C.COND_POD_CREATE_FAILED))
+    if change is not None:
+        update.status["conditions"] = set_condition(update.status.get("conditions") or [], C.COND_POD_CREATE_FAILED,
+                                                    change.status, change.reason, change.message, format_time(now))
+        update.events.extend(change.events)
 
 
 def _invalid(errors: list[FieldError]) -> _Verdict:
@@ -329,24 +345,6 @@ def _running_or_pending(spec: DDPJobSpec, current: list[Mapping[str, Any]],
 
 
 # --- Conditions and events -----------------------------------------------------
-
-def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str,
-                  message: str, now: str) -> list[dict[str, Any]]:
-    """Conditions with `type_` set; lastTransitionTime moves only when the status flips."""
-    result, found = [], False
-    for cond in conditions:
-        if cond.get("type") != type_:
-            result.append(cond)
-            continue
-        found = True
-        moved = cond.get("status") != status
-        result.append({"type": type_, "status": status, "reason": reason, "message": message,
-                       "lastTransitionTime": now if moved else cond.get("lastTransitionTime", now)})
-    if not found:
-        result.append({"type": type_, "status": status, "reason": reason, "message": message,
-                       "lastTransitionTime": now})
-    return result
-
 
 def _conditions(prev: Mapping[str, Any], verdict: _Verdict, now: str, invalid: bool) -> list[dict[str, Any]]:
     conditions = [dict(c) for c in prev.get("conditions") or []]
