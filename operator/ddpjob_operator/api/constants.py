@@ -115,6 +115,8 @@ MSG_SUCCEEDED = "training finished: {count} node pod(s) exited 0"  # REASON_SUCC
 MSG_FINISHING = "training finishing: {done} of {total} node pods exited 0"  # REASON_RUNNING, after a success
 MSG_SUSPENDED = "spec.runPolicy.suspend is true: node pods are deleted until it is false"  # REASON_SUSPENDED
 MSG_SPEC_VALID = "the spec is valid"  # REASON_SPEC_VALID
+MSG_INVALID_KEPT = ("{errors}; the job goes on with its last valid spec "  # REASON_INVALID_SPEC, a running job
+                    "(generation {generation}) until the spec is fixed")
 
 # Event types (the two Kubernetes knows).
 EVENT_NORMAL = "Normal"  # routine progress

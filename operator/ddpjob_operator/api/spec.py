@@ -1239,7 +1239,8 @@ def parse_job(body: Mapping[str, Any]) -> tuple[JobRef, DDPJobSpec]:
 class Condition(_Model):
     """A Kubernetes-style condition."""
 
-    type: str = Field(description="Running, Restarting, Succeeded, Failed, Suspended or InvalidSpec.")
+    type: str = Field(description=("Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, "
+                                   "NodesUnschedulable or PodCreateFailed."))
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: str = Field("", description="CamelCase reason of the last transition.")
     message: str = Field("", description="Human-readable details.")
@@ -1316,6 +1317,14 @@ class Recovery(_Model):
         "status.lastSnapshot when the last incident was judged; a newer one means progress."))
 
 
+class LastValid(_Model):
+    """The newest valid spec (status.lastValid): what a job runs with after an invalid edit."""
+
+    generation: int | None = Field(None, description="metadata.generation of that spec.")
+    spec: KubeObject = Field(default_factory=dict, description=(
+        "The spec as it was then; not kept when its JSON is over 64 KiB."))
+
+
 class DDPJobStatus(_Model):
     """Observed state of a DDPJob, written by the operator."""
 
@@ -1362,3 +1371,6 @@ class DDPJobStatus(_Model):
     invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
         "Progress records the contract refused, one per pod and field (each reported once in an "
         "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))
+    last_valid: LastValid | None = Field(None, description=(
+        "The newest valid spec. After an edit the operator cannot accept (condition InvalidSpec) "
+        "the job goes on with it: failed pods are replaced from it and its deadline holds."))
