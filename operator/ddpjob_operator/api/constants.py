@@ -179,6 +179,8 @@ MSG_IMAGE_INVALID = "the image name can never be pulled: fix spec.image"
 MSG_INVALID_PROGRESS_RECORD = ("node pod {pod}: ignored the progress record in its {source}: "  # REASON_INVALID_PROGRESS_RECORD
                                "{problem}")
 MSG_DO_NOT_RETRY = "{what}; its trainer raised DoNotRetry ({reason}): not retried"  # the trainer's own reason
+MSG_LOG_TAIL_HIDDEN = ("the trainer's log tail is not copied here (spec.failurePolicy.includeLogTail "  # a failure message
+                       "is false): see the pod's logs")
 MSG_FORCE_DELETED = ("node pod {pod} was stuck terminating for {seconds:.0f}s on node {node} ({node_state}); "  # REASON_FORCE_DELETED
                      "force-deleted after spec.failurePolicy.forceDeleteTerminatingAfterSeconds ({timeout}s)")
 

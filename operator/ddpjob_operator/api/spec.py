@@ -483,6 +483,11 @@ class FailurePolicy(_Model):
     force_delete_terminating_after_seconds: int | None = Field(60, ge=0, description=(
         "Force-delete (grace period 0) a node pod still terminating this long after its deletion "
         "deadline when its node is NotReady or gone, so its replacement can start; null: never."))
+    # Off by default: a log tail may hold secrets, and readers of DDPJobs need not be allowed pods/log.
+    include_log_tail: bool = Field(False, description=(
+        "Copy the end of a failed trainer's log (its termination message under FallbackToLogsOnError, "
+        "when it wrote no progress record) into status.failures and Events. Off: they say to see the "
+        "pod's logs, which only those allowed pods/log can read."))
 
 
 class RunPolicy(_Model):
@@ -1280,7 +1285,8 @@ class NodeFailure(_Model):
     reason: str | None = Field(None, description=(
         "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
     message: str | None = Field(None, description=(
-        "The trainer's error from its progress record, else the termination message (log tail), shortened."))
+        "The trainer's error from its progress record, else the end of its log when "
+        "failurePolicy.includeLogTail is true, shortened."))
     time: str | None = Field(None, description="When the container finished (or the failure was seen).",
                              json_schema_extra={"format": "date-time"})
 

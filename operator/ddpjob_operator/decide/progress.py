@@ -103,12 +103,14 @@ def _take_resume(resume: Mapping[str, Any], status: dict[str, Any]) -> None:
 # --- status.failures ------------------------------------------------------------------------
 
 def note_failures(pods: Iterable[PodView], status: dict[str, Any], now: datetime,
-                  permanent_exit_codes: Iterable[int] = ()) -> list[tuple[PodView, Diagnosis]]:
+                  permanent_exit_codes: Iterable[int] = (), *,
+                  include_log_tail: bool = False) -> list[tuple[PodView, Diagnosis]]:
     """Add failed and disrupted pods not listed yet to status.failures (newest last, at most
-    C.MAX_FAILURES_KEPT); returns the new ones."""
+    C.MAX_FAILURES_KEPT); returns the new ones. ``include_log_tail``: failurePolicy.includeLogTail."""
     new = []
     for pod in pods:
-        diagnosis = diagnose_pod(pod, permanent_exit_codes) or diagnose_deleted(pod)
+        diagnosis = (diagnose_pod(pod, permanent_exit_codes, include_log_tail=include_log_tail)
+                     or diagnose_deleted(pod, include_log_tail=include_log_tail))
         if diagnosis is not None and add_failure(status, pod, diagnosis, now):
             new.append((pod, diagnosis))
     return new

@@ -240,7 +240,9 @@ def _note_failures(spec: DDPJobSpec, pods: Iterable[PodView], status: dict[str, 
     """List every failed or disrupted pod in status.failures; a pod deleted under a
     DisruptionTarget before it failed (drained, preempted, its node lost) gets its only Event here."""
     events = []
-    for pod, diagnosis in progress.note_failures(pods, status, now, spec.failure_policy.permanent_exit_codes):
+    fp = spec.failure_policy
+    for pod, diagnosis in progress.note_failures(pods, status, now, fp.permanent_exit_codes,
+                                                 include_log_tail=fp.include_log_tail):
         if pod.phase != "Failed":
             events.append(Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED, C.MSG_NODE_DISRUPTED.format(
                 what=f"node pod {pod.name} is being deleted ({diagnosis.reason or diagnosis.cause})")))
@@ -281,7 +283,8 @@ def _check_image_pull(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, An
 
 
 def _describe(pod: PodView, spec: DDPJobSpec | None = None) -> str:
-    diagnosis = diagnose_pod(pod, spec.failure_policy.permanent_exit_codes if spec else ())
+    diagnosis = diagnose_pod(pod, spec.failure_policy.permanent_exit_codes if spec else (),
+                             include_log_tail=bool(spec and spec.failure_policy.include_log_tail))
     detail = f": {diagnosis.message}" if diagnosis and diagnosis.message else ""
     return describe_exit(f"node pod {pod.name}", pod.exit_code, pod.reason) + detail
 
