@@ -85,7 +85,7 @@ def test_default_install_runs_standalone_cluster_wide_without_metrics():
     assert main["command"] == ["python", "-m", "ddpjob_operator"]
     assert main["args"] == ["--standalone", "--liveness-port=8080", f"--operator-namespace={NAMESPACE}",
                             f"--operator-pod-selector=app.kubernetes.io/name=ddpjob-operator,"
-                            f"app.kubernetes.io/instance={RELEASE}", "--metrics-port=0", "--max-replicas=1000"]
+                            f"app.kubernetes.io/instance={RELEASE}", "--metrics-port=0", "--max-replicas=500"]
     assert main["image"] == "ghcr.io/ddpjob/operator:0.1.0"
 
 

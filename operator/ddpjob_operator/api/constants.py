@@ -199,4 +199,6 @@ MSG_POD_CREATE_FAILED = ("creating {kind} {name} failed ({answer}): {message}; "
                          "the operator retries with a growing delay")
 MSG_CREATES_SUCCEED = "no create of the job's pods or Services is failing"  # REASON_CREATES_SUCCEED
 RULE_MAX_REPLICAS = "must be <= {limit}, the operator's --max-replicas setting"  # a FieldError rule (InvalidSpec)
-DEFAULT_MAX_REPLICAS = 1000  # --max-replicas: node pods one job may ask for (see docs/install.md)
+# --max-replicas: node pods one job may ask for; half the CRD's fixed spec.MAX_REPLICAS (1000), so a
+# dozen of the largest jobs can be reconciled at once within the chart's 256Mi (see docs/install.md).
+DEFAULT_MAX_REPLICAS = 500

@@ -23,6 +23,7 @@ from pathlib import Path
 import kopf
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.spec import MAX_REPLICAS
 from ddpjob_operator.controller import metrics
 from ddpjob_operator.render.network_policy import OperatorPeer
 
@@ -68,8 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.progress_poll_seconds < 0:
         parser.error(f"--progress-poll-seconds ({args.progress_poll_seconds}) must be 0 (off) or more")
-    if args.max_replicas < 1:
-        parser.error(f"--max-replicas ({args.max_replicas}) must be >= 1")
+    if not 1 <= args.max_replicas <= MAX_REPLICAS:
+        parser.error(f"--max-replicas ({args.max_replicas}) must be 1..{MAX_REPLICAS}, the CRD's own maximum")
     if args.priority is not None and args.peering is None:
         parser.error("--priority only matters with --peering NAME: a standalone operator has no peers to rank against")
     for port_flag in ("liveness_port", "metrics_port"):

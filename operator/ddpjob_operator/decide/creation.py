@@ -1,9 +1,10 @@
 """Creating a job's objects: bounded work per pass, and refusals a person can see (pure).
 
-* The operator's own cap on replicas (``ddpjob-operator --max-replicas``): each pass lists
-  every node pod of a job and the plan renders the missing ones, so a job's size is the
-  operator's memory; a job above the cap is refused like an invalid spec (InvalidSpec names
-  the field, its value and the setting) before anything is rendered.
+* The operator's own cap on replicas (``ddpjob-operator --max-replicas``), at most the CRD's
+  fixed maximum (api.spec.MAX_REPLICAS): each pass lists every node pod of a job and the plan
+  renders the missing ones, so a job's size is the operator's memory; a job above the cap is
+  refused like an invalid spec (InvalidSpec names the field, its value and the setting) before
+  anything is rendered.
 * At most MAX_CREATES_PER_PASS node pods are created per pass; the rest come in the next
   passes (each created pod's event starts one, and a short requeue backs that up).
 * A create the API refuses (403 quota, 422 invalid pod, ...) is learned only after the pass
@@ -108,9 +109,9 @@ def condition_reason(failure: CreateFailure) -> str:
 def replica_limit_errors(body_spec: Mapping[str, Any] | None, limit: int | None) -> list[FieldError]:
     """The replica fields above the operator's --max-replicas (None: no cap), as FieldErrors.
 
-    The raw fields are read, before the spec is parsed or any pod rendered: a cap that guards
-    the operator's memory must not cost it. elasticPolicy.maxReplicas defaults to the larger of
-    replicas and minReplicas, so checking the three fields as written covers the defaults.
+    Checked on a spec that passed its own rules (a value above the CRD's maximum is reported by
+    those, once). The fields are read as written: elasticPolicy.maxReplicas defaults to the larger
+    of replicas and minReplicas, so the three fields cover the defaults.
     """
     if limit is None:
         return []

@@ -48,7 +48,7 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
         max_replicas: the operator's --max-replicas (None: no cap); a job above it is invalid.
     """
     ref = JobRef.from_body(body)
-    errors = replica_limit_errors(body.get("spec"), max_replicas) + validate_job(body)
+    errors = validate_job(body) or replica_limit_errors(body.get("spec"), max_replicas)
     spec = last_valid.kept_spec(body, max_replicas) if errors else DDPJobSpec.model_validate(body.get("spec") or {})
     kept = bool(errors) and spec is not None
     update = compute_status(ref, spec, observed, body.get("status"), now, errors=[] if kept else errors,

@@ -101,17 +101,23 @@ def test_a_long_api_message_is_cut_in_the_condition():
 
 
 @pytest.mark.parametrize("fields, path, value", [
-    ({"replicas": 100000}, "spec.replicas", 100000),
-    ({"replicas": 2, "max_replicas": 5000}, "spec.elasticPolicy.maxReplicas", 5000),
-    ({"replicas": None, "min_replicas": 1001}, "spec.elasticPolicy.minReplicas", 1001),
+    ({"replicas": 100}, "spec.replicas", 100),
+    ({"replicas": 2, "max_replicas": 200}, "spec.elasticPolicy.maxReplicas", 200),
+    ({"replicas": None, "min_replicas": 65}, "spec.elasticPolicy.minReplicas", 65),
 ])
 def test_a_job_above_the_operators_max_replicas_is_invalid_and_nothing_is_rendered(fields, path, value):
     job = make_ddpjob(**fields)
-    result = step(job, [], 0, max_replicas=1000)
-    message = f"{path} ({value}) must be <= 1000, the operator's --max-replicas setting"
+    result = step(job, [], 0, max_replicas=64)
+    message = f"{path} ({value}) must be <= 64, the operator's --max-replicas setting"
     invalid = next(c for c in result.status["conditions"] if c["type"] == C.COND_INVALID_SPEC)
     assert (invalid["status"], invalid["message"]) == ("True", message)
     assert result.actions == [] and Event("Warning", "InvalidSpec", message) in result.events
+
+
+def test_a_job_above_the_crds_maximum_is_reported_by_that_rule_alone():
+    result = step(make_ddpjob(replicas=100000), [], 0, max_replicas=64)
+    invalid = next(c for c in result.status["conditions"] if c["type"] == C.COND_INVALID_SPEC)
+    assert invalid["message"] == "spec.replicas (100000) must be <= 1000"
 
 
 def test_a_job_at_the_operators_max_replicas_is_created():

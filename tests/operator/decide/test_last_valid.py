@@ -90,12 +90,12 @@ def test_the_invalid_spec_event_comes_once_and_a_fix_clears_the_condition_and_re
 
 def test_an_edit_above_the_operators_max_replicas_keeps_the_job_at_its_old_size():
     job, pods = running_job()
-    edit(job, replicas=5000, elasticPolicy={"rdzvStore": "node", "maxReplicas": 5000})
-    result = step(job, pods, 10, max_replicas=1000)
+    edit(job, replicas=600, elasticPolicy={"rdzvStore": "node", "maxReplicas": 600})
+    result = step(job, pods, 10, max_replicas=500)
     assert not [a for a in result.actions if isinstance(a, CreatePod)] and job["status"]["phase"] == C.PHASE_RUNNING
     assert invalid_spec(job)["message"].startswith(
-        "spec.replicas (5000) must be <= 1000, the operator's --max-replicas setting; "
-        "spec.elasticPolicy.maxReplicas (5000) must be <= 1000")
+        "spec.replicas (600) must be <= 500, the operator's --max-replicas setting; "
+        "spec.elasticPolicy.maxReplicas (600) must be <= 500")
 
 
 def test_a_job_that_was_never_valid_has_nothing_to_fall_back_on():
