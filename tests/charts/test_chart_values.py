@@ -72,6 +72,8 @@ def test_schema_accepts_the_default_values():
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     ({"livenessPort": 0}, "/livenessPort"),
+    ({"maxReplicas": 0}, "/maxReplicas"),
+    ({"maxReplicas": 1001}, "/maxReplicas"),
 ])
 def test_schema_rejects_typos_and_bad_values_naming_the_key(values, message):
     with pytest.raises(helm.HelmValuesError) as raised:

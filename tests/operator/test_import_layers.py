@@ -29,8 +29,8 @@ IO_ONLY = ("kopf", "aiohttp", "prometheus_client", "kubernetes", "kubernetes_asy
 # (which never import one another), then the modules that compose policies into one pass.
 ROOM_TIERS = {
     "render": [{"common", "launch", "kueue"}, {"node_pod", "store_pod", "etcd_pod", "network_policy"}],
-    "decide": [{"actions", "observed", "failure", "budget"},
-               {"capacity", "topology", "progress", "stuck", "managed_etcd"},
+    "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation"},
+               {"capacity", "topology", "progress", "stuck", "managed_etcd", "last_valid"},
                {"plan", "status"}, {"reconcile"}],
 }
 LONGEST_CHAIN_ALLOWED = 9  # modules on the longest import chain inside the package (14 before the rooms)

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 from ddpjob_sandbox.client import ApiError
+from ddpjob_sandbox.emulator import Refusal, quota_refusal
 
 
 def job(name="mlp", replicas=2, **metadata):
@@ -76,6 +77,24 @@ def test_duplicate_create_is_409_already_exists(k8s):
     with pytest.raises(ApiError) as error:
         k8s.create("pods", pod("p0"))
     assert (error.value.status, error.value.body["reason"]) == (409, "AlreadyExists")
+
+
+def test_refused_creates_answer_as_admission_would_and_every_create_is_counted(cluster, k8s):
+    cluster.emulator.refuse_creates("pods", k8s.namespace, quota_refusal("gpu-quota", used=2, limit=2))
+    with pytest.raises(ApiError) as error:
+        k8s.create("pods", pod("p0"))
+    assert (error.value.status, error.value.body["reason"], error.value.body["message"]) == (
+        403, "Forbidden", 'pods "p0" is forbidden: exceeded quota: gpu-quota, requested: pods=1, used: pods=2, '
+                          "limited: pods=2")
+    k8s.create("services", {"metadata": {"name": "s0"}})  # other kinds are not refused
+    cluster.emulator.refuse_creates("pods", k8s.namespace, Refusal(429, "TooManyRequests", "slow down", retry_after=7))
+    with pytest.raises(ApiError) as error:
+        k8s.create("pods", pod("p0"))
+    assert (error.value.status, error.value.body["details"]["retryAfterSeconds"]) == (429, 7)
+    cluster.emulator.allow_creates("pods", k8s.namespace)
+    k8s.create("pods", pod("p0"))
+    assert cluster.emulator.create_attempts[("pods", k8s.namespace)] == 3
+    assert k8s.find("pods", "p0") is not None
 
 
 def test_create_after_delete_reuses_the_name_with_a_new_uid(k8s):

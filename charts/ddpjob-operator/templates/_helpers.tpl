@@ -89,6 +89,7 @@ Operator command-line flags, one list item per line. Mirrors
 - --operator-namespace={{ .Release.Namespace }}
 - --operator-pod-selector=app.kubernetes.io/name={{ include "ddpjob-operator.name" . }},app.kubernetes.io/instance={{ .Release.Name }}
 - --metrics-port={{ ternary .Values.metrics.port 0 .Values.metrics.enabled }}
+- --max-replicas={{ .Values.maxReplicas }}
 {{- if .Values.verbose }}
 - --verbose
 {{- end }}

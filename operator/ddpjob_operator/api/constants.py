@@ -115,6 +115,8 @@ MSG_SUCCEEDED = "training finished: {count} node pod(s) exited 0"  # REASON_SUCC
 MSG_FINISHING = "training finishing: {done} of {total} node pods exited 0"  # REASON_RUNNING, after a success
 MSG_SUSPENDED = "spec.runPolicy.suspend is true: node pods are deleted until it is false"  # REASON_SUSPENDED
 MSG_SPEC_VALID = "the spec is valid"  # REASON_SPEC_VALID
+MSG_INVALID_KEPT = ("{errors}; the job goes on with its last valid spec "  # REASON_INVALID_SPEC, a running job
+                    "(generation {generation}) until the spec is fixed")
 
 # Event types (the two Kubernetes knows).
 EVENT_NORMAL = "Normal"  # routine progress
@@ -177,6 +179,8 @@ MSG_IMAGE_INVALID = "the image name can never be pulled: fix spec.image"
 MSG_INVALID_PROGRESS_RECORD = ("node pod {pod}: ignored the progress record in its {source}: "  # REASON_INVALID_PROGRESS_RECORD
                                "{problem}")
 MSG_DO_NOT_RETRY = "{what}; its trainer raised DoNotRetry ({reason}): not retried"  # the trainer's own reason
+MSG_LOG_TAIL_HIDDEN = ("the trainer's log tail is not copied here (spec.failurePolicy.includeLogTail "  # a failure message
+                       "is false): see the pod's logs")
 MSG_FORCE_DELETED = ("node pod {pod} was stuck terminating for {seconds:.0f}s on node {node} ({node_state}); "  # REASON_FORCE_DELETED
                      "force-deleted after spec.failurePolicy.forceDeleteTerminatingAfterSeconds ({timeout}s)")
 
@@ -185,3 +189,16 @@ NETWORKING_API_VERSION = "networking.k8s.io/v1"  # apiVersion of the job's Netwo
 # The chart's app.kubernetes.io/name on the operator's pods: the default of --operator-pod-selector,
 # which picks who may read the trainers' progress port through the job's NetworkPolicy.
 OPERATOR_APP_NAME = "ddpjob-operator"
+
+# --- Creating a job's objects (decide/creation.py) ---------------------------------------
+COND_POD_CREATE_FAILED = "PodCreateFailed"  # True while the API refuses to create a pod or Service of the job
+REASON_POD_CREATE_FAILED = "PodCreateFailed"  # the Warning Event's reason; the condition's is the API's (Forbidden, ...)
+REASON_CREATES_SUCCEED = "CreateSucceeded"  # PodCreateFailed went False: creates succeed again
+REASON_API_UNREACHABLE = "NoAnswer"  # PodCreateFailed's reason when the API server did not answer at all
+MSG_POD_CREATE_FAILED = ("creating {kind} {name} failed ({answer}): {message}; "  # REASON_POD_CREATE_FAILED
+                         "the operator retries with a growing delay")
+MSG_CREATES_SUCCEED = "no create of the job's pods or Services is failing"  # REASON_CREATES_SUCCEED
+RULE_MAX_REPLICAS = "must be <= {limit}, the operator's --max-replicas setting"  # a FieldError rule (InvalidSpec)
+# --max-replicas: node pods one job may ask for; half the CRD's fixed spec.MAX_REPLICAS (1000), so a
+# dozen of the largest jobs can be reconciled at once within the chart's 256Mi (see docs/install.md).
+DEFAULT_MAX_REPLICAS = 500

@@ -483,6 +483,11 @@ class FailurePolicy(_Model):
     force_delete_terminating_after_seconds: int | None = Field(60, ge=0, description=(
         "Force-delete (grace period 0) a node pod still terminating this long after its deletion "
         "deadline when its node is NotReady or gone, so its replacement can start; null: never."))
+    # Off by default: a log tail may hold secrets, and readers of DDPJobs need not be allowed pods/log.
+    include_log_tail: bool = Field(False, description=(
+        "Copy the end of a failed trainer's log (its termination message under FallbackToLogsOnError, "
+        "when it wrote no progress record) into status.failures and Events. Off: they say to see the "
+        "pod's logs, which only those allowed pods/log can read."))
 
 
 class RunPolicy(_Model):
@@ -1239,7 +1244,8 @@ def parse_job(body: Mapping[str, Any]) -> tuple[JobRef, DDPJobSpec]:
 class Condition(_Model):
     """A Kubernetes-style condition."""
 
-    type: str = Field(description="Running, Restarting, Succeeded, Failed, Suspended or InvalidSpec.")
+    type: str = Field(description=("Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, "
+                                   "NodesUnschedulable or PodCreateFailed."))
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: str = Field("", description="CamelCase reason of the last transition.")
     message: str = Field("", description="Human-readable details.")
@@ -1279,7 +1285,8 @@ class NodeFailure(_Model):
     reason: str | None = Field(None, description=(
         "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
     message: str | None = Field(None, description=(
-        "The trainer's error from its progress record, else the termination message (log tail), shortened."))
+        "The trainer's error from its progress record, else the end of its log when "
+        "failurePolicy.includeLogTail is true, shortened."))
     time: str | None = Field(None, description="When the container finished (or the failure was seen).",
                              json_schema_extra={"format": "date-time"})
 
@@ -1314,6 +1321,14 @@ class Recovery(_Model):
     accounted_restarts: int | None = Field(None, description="Incidents already judged for progress (bookkeeping).")
     snapshot_at_last_failure: SnapshotMark | None = Field(None, description=(
         "status.lastSnapshot when the last incident was judged; a newer one means progress."))
+
+
+class LastValid(_Model):
+    """The newest valid spec (status.lastValid): what a job runs with after an invalid edit."""
+
+    generation: int | None = Field(None, description="metadata.generation of that spec.")
+    spec: KubeObject = Field(default_factory=dict, description=(
+        "The spec as it was then; not kept when its JSON is over 64 KiB."))
 
 
 class DDPJobStatus(_Model):
@@ -1362,3 +1377,6 @@ class DDPJobStatus(_Model):
     invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
         "Progress records the contract refused, one per pod and field (each reported once in an "
         "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))
+    last_valid: LastValid | None = Field(None, description=(
+        "The newest valid spec. After an edit the operator cannot accept (condition InvalidSpec) "
+        "the job goes on with it: failed pods are replaced from it and its deadline holds."))

@@ -7,7 +7,9 @@ A pass only observes and applies; every decision is made by the pure ``decide.re
    the failure bookkeeping in the status is never older than our own last write);
 2. writes the status once, when it changed, *before* acting, so a failure that is about to be
    replaced is counted durably even if the operator dies right after;
-3. executes the actions (create-or-skip, delete-or-skip);
+3. executes the actions (create-or-skip, delete-or-skip); creates go in waves of 1, 2, 4, ...
+   that stop at the first refusal, and a refused create is kept for the next pass, which
+   reports it (PodCreateFailed), while the job's creates back off (backoff.CreateRetries);
 4. posts the Events the status computation returned (only when something changed).
 
 After a pass that left an etcd-v3 job finished, its rendezvous keys are deleted (etcd_cleanup);
@@ -19,6 +21,8 @@ Passes of one job never overlap (one lock per job), and pod events are coalesced
 job creating 8 pods is reconciled a couple of times, not 8. kopf cannot retry watch-event
 handlers, so a planned requeue (backoff end, deadline, TTL) is an in-memory timer; a restarted
 operator re-plans every job from its ``@kopf.on.resume`` handler, so nothing is lost with it.
+A failed pass is retried after a delay that doubles per failure in a row, per job
+(backoff.Backoff), whether kopf retries it or a timer does.
 """
 from __future__ import annotations
 
@@ -33,9 +37,11 @@ import kopf
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metrics
+from ddpjob_operator.controller.backoff import Backoff, CreateRetries
 from ddpjob_operator.decide import managed_etcd, stuck
 from ddpjob_operator.api.names import managed_etcd_name, network_policy_name
 from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.decide.creation import CreateFailure
 from ddpjob_operator.decide.observed import Observed, ObservedEtcd, PodView, claimed, view_pods
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render.etcd_pod import etcd_selector
@@ -46,7 +52,6 @@ logger = logging.getLogger("ddpjob_operator")
 
 COALESCE_SECONDS = 0.05  # pod events closer together than this share one pass
 POLLED_PHASES = (C.PHASE_RUNNING, C.PHASE_RESTARTING)  # phases whose pods train: their progress endpoints are read
-ERROR_RETRY_SECONDS = 2.0  # a pass started by a pod event that failed is tried again after this
 
 JobKey = tuple[str, str]  # (namespace, name)
 
@@ -60,20 +65,41 @@ class PassOutcome:
     gone: bool = False  # the job was deleted: drop its timers and lock
 
 
+@dataclasses.dataclass(frozen=True)
+class PassSettings:
+    """The operator's flags (main.py) that a pass needs."""
+
+    progress_poll: float = C.PROGRESS_POLL_SECONDS  # --progress-poll-seconds (0: never)
+    operator: network_policy.OperatorPeer = network_policy.OperatorPeer()  # --operator-pod-selector/-namespace
+    max_replicas: int | None = C.DEFAULT_MAX_REPLICAS  # --max-replicas (None: no cap)
+
+
 class JobPasses:
     """Serialises, coalesces and schedules the passes of each job."""
 
-    def __init__(self, run: Callable[[JobKey], Awaitable[PassOutcome]]):
+    def __init__(self, run: Callable[[JobKey], Awaitable[PassOutcome]], errors: Backoff | None = None):
         self._run = run
+        self.errors = errors or Backoff()  # failed passes in a row, per job
         self._locks: dict[JobKey, asyncio.Lock] = {}
         self._queued: set[JobKey] = set()
         self._timers: dict[JobKey, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task] = set()
 
     async def run_now(self, key: JobKey) -> PassOutcome:
-        """One pass, awaited, so that kopf sees its errors (and retries TemporaryError)."""
+        """One pass, awaited, so that kopf sees its errors.
+
+        Raises:
+            kopf.TemporaryError: the pass failed; its delay doubles with each failure in a row
+                of this job (and honours a Retry-After), so kopf's retry backs off.
+        """
         async with self._locks.setdefault(key, asyncio.Lock()):
-            outcome = await self._run(key)
+            try:
+                outcome = await self._run(key)
+            except Exception as e:
+                delay = self.errors.failed(key, getattr(e, "retry_after", None))
+                raise kopf.TemporaryError(f"{e} (failure {self.errors.failures(key)} in a row, retrying in "
+                                          f"{delay:.0f}s)", delay=delay) from e
+        self.errors.succeeded(key)
         if outcome.gone:
             self.forget(key)
         else:
@@ -112,27 +138,34 @@ class JobPasses:
     async def _poked(self, key: JobKey) -> None:
         await asyncio.sleep(COALESCE_SECONDS)
         self._queued.discard(key)
+        waiting = self.errors.remaining(key)
+        if waiting > 0:  # the job's last pass failed: events meanwhile wait for its retry
+            self.schedule(key, waiting)
+            return
         try:
             await self.run_now(key)
-        except Exception as e:  # nobody awaits a poked pass: log it and try again later
-            logger.warning("Reconciling %s/%s failed, retrying in %s s: %s", *key, ERROR_RETRY_SECONDS, e)
-            self.schedule(key, ERROR_RETRY_SECONDS)
+        except kopf.TemporaryError as e:  # nobody awaits a poked pass: log it and try again later
+            logger.warning("Reconciling %s/%s failed: %s", *key, e)
+            self.schedule(key, e.delay)
 
 
 async def run_pass(api: kube.Kube, key: JobKey,
                    cleaner: etcd_cleanup.RendezvousCleaner | None = None,
-                   progress_poll: float = C.PROGRESS_POLL_SECONDS,
-                   operator: network_policy.OperatorPeer = network_policy.OperatorPeer()) -> PassOutcome:
+                   settings: PassSettings = PassSettings(), creates: CreateRetries | None = None) -> PassOutcome:
     """One pass over one job; a finished etcd-v3 job's rendezvous keys are deleted after it.
 
     While the job runs, the pass reads one node's progress endpoint (live_progress) and
-    comes back every ``progress_poll`` seconds (0: never) to read it again.
+    comes back every ``settings.progress_poll`` seconds (0: never) to read it again.
+    ``creates`` keeps the job's last refused create and its backoff from pass to pass.
     """
     namespace, name = key
+    creates = creates if creates is not None else CreateRetries()
+    progress_poll = settings.progress_poll
     with metrics.timed_pass():
         job = await api.get_job(namespace, name)
         if job is None:
             metrics.observe_job(namespace, name, None)
+            creates.forget(key)
             return PassOutcome(gone=True)
         # Read once, for every decision; only pods the job controls (a copied label claims nothing).
         pods = claimed(view_pods(await api.list_pods(namespace, job_selector(name))), job["metadata"].get("uid", ""))
@@ -143,9 +176,10 @@ async def run_pass(api: kube.Kube, key: JobKey,
         observed = Observed(pods, service_exists, tuple(live), await _observe_managed_etcd(api, namespace, name, job),
                             await _observe_nodes(api, stuck.nodes_to_read(pods, now)),
                             await _observe_network_policy(api, namespace, name, job))
-        result = reconcile(job, observed, now, operator=operator)
+        result = reconcile(job, observed, now, operator=settings.operator, create_failure=creates.last(key),
+                           max_replicas=settings.max_replicas)
         await _write_status(api, job, result)
-        requeue = await _apply(api, job, pods, result)
+        requeue = await _apply(api, job, pods, result, creates)
         await _record(api, job, result)
         if progress_poll and result.status.get("phase") in POLLED_PHASES:
             requeue = progress_poll if requeue is None else min(requeue, progress_poll)
@@ -226,9 +260,12 @@ async def _write_status(api: kube.Kube, job: dict, result: Reconciliation) -> No
 
 
 def merge_patch(old: dict, new: dict) -> dict:
-    """The JSON merge patch (RFC 7386) from ``old`` to ``new``: removed keys become null, at any depth."""
+    """The JSON merge patch (RFC 7386) from ``old`` to ``new``: removed keys become null, at any
+    depth; unchanged keys are left out, so a large value that did not change is not sent again."""
     patch = {key: None for key in old if key not in new}
     for key, value in new.items():
+        if key in old and old[key] == value:
+            continue
         if isinstance(value, dict) and isinstance(old.get(key), dict):
             patch[key] = merge_patch(old[key], value)
         else:
@@ -245,14 +282,14 @@ async def _record(api: kube.Kube, job: dict, result: Reconciliation) -> None:
             logger.warning("Could not post the %s Event about %s: %s", event.reason, job["metadata"]["name"], e)
 
 
-async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: Reconciliation) -> float | None:
+async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: Reconciliation,
+                 creates: CreateRetries) -> float | None:
     namespace = job["metadata"]["namespace"]
     uids = {p.name: p.uid or None for p in pods}
-    writes, requeue = [], None
+    bodies = [a.body for a in result.actions if isinstance(a, (CreatePod, CreateService))]
+    writes, requeue = [_create(api, (namespace, job["metadata"]["name"]), bodies, creates)], None
     for action in result.actions:
-        if isinstance(action, (CreatePod, CreateService)):
-            writes.append(api.create_or_skip(action.body, namespace))
-        elif isinstance(action, CreateNetworkPolicy):
+        if isinstance(action, CreateNetworkPolicy):
             writes.append(_create_network_policy(api, action.body, namespace))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
@@ -263,8 +300,55 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
             writes.append(api.delete_job(namespace, job["metadata"]["name"], job["metadata"]["uid"]))
         elif isinstance(action, Requeue):
             requeue = action.after
-    await asyncio.gather(*writes)  # independent objects: one round trip instead of one per pod
+    create_requeue, *_ = await asyncio.gather(*writes)  # independent objects: one round trip, not one per pod
+    return min((r for r in (requeue, create_requeue) if r is not None), default=None)
+
+
+async def _create(api: kube.Kube, key: JobKey, bodies: list[dict], creates: CreateRetries) -> float | None:
+    """Creates ``bodies`` unless the job's creates back off; returns when to look again (None: no need).
+
+    A refusal is kept in ``creates`` for the next pass to report, and that pass comes at once
+    (its creates still wait); success, or nothing left to create, clears it.
+    """
+    reported, requeue = creates.last(key), None
+    if bodies and creates.hold(key) > 0:
+        return creates.hold(key)
+    refused = await _create_in_waves(api, key[0], bodies) if bodies else None
+    if refused is None:
+        creates.succeeded(key)
+    else:
+        failure, retry_after = refused
+        requeue = creates.failed(key, failure, retry_after)
+        logger.warning("Creating %s %s/%s failed (HTTP %s %s: %s); the job's creates wait %.0f s",
+                       failure.kind, key[0], failure.name, failure.code, failure.reason, failure.message, requeue)
+    if creates.last(key) != reported:
+        requeue = COALESCE_SECONDS  # the next pass reports the change
     return requeue
+
+
+async def _create_in_waves(api: kube.Kube, namespace: str,
+                           bodies: list[dict]) -> tuple[CreateFailure, float | None] | None:
+    """Creates in waves of 1, 2, 4, ... (the ReplicaSet controller's slow start) and stops at
+    the first wave with a refusal: a quota that refuses one pod refuses the rest, and costs one
+    request, not a hundred. Returns the first refusal (in the plan's order) and its Retry-After."""
+    done, size = 0, 1
+    while done < len(bodies):
+        wave = bodies[done:done + size]
+        outcomes = await asyncio.gather(*(_create_one(api, namespace, body) for body in wave))
+        refused = next((o for o in outcomes if o is not None), None)
+        if refused is not None:
+            return refused
+        done, size = done + len(wave), size * 2
+    return None
+
+
+async def _create_one(api: kube.Kube, namespace: str, body: dict) -> tuple[CreateFailure, float | None] | None:
+    try:
+        await api.create_or_skip(body, namespace)
+    except (kube.ApiError, kube.RetryableError) as e:
+        failure = CreateFailure(body["kind"], body["metadata"]["name"], e.status, e.reason, e.api_message)
+        return failure, e.retry_after
+    return None
 
 
 # ---------------------------------------------------------------------------- kopf handlers
@@ -282,9 +366,11 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig was found")
     memo.api = kube.Kube(info)
     memo.cleaner = etcd_cleanup.RendezvousCleaner(memo.api)
-    poll = memo.get("progress_poll_seconds", C.PROGRESS_POLL_SECONDS)
-    operator = memo.get("operator_peer", network_policy.OperatorPeer())
-    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner, poll, operator))
+    settings = PassSettings(memo.get("progress_poll_seconds", C.PROGRESS_POLL_SECONDS),
+                            memo.get("operator_peer", network_policy.OperatorPeer()),
+                            memo.get("max_replicas", C.DEFAULT_MAX_REPLICAS))
+    memo.creates = CreateRetries()
+    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner, settings, memo.creates))
 
 
 @kopf.on.cleanup()
@@ -295,8 +381,14 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(C.GROUP, C.VERSION, C.PLURAL)
 @kopf.on.create(C.GROUP, C.VERSION, C.PLURAL)
 @kopf.on.update(C.GROUP, C.VERSION, C.PLURAL)
-async def job_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """A job appeared, changed its spec (replicas, suspend, ...) or was found at start-up."""
+async def job_changed(namespace: str, name: str, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
+    """A job appeared, changed its spec (replicas, suspend, ...) or was found at start-up.
+
+    A change may fix what a refused create complained of (resources, a quota-sized request):
+    its creates are tried at once, not after their backoff (kopf's own retries do wait).
+    """
+    if retry == 0 and getattr(memo, "creates", None) is not None:
+        memo.creates.retry_now((namespace, name))
     outcome = await memo.passes.run_now((namespace, name))
     if outcome.invalid:  # reported in status and an Event by the pass; retrying cannot fix it
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")

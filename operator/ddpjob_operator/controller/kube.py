@@ -3,8 +3,10 @@
 Writes are idempotent so that a pass can be repeated after a crash or a conflict without harm:
 creating an object that already exists is skipped (409), deleting one that is gone is skipped
 (404), and a delete names the uid it means so it never removes a newer pod of the same name.
-Errors that a retry may fix (HTTP 429 and 5xx, lost connections) become
-``kopf.TemporaryError`` so kopf retries the handler after a delay instead of the handler sleeping.
+Errors that a retry may fix (HTTP 429 and 5xx, lost connections) become ``RetryableError``, a
+``kopf.TemporaryError``, so kopf retries the handler after a delay instead of the handler
+sleeping; the others become ``ApiError``. Both keep the API's status, reason, message and
+Retry-After, so the caller can report a refused create and back off (handlers, backoff).
 
 The connection comes from kopf's own login functions (in-cluster service account, else the
 kubeconfig), so the operator and kopf always talk to the same server with the same identity.
@@ -34,10 +36,25 @@ _API_VERSIONS = {"NetworkPolicy": NETWORKING_API_VERSION}
 class ApiError(Exception):
     """The API answered with an error status that a retry will not fix."""
 
-    def __init__(self, status: int, reason: str, message: str, what: str):
+    def __init__(self, status: int, reason: str, message: str, what: str, retry_after: float | None = None):
         self.status = status
         self.reason = reason
+        self.api_message = message  # the API's own words, e.g. "exceeded quota: ..."
+        self.retry_after = retry_after
         super().__init__(f"{what}: HTTP {status} {reason}: {message}")
+
+
+class RetryableError(kopf.TemporaryError):
+    """An error a retry may fix: HTTP 429 or 5xx (``status``), or no answer at all (``status`` None)."""
+
+    def __init__(self, what: str, status: int | None = None, reason: str = "", message: str = "",
+                 retry_after: float | None = None):
+        self.status = status
+        self.reason = reason
+        self.api_message = message
+        self.retry_after = retry_after  # seconds the server asked us to wait (429, 503), when it said
+        text = f"{what}: HTTP {status} {reason}: {message}" if status is not None else f"{what}: {message}"
+        super().__init__(text, delay=RETRY_DELAY_SECONDS)
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -101,23 +118,25 @@ class Kube:
 
     async def request(self, method: str, path: str, body: Any = None, *,
                       content_type: str = "application/json", params: Mapping[str, str] | None = None) -> Any:
-        """One API call; returns the decoded JSON. Raises ApiError, or TemporaryError where a retry may help."""
+        """One API call; returns the decoded JSON. Raises ApiError, or RetryableError where a retry may help."""
         what = f"{method} {path}"
         try:
             async with self._open().request(method, path.lstrip("/"), json=body, params=params,
                                             headers={"Content-Type": content_type}) as response:
                 text = await response.text()
                 status = response.status
+                retry_after = response.headers.get("Retry-After")
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise kopf.TemporaryError(f"{what}: {e!r}", delay=RETRY_DELAY_SECONDS) from e
+            raise RetryableError(what, message=repr(e)) from e
         payload = _decode(text)
         if status < 400:
             return payload
         reason = payload.get("reason", "") if isinstance(payload, dict) else ""
         message = payload.get("message", "") if isinstance(payload, dict) else str(payload)
+        wait = _retry_after(retry_after, payload)
         if status == 429 or status >= 500:
-            raise kopf.TemporaryError(f"{what}: HTTP {status} {reason}: {message}", delay=RETRY_DELAY_SECONDS)
-        raise ApiError(status, reason, message, what)
+            raise RetryableError(what, status, reason, message, wait)
+        raise ApiError(status, reason, message, what, wait)
 
     # ------------------------------------------------------------------ verbs
 
@@ -235,6 +254,16 @@ def _decode(text: str) -> Any:
         return json.loads(text) if text else None
     except ValueError:  # not JSON: a proxy's or a crashed server's error page
         return text
+
+
+def _retry_after(header: str | None, payload: Any) -> float | None:
+    """Seconds to wait from a Retry-After header (the delta-seconds form the API server sends)
+    or the Status' details.retryAfterSeconds; None when neither says."""
+    if header and header.strip().isdigit():
+        return float(header.strip())
+    details = payload.get("details") if isinstance(payload, dict) else None
+    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    return float(seconds) if isinstance(seconds, int) and seconds > 0 else None
 
 
 def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 import kopf
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.spec import MAX_REPLICAS
 from ddpjob_operator.controller import metrics
 from ddpjob_operator.render.network_policy import OperatorPeer
 
@@ -61,10 +62,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--operator-namespace", default=None, metavar="NS",
                         help="namespace of this operator's pods, for the same rule (default: the pod's own "
                              "namespace when run in a cluster, else any namespace)")
+    parser.add_argument("--max-replicas", type=int, default=C.DEFAULT_MAX_REPLICAS, metavar="N",
+                        help="refuse DDPJobs whose replicas, minReplicas or maxReplicas exceed N (condition "
+                             "InvalidSpec): each pass holds all of a job's pods in memory (default: %(default)s)")
     parser.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler")
     args = parser.parse_args(argv)
     if args.progress_poll_seconds < 0:
         parser.error(f"--progress-poll-seconds ({args.progress_poll_seconds}) must be 0 (off) or more")
+    if not 1 <= args.max_replicas <= MAX_REPLICAS:
+        parser.error(f"--max-replicas ({args.max_replicas}) must be 1..{MAX_REPLICAS}, the CRD's own maximum")
     if args.priority is not None and args.peering is None:
         parser.error("--priority only matters with --peering NAME: a standalone operator has no peers to rank against")
     for port_flag in ("liveness_port", "metrics_port"):
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             args.peering, settings.peering.priority)
     kopf.run(
         settings=settings,
-        memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds, operator_peer=args.operator_peer),
+        memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds, operator_peer=args.operator_peer,
+                       max_replicas=args.max_replicas),
         standalone=args.peering is None,
         peering_name=args.peering,
         clusterwide=not args.namespace,

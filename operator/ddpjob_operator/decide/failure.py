@@ -99,8 +99,10 @@ class Diagnosis:
     message: str
 
 
-def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Diagnosis | None:
-    """Why a Failed pod failed; None when it has not failed (pending, running, succeeded)."""
+def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = (), *,
+                 include_log_tail: bool = False) -> Diagnosis | None:
+    """Why a Failed pod failed; None when it has not failed (pending, running, succeeded).
+    ``include_log_tail``: failurePolicy.includeLogTail (see _failure_message)."""
     outcome = classify_pod(pod, permanent_exit_codes)
     if outcome in (None, Outcome.SUCCEEDED):
         return None
@@ -114,10 +116,10 @@ def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Diag
         cause = C.CAUSE_PERMANENT
     else:
         cause = C.CAUSE_OOM if pod.reason == "OOMKilled" else C.CAUSE_ERROR
-    return Diagnosis(outcome, cause, pod.exit_code, reason, _failure_message(pod, disruption))
+    return Diagnosis(outcome, cause, pod.exit_code, reason, _failure_message(pod, disruption, include_log_tail))
 
 
-def diagnose_deleted(pod: PodView) -> Diagnosis | None:
+def diagnose_deleted(pod: PodView, *, include_log_tail: bool = False) -> Diagnosis | None:
     """A pod being deleted under a DisruptionTarget condition (drained, preempted, node gone)
     before it finished: a disruption worth reporting, though no failure is counted."""
     disruption = pod.disruption
@@ -125,16 +127,24 @@ def diagnose_deleted(pod: PodView) -> Diagnosis | None:
         return None
     reason = disruption.get("reason") or ""
     cause = C.CAUSE_NODE_LOST if reason in NODE_LOST_REASONS else C.CAUSE_DISRUPTED
-    return Diagnosis(Outcome.DISRUPTION, cause, pod.exit_code, reason, _failure_message(pod, disruption))
+    return Diagnosis(Outcome.DISRUPTION, cause, pod.exit_code, reason,
+                     _failure_message(pod, disruption, include_log_tail))
 
 
-def _failure_message(pod: PodView, disruption: Mapping[str, Any] | None) -> str:
+def _failure_message(pod: PodView, disruption: Mapping[str, Any] | None, include_log_tail: bool = False) -> str:
     """DisruptionTarget's message, else the trainer's error from its progress record, else the
-    kubelet's termination message (a log tail under FallbackToLogsOnError), else the pod's."""
+    kubelet's termination message (a log tail under FallbackToLogsOnError), else the pod's.
+
+    A log tail is copied only with ``include_log_tail``: it may hold anything the trainer
+    printed, and status and Events are read by people who may lack the pods/log grant.
+    """
     record = pod.record
     # A message that holds a record (even one refused) is not a log tail: never show it raw.
+    tail = "" if pod.termination_holds_record else pod.termination_message
+    if tail and not include_log_tail:
+        tail = C.MSG_LOG_TAIL_HIDDEN
     text = ((disruption or {}).get("message") or record.get("error")
-            or ("" if pod.termination_holds_record else pod.termination_message) or pod.status_message or "")
+            or tail or pod.status_message or "")
     text = " ".join(str(text).split())
     return text if len(text) <= MESSAGE_CHARS else "..." + text[-(MESSAGE_CHARS - 3):]  # a log tail ends well
 

@@ -13,7 +13,8 @@ Rules, in order:
     (scale-down removes the highest indexes, never node 0, the store host with rdzvStore: node); delete
     failed pods and re-create them under the same name once the backoff after the
     current failure incident has elapsed and the old pod is gone; create the
-    missing indexes; create nothing once a node succeeded (training is over and
+    missing indexes, at most creation.MAX_CREATES_PER_PASS per pass (the rest in the next
+    passes); create nothing once a node succeeded (training is over and
     torchrun cannot rejoin a closed rendezvous).
 Rendezvous topology (topology.py): node pods of an older rendezvous generation are deleted
 and no node pod is created while one of them is still there, so the groups never mix; with
@@ -33,7 +34,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time, seconds_between
 from ddpjob_operator.api.names import pod_name
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
-from ddpjob_operator.decide import capacity, topology
+from ddpjob_operator.decide import capacity, creation, topology
 from ddpjob_operator.decide.actions import (
     Action, CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod, Requeue, with_one_requeue
 )
@@ -126,7 +127,10 @@ def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
     if missing and delay > 0:
         return [Requeue(delay)]
     generation = topology.generation_of(status)
-    actions: list[Action] = [CreatePod(render_pod(ref, spec, i, generation)) for i in missing]
+    batch = missing[:creation.MAX_CREATES_PER_PASS]  # rendered only when created: memory stays bounded
+    actions: list[Action] = [CreatePod(render_pod(ref, spec, i, generation)) for i in batch]
+    if len(batch) < len(missing):
+        actions.append(Requeue(creation.BATCH_REQUEUE_SECONDS))
     if waiting_for_deletion:
         actions.append(Requeue(max(delay, DELETION_POLL_SECONDS)))
     return actions

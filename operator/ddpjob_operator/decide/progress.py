@@ -111,13 +111,15 @@ def _with_resume(recovery: dict[str, Any], resume: Mapping[str, Any], status: Ma
 # --- status.failures ------------------------------------------------------------------------
 
 def noted_failures(pods: Iterable[PodView], failures: Iterable[Mapping[str, Any]] | None, now: datetime,
-                   permanent_exit_codes: Iterable[int] = ()
+                   permanent_exit_codes: Iterable[int] = (), *, include_log_tail: bool = False
                    ) -> tuple[list[dict[str, Any]] | None, list[tuple[PodView, Diagnosis]]]:
     """status.failures with the failed and disrupted pods not listed yet (newest last, at most
-    C.MAX_FAILURES_KEPT; None while there is none), and the new ones."""
+    C.MAX_FAILURES_KEPT; None while there is none), and the new ones. ``include_log_tail``:
+    failurePolicy.includeLogTail."""
     failures, new = [dict(f) for f in failures or []], []
     for pod in pods:
-        diagnosis = diagnose_pod(pod, permanent_exit_codes) or diagnose_deleted(pod)
+        diagnosis = (diagnose_pod(pod, permanent_exit_codes, include_log_tail=include_log_tail)
+                     or diagnose_deleted(pod, include_log_tail=include_log_tail))
         if diagnosis is not None and (listed := with_failure(failures, pod, diagnosis, now)) is not None:
             failures = listed
             new.append((pod, diagnosis))

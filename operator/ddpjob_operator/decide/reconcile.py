@@ -1,5 +1,6 @@
 """One reconciliation pass as a pure function: body + what was observed + now ->
-(status, events, actions). The controller (or a test) observes, calls this and executes the result."""
+(status, events, actions). The controller (or a test) observes, calls this and executes the result.
+An invalid edit of a job that was valid runs the pass with its last valid spec (last_valid.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
+from ddpjob_operator.decide import last_valid
+from ddpjob_operator.decide.creation import CreateFailure, replica_limit_errors
 from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
 from ddpjob_operator.decide.observed import Observed
 from ddpjob_operator.decide.plan import plan_actions
-from ddpjob_operator.decide.status import compute_status
+from ddpjob_operator.decide.status import StatusUpdate, compute_status
 from ddpjob_operator.decide.stuck import with_force_deletions
 
 
@@ -31,7 +34,8 @@ class Reconciliation:
 
 
 def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
-              operator: OperatorPeer = OperatorPeer()) -> Reconciliation:
+              operator: OperatorPeer = OperatorPeer(), create_failure: CreateFailure | None = None,
+              max_replicas: int | None = None) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
@@ -39,11 +43,18 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
         observed: what the pass observed, read once (decide/observed.py).
         now: the current time.
         operator: the operator's pods, as the job's NetworkPolicy admits them.
+        create_failure: the last create the API refused, seen after the previous pass wrote
+            its status (None: its creates succeeded); reported as PodCreateFailed.
+        max_replicas: the operator's --max-replicas (None: no cap); a job above it is invalid.
     """
     ref = JobRef.from_body(body)
-    errors = validate_job(body)
-    spec = None if errors else DDPJobSpec.model_validate(body.get("spec") or {})
-    update = compute_status(ref, spec, observed, body.get("status"), now, errors=errors)
+    errors = validate_job(body) or replica_limit_errors(body.get("spec"), max_replicas)
+    spec = last_valid.kept_spec(body, max_replicas) if errors else DDPJobSpec.model_validate(body.get("spec") or {})
+    kept = bool(errors) and spec is not None
+    update = compute_status(ref, spec, observed, body.get("status"), now, errors=[] if kept else errors,
+                            create_failure=create_failure)
+    status, invalid_edit = last_valid.record(update.status, body, errors, kept, now)
+    update = StatusUpdate(status, update.events + invalid_edit)
     actions = plan_actions(ref, spec, update.status, observed, now, operator=operator)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), observed.managed_etcd) + actions
     actions, forced = with_force_deletions(spec, observed.pods, observed.nodes, now, actions)

@@ -26,8 +26,9 @@ from typing import Any, Iterable, Mapping
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
-from ddpjob_operator.decide import capacity, progress, topology
+from ddpjob_operator.decide import capacity, creation, progress, topology
 from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.conditions import condition_of, set_condition  # set_condition: callers import it here too
 from ddpjob_operator.decide.budget import (
     failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
 )
@@ -58,7 +59,8 @@ class _Verdict:
 
 def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
                    previous: Mapping[str, Any] | None, now: datetime, *,
-                   errors: Iterable[FieldError] = ()) -> StatusUpdate:
+                   errors: Iterable[FieldError] = (),
+                   create_failure: creation.CreateFailure | None = None) -> StatusUpdate:
     """The status after one observation.
 
     Args:
@@ -69,6 +71,8 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         previous: the status stored on the object (None or {} for a new job).
         now: the current time (tests pass a fixed clock).
         errors: validation errors of the spec; non-empty means InvalidSpec.
+        create_failure: the last create the API refused (None: the last creates succeeded),
+            reported as the PodCreateFailed condition (creation.py).
     """
     prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
@@ -102,6 +106,8 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     update.events.extend(ingested.events)
     if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
         _report_capacity(update, prev, spec, groups, now)
+    if status.get("phase") not in C.FINISHED_PHASES:
+        _report_creation(update, prev, create_failure, now)
     return update
 
 
@@ -162,6 +168,16 @@ def _report_capacity(update: StatusUpdate, prev: Mapping[str, Any], spec: DDPJob
         update.status["conditions"] = set_condition(conditions, C.COND_NODES_UNSCHEDULABLE, "False",
                                                     C.REASON_SCHEDULED, C.MSG_SCHEDULED, now_s)
         update.events.append(Event(C.EVENT_NORMAL, C.REASON_SCHEDULED, C.MSG_SCHEDULED))
+
+
+def _report_creation(update: StatusUpdate, prev: Mapping[str, Any], failure: creation.CreateFailure | None,
+                     now: datetime) -> None:
+    """The PodCreateFailed condition and its Events, as creation.py decides them."""
+    change = creation.create_failed_condition(failure, condition_of(prev.get("conditions"), C.COND_POD_CREATE_FAILED))
+    if change is not None:
+        update.status["conditions"] = set_condition(update.status.get("conditions") or [], C.COND_POD_CREATE_FAILED,
+                                                    change.status, change.reason, change.message, format_time(now))
+        update.events.extend(change.events)
 
 
 def _invalid(errors: list[FieldError]) -> _Verdict:
@@ -226,8 +242,9 @@ def _note_failures(spec: DDPJobSpec, pods: Iterable[PodView], status: dict[str, 
     """List every failed or disrupted pod in status.failures; a pod deleted under a
     DisruptionTarget before it failed (drained, preempted, its node lost) gets its only Event here."""
     events = []
-    status["failures"], noted = progress.noted_failures(pods, status.get("failures"), now,
-                                                        spec.failure_policy.permanent_exit_codes)
+    fp = spec.failure_policy
+    status["failures"], noted = progress.noted_failures(pods, status.get("failures"), now, fp.permanent_exit_codes,
+                                                        include_log_tail=fp.include_log_tail)
     for pod, diagnosis in noted:
         if pod.phase != "Failed":
             events.append(Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED, C.MSG_NODE_DISRUPTED.format(
@@ -271,7 +288,8 @@ def _check_image_pull(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, An
 
 
 def _describe(pod: PodView, spec: DDPJobSpec | None = None) -> str:
-    diagnosis = diagnose_pod(pod, spec.failure_policy.permanent_exit_codes if spec else ())
+    diagnosis = diagnose_pod(pod, spec.failure_policy.permanent_exit_codes if spec else (),
+                             include_log_tail=bool(spec and spec.failure_policy.include_log_tail))
     detail = f": {diagnosis.message}" if diagnosis and diagnosis.message else ""
     return describe_exit(f"node pod {pod.name}", pod.exit_code, pod.reason) + detail
 
@@ -335,24 +353,6 @@ def _running_or_pending(spec: DDPJobSpec, current: list[Mapping[str, Any]],
 
 
 # --- Conditions and events -----------------------------------------------------
-
-def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str,
-                  message: str, now: str) -> list[dict[str, Any]]:
-    """Conditions with `type_` set; lastTransitionTime moves only when the status flips."""
-    result, found = [], False
-    for cond in conditions:
-        if cond.get("type") != type_:
-            result.append(cond)
-            continue
-        found = True
-        moved = cond.get("status") != status
-        result.append({"type": type_, "status": status, "reason": reason, "message": message,
-                       "lastTransitionTime": now if moved else cond.get("lastTransitionTime", now)})
-    if not found:
-        result.append({"type": type_, "status": status, "reason": reason, "message": message,
-                       "lastTransitionTime": now})
-    return result
-
 
 def _conditions(prev: Mapping[str, Any], verdict: _Verdict, now: str, invalid: bool) -> list[dict[str, Any]]:
     conditions = [dict(c) for c in prev.get("conditions") or []]

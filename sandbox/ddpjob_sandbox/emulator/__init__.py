@@ -26,9 +26,12 @@ replaces only how writes and reads are interpreted, following the API convention
 * ``/api/v1/namespaces`` (which kmock's URL parser cannot read) with namespaces created
   implicitly on first use, as if an admin had created them;
 * built-in resource discovery (kmock's bundled list) so kubectl and kopf find pods, services,
-  events (core/v1 and events.k8s.io/v1), namespaces and CRDs.
+  events (core/v1 and events.k8s.io/v1), namespaces and CRDs;
+* creates refused on a test's request (``refuse_creates``), as an admission plugin refuses them
+  (a ResourceQuota answers 403 Forbidden "exceeded quota: ..."), with every create counted
+  (``create_attempts``) so a test can tell how often a client retried.
 
-Not emulated: admission, schema validation, defaulting, the kubelet (pods never run here: the
+Not emulated: admission plugins (but see ``refuse_creates``), schema validation, defaulting, the kubelet (pods never run here: the
 node agent in ddpjob_sandbox.node runs them, or a test reports their status through
 ddpjob_sandbox.scripted), server-side apply, field managers, ``deletecollection``, chunked
 lists. Pod grace periods are opt-in (``graceful_pod_deletion``); otherwise a pod without
@@ -41,6 +44,7 @@ finalizers disappears at once.
     reads      list, get, watch with resumption (a mixin)
     server     KubeEmulator: state, CRD registration, request routing, discovery
 """
+from ddpjob_sandbox.emulator.common import Refusal, quota_refusal
 from ddpjob_sandbox.emulator.server import KubeEmulator
 
-__all__ = ["KubeEmulator"]
+__all__ = ["KubeEmulator", "Refusal", "quota_refusal"]

@@ -17,6 +17,22 @@ def api_error(status: int, reason: str, message: str, **details: Any) -> kmock.K
     return kmock.KubernetesError(status=status, reason=reason, message=message, details=details or {})
 
 
+@attrs.frozen
+class Refusal:
+    """How the emulator answers creates that a test wants refused, as admission would."""
+
+    status: int  # 403 (ResourceQuota, PodSecurity), 422 (an invalid object), 429, 500 (a failing webhook)...
+    reason: str  # the Status reason: Forbidden, Invalid, TooManyRequests, InternalError
+    message: str  # "{name}" becomes the object's name
+    retry_after: int | None = None  # details.retryAfterSeconds, as the API server sends with 429
+
+
+def quota_refusal(quota: str = "compute", resource: str = "pods", used: int = 1, limit: int = 1) -> Refusal:
+    """What the ResourceQuota admission plugin answers when a create would exceed the quota."""
+    return Refusal(403, "Forbidden", f'{resource} "{{name}}" is forbidden: exceeded quota: {quota}, '
+                   f"requested: {resource}=1, used: {resource}={used}, limited: {resource}={limit}")
+
+
 def now_rfc3339() -> str:
     """Timestamps in the API are RFC 3339 in UTC with second precision."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -14,7 +14,7 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
-from ddpjob_sandbox.emulator.common import CRDS, NAMESPACES, ScalePaths, api_error
+from ddpjob_sandbox.emulator.common import CRDS, NAMESPACES, Refusal, ScalePaths, api_error
 from ddpjob_sandbox.emulator.reads import Reads
 from ddpjob_sandbox.emulator.writes import Writes
 
@@ -54,6 +54,9 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
     # is open to all, as on a real server); a message it returns is answered 403 Forbidden, the
     # way the API server answers a request its RBAC authorizer refuses (tests/support/rbac.py).
     authorize: Callable[[rendering.Request], str | None] | None = None
+    # Creates per (plural, namespace), refused ones included; and the refusals tests asked for.
+    create_attempts: collections.Counter = attrs.field(factory=collections.Counter, init=False)
+    _refusals: dict[tuple[str, str | None], Refusal] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -62,6 +65,28 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
         for name in ("default", "kube-system"):
             self._store_new(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
         self._pending.clear()  # nobody watches yet
+
+    # ----------------------------------------------------------------- refused creates
+
+    def refuse_creates(self, plural: str, namespace: str | None, refusal: Refusal) -> None:
+        """Answer every create of ``plural`` in ``namespace`` with ``refusal`` until ``allow_creates``."""
+        self._refusals[(plural, namespace)] = refusal
+
+    def allow_creates(self, plural: str, namespace: str | None) -> None:
+        self._refusals.pop((plural, namespace), None)
+
+    def _admit(self, request: rendering.Request) -> None:
+        """Counts a create and refuses it when a test asked for that."""
+        where = (request.resource.plural, request.namespace)
+        self.create_attempts[where] += 1
+        refusal = self._refusals.get(where)
+        if refusal is not None:
+            data = request.data if isinstance(request.data, dict) else {}
+            name = (data.get("metadata") or {}).get("name", "")
+            details = {"name": name, "kind": request.resource.plural}
+            if refusal.retry_after is not None:
+                details["retryAfterSeconds"] = refusal.retry_after
+            raise api_error(refusal.status, refusal.reason, refusal.message.format(name=name), **details)
 
     # ----------------------------------------------------------------- registration
 

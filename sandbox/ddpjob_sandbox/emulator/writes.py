@@ -29,6 +29,7 @@ class Writes:
         if method == "POST":
             if request.name is not None:
                 raise api_error(405, "MethodNotAllowed", f"POST is not supported on {request.url.path}")
+            self._admit(request)
             return 201, self._create(request.resource, request.namespace, request.data)
         if request.name is None:
             raise api_error(405, "MethodNotAllowed", f"{method} on a collection is not supported by the emulator")

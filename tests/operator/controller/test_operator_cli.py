@@ -41,6 +41,14 @@ def test_standalone_and_peering_are_mutually_exclusive():
     assert result.returncode == 2 and "not allowed with argument" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "1001"])
+def test_max_replicas_defaults_to_500_and_stays_within_the_crds_maximum(capsys, value):
+    assert parse_args([]).max_replicas == 500 and parse_args(["--max-replicas", "64"]).max_replicas == 64
+    with pytest.raises(SystemExit):
+        parse_args(["--max-replicas", value])
+    assert f"--max-replicas ({value}) must be 1..1000, the CRD's own maximum" in capsys.readouterr().err
+
+
 def test_a_port_out_of_range_names_the_flag():
     with pytest.raises(SystemExit):
         parse_args(["--metrics-port", "70000"])

@@ -80,7 +80,8 @@ def test_a_busy_server_becomes_a_temporary_error_and_a_bad_request_an_api_error(
     async def scenario():
         app = aiohttp.web.Application()
         app.router.add_route("POST", "/api/v1/namespaces/ns/pods",
-                             lambda _: aiohttp.web.Response(status=503, text="<html>overloaded</html>"))
+                             lambda _: aiohttp.web.Response(status=503, text="<html>overloaded</html>",
+                                                            headers={"Retry-After": "5"}))
         app.router.add_route("GET", "/api/v1/namespaces/ns/pods",
                              lambda _: aiohttp.web.json_response({"reason": "BadRequest", "message": "bad"},
                                                                  status=400))
@@ -89,10 +90,13 @@ def test_a_busy_server_becomes_a_temporary_error_and_a_bad_request_an_api_error(
         await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
         api = connect(f"http://127.0.0.1:{port}")
         try:
-            with pytest.raises(kopf.TemporaryError, match="503"):
+            with pytest.raises(kopf.TemporaryError, match="503") as busy:
                 await api.create_or_skip(pod("p0"), "ns")
-            with pytest.raises(kube.ApiError, match="400 BadRequest: bad"):
+            assert (busy.value.status, busy.value.api_message, busy.value.retry_after) == (
+                503, "<html>overloaded</html>", 5.0)
+            with pytest.raises(kube.ApiError, match="400 BadRequest: bad") as bad:
                 await api.list_pods("ns", "a=b")
+            assert (bad.value.status, bad.value.reason, bad.value.api_message) == (400, "BadRequest", "bad")
         finally:
             await api.close()
             await runner.cleanup()

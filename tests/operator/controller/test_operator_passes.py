@@ -1,11 +1,13 @@
 """JobPasses: passes of one job never overlap, pod events are coalesced, requeues keep the
-earliest time, a failed background pass is retried, a deleted job is forgotten."""
+earliest time, a failed pass is retried after a delay that doubles per failure in a row of
+that job, a deleted job is forgotten."""
 import asyncio
 
 import kopf
 import pytest
 
-from ddpjob_operator.controller import handlers
+from ddpjob_operator.controller import handlers, kube
+from ddpjob_operator.controller.backoff import Backoff
 from ddpjob_operator.controller.handlers import JobPasses, PassOutcome
 
 KEY = ("ns", "mlp")
@@ -91,16 +93,63 @@ def test_a_timer_that_already_fired_does_not_block_the_next_requeue():
     assert len(run(scenario).calls) == 2
 
 
-def test_a_failed_background_pass_is_retried(monkeypatch):
-    monkeypatch.setattr(handlers, "ERROR_RETRY_SECONDS", 0.1)
-
+def test_a_failed_background_pass_is_retried():
     async def scenario():
         recorder = Recorder(RuntimeError("API down"))
-        passes = JobPasses(recorder)
+        passes = JobPasses(recorder, errors=Backoff(base=0.1))
         passes.poke(KEY)
         await until(lambda: len(recorder.calls) == 2)
         return recorder
     assert len(run(scenario).calls) == 2
+
+
+def test_failed_passes_of_a_job_back_off_exponentially_and_a_success_resets_the_delay():
+    busy = kube.RetryableError("GET /api/v1/namespaces/ns/pods", 503, "ServiceUnavailable", "etcd leader changed")
+
+    async def scenario():
+        recorder = Recorder(busy, busy, busy, PassOutcome(), busy)
+        passes = JobPasses(recorder, errors=Backoff(base=0.2))
+        passes.poke(KEY)
+        await until(lambda: len(recorder.calls) == 4, timeout=5)
+        passes.poke(KEY)  # after the success: the next failure waits the base delay again
+        await until(lambda: len(recorder.calls) == 6, timeout=5)
+        return recorder
+    calls = run(scenario).calls
+    gaps = [later - earlier for earlier, later in zip(calls, calls[1:])]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4 and gaps[2] >= 0.8, gaps
+    assert 0.2 <= gaps[4] < gaps[2] / 2, gaps
+
+
+def test_events_during_a_failed_passs_delay_wait_for_it_and_other_jobs_do_not():
+    async def scenario():
+        recorder = Recorder(RuntimeError("API down"))
+        passes = JobPasses(recorder, errors=Backoff(base=0.5))
+        passes.poke(KEY)
+        await until(lambda: len(recorder.calls) == 1)
+        passes.poke(("ns", "other"))
+        for _ in range(5):  # pod events of the failing job
+            passes.poke(KEY)
+            await asyncio.sleep(0.06)
+        await until(lambda: len(recorder.calls) == 3, timeout=3)
+        return recorder
+    calls = run(scenario).calls
+    assert calls[1] - calls[0] < 0.3, "another job's pass waited for this one's backoff"
+    assert calls[2] - calls[0] >= 0.5, "a pod event ran the failing job's pass before its delay"
+
+
+def test_the_handlers_retry_waits_longer_after_each_failure_and_as_long_as_retry_after_says():
+    throttled = kube.RetryableError("POST /api/v1/namespaces/ns/pods", 429, "TooManyRequests", "slow down",
+                                    retry_after=40)
+
+    async def scenario():
+        passes = JobPasses(Recorder(RuntimeError("a"), RuntimeError("b"), throttled))
+        delays = []
+        for _ in range(3):
+            with pytest.raises(kopf.TemporaryError) as error:
+                await passes.run_now(KEY)
+            delays.append(error.value.delay)
+        return delays
+    assert run(scenario) == [2.0, 4.0, 40.0]
 
 
 def test_a_deleted_job_is_forgotten_with_its_timer():
@@ -118,6 +167,7 @@ def test_a_deleted_job_is_forgotten_with_its_timer():
 def test_the_job_handler_refuses_to_retry_an_invalid_spec(outcome, expected):
     class Memo:
         passes = JobPasses(Recorder(outcome))
+        creates = None
 
     async def scenario():
         await handlers.job_changed(namespace="ns", name="mlp", memo=Memo())
@@ -133,6 +183,8 @@ def test_the_job_handler_refuses_to_retry_an_invalid_spec(outcome, expected):
     ({"lastSnapshot": {"epoch": 1, "path": "/s/1"}}, {"lastSnapshot": {"epoch": 2}},
      {"lastSnapshot": {"epoch": 2, "path": None}}),
     ({"conditions": [{"type": "A"}]}, {"conditions": []}, {"conditions": []}),
+    ({"phase": "Running", "recovery": {"lostSeconds": 3.5}}, {"phase": "Failed", "recovery": {"lostSeconds": 3.5}},
+     {"phase": "Failed"}),  # an unchanged value is not sent again
 ])
 def test_the_status_patch_removes_what_the_new_status_dropped_at_any_depth(old, new, patch):
     assert handlers.merge_patch(old, new) == patch

@@ -44,7 +44,7 @@ DIAGNOSES = [
      "", "RuntimeError: CUDA error"),
     (failed(code=137, reason="OOMKilled"), Outcome.RETRYABLE, C.CAUSE_OOM, "OOMKilled", ""),
     (failed(code=127, message="torchrun: not found\n"), Outcome.PERMANENT, C.CAUSE_PERMANENT, "",
-     "torchrun: not found"),
+     C.MSG_LOG_TAIL_HIDDEN),  # a log tail (no progress record): not copied unless includeLogTail
     (failed(code=143, condition={"reason": "PreemptionByScheduler", "message": "preempted by prio-high"}),
      Outcome.DISRUPTION, C.CAUSE_DISRUPTED, "PreemptionByScheduler", "preempted by prio-high"),
     (failed(code=143, condition={"reason": "EvictionByEvictionAPI"}), Outcome.DISRUPTION, C.CAUSE_DISRUPTED,
@@ -68,9 +68,17 @@ def test_running_and_succeeded_pods_have_no_diagnosis():
     assert diagnose_pod(view_pod(make_pod(JOB, 0, phase="Succeeded"))) is None
 
 
-def test_a_long_log_tail_keeps_its_end():
-    diagnosis = diagnose_pod(view_pod(failed(message="x" * 1000 + " the real error")))
+def test_a_long_log_tail_keeps_its_end_when_log_tails_are_included():
+    diagnosis = diagnose_pod(view_pod(failed(message="x" * 1000 + " the real error")), include_log_tail=True)
     assert len(diagnosis.message) == 300 and diagnosis.message.endswith("the real error")
+
+
+@pytest.mark.parametrize("include, message", [(False, C.MSG_LOG_TAIL_HIDDEN), (True, "torchrun: not found")])
+def test_a_log_tail_is_copied_only_when_included_and_a_progress_records_error_always(include, message):
+    tail = view_pod(failed(code=127, message="torchrun: not found\n"))
+    assert diagnose_pod(tail, include_log_tail=include).message == message
+    with_record = view_pod(failed(code=1, message=record(12, error="RuntimeError: CUDA error")))
+    assert diagnose_pod(with_record, include_log_tail=include).message == "RuntimeError: CUDA error"
 
 
 def test_a_pod_deleted_under_disruption_target_is_a_disruption_even_while_running():

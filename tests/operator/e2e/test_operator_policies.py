@@ -74,3 +74,20 @@ def test_fixing_an_invalid_spec_starts_the_job(k8s, operator):
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, timeout=20, what="pods once the spec is valid")
     k8s.wait_for(lambda: (condition(k8s, C.COND_INVALID_SPEC) or {}).get("status") != "True", timeout=15,
                  what="InvalidSpec to be cleared")
+
+
+def test_an_invalid_edit_of_a_running_job_still_replaces_its_failed_pods(k8s, operator):
+    k8s.create("ddpjobs", make_manifest(replicas=2))
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
+    for pod in pod_names(k8s):
+        set_running(k8s, pod)
+    k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_RUNNING, what="phase Running")
+    assert status(k8s)["lastValid"]["generation"] == 1
+    k8s.patch("ddpjobs", "mlp", {"spec": {"elasticPolicy": {"rdzvBackend": "etcd"}}})  # invalid: no endpoints
+    k8s.wait_for(lambda: (condition(k8s, C.COND_INVALID_SPEC) or {}).get("status") == "True", what="InvalidSpec")
+    assert "last valid spec (generation 1)" in condition(k8s, C.COND_INVALID_SPEC)["message"]
+    old_uid = k8s.get("pods", "mlp-node-1")["metadata"]["uid"]
+    set_terminated(k8s, "mlp-node-1", 1)
+    k8s.wait_for(lambda: (p := k8s.find("pods", "mlp-node-1")) and p["metadata"]["uid"] != old_uid, timeout=20,
+                 what="the failed node to be replaced from the last valid spec")
+    assert status(k8s)["phase"] == C.PHASE_RESTARTING and status(k8s)["restarts"] == 1

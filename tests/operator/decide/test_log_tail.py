@@ -1,0 +1,34 @@
+"""A failed trainer's log tail (its termination message under FallbackToLogsOnError) reaches
+status.failures and Events only with failurePolicy.includeLogTail: readers of a DDPJob may not
+be allowed pods/log (pure, through reconcile)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.decide.reconcile import reconcile
+from ddpjob_sandbox.jobs import make_ddpjob
+from tests.operator.builders import at, make_pod, observe
+
+TAIL = "connecting with DB_PASSWORD=hunter2\nTraceback (most recent call last):\nValueError: bad batch"
+
+
+def failed_with_tail(job: dict) -> dict:
+    pod = make_pod(job, 1, phase="Failed", exit_code=1)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = TAIL
+    return pod
+
+
+@pytest.mark.parametrize("include, shown", [(None, C.MSG_LOG_TAIL_HIDDEN), (False, C.MSG_LOG_TAIL_HIDDEN),
+                                            (True, " ".join(TAIL.split()))])
+def test_the_log_tail_is_in_status_and_events_only_when_the_job_opts_in(include, shown):
+    policy = {"maxRestarts": 3} if include is None else {"maxRestarts": 3, "includeLogTail": include}
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"}, failurePolicy=policy)
+    result = reconcile(job, observe([make_pod(job, 0), failed_with_tail(job)]), at(0))
+    [failure] = result.status["failures"]
+    assert failure["message"] == shown
+    node_failed = [e.message for e in result.events if e.reason == C.REASON_NODE_FAILED]
+    assert node_failed[0] == (f"node pod mlp-node-1 failed (exit code 1): {shown}; "
+                              "1 of spec.failurePolicy.maxRestarts (3) used")
+    assert ("hunter2" in str(result.status) + str(result.events)) is bool(include)
