@@ -39,6 +39,14 @@ def read_events(path: Path) -> list[Event]:
     return events
 
 
+def next_match(events: list[Event], cursor: int, predicate: Predicate) -> tuple[Event | None, int]:
+    """The first event at or after `cursor` that matches, and the cursor past it (unchanged: none)."""
+    for index in range(cursor, len(events)):
+        if predicate(events[index]):
+            return events[index], index + 1
+    return None, cursor
+
+
 class MetricsWatcher:
     """Follows a metrics file and waits for events, in order, with a cursor.
 
@@ -60,10 +68,9 @@ class MetricsWatcher:
         deadline = time.monotonic() + timeout
         while True:
             events = self.events()
-            for index in range(self.cursor, len(events)):
-                if predicate(events[index]):
-                    self.cursor = index + 1
-                    return events[index]
+            found, self.cursor = next_match(events, self.cursor, predicate)
+            if found is not None:
+                return found
             all_exited = self.group is not None and self.group.agents and not self.group.running()
             if time.monotonic() > deadline or all_exited:
                 reason = "all agents exited" if all_exited else f"timed out after {timeout} s"
@@ -97,11 +104,9 @@ class JobProgress:
         deadline = time.monotonic() + timeout
         next_status_check = 0.0
         while True:
-            events = self.events()
-            for index in range(self.cursor, len(events)):
-                if predicate(events[index]):
-                    self.cursor = index + 1
-                    return events[index]
+            found, self.cursor = next_match(self.events(), self.cursor, predicate)
+            if found is not None:
+                return found
             failed = False
             if time.monotonic() >= next_status_check:
                 failed = self.status().get("phase") == "Failed"
