@@ -10,9 +10,9 @@ render/      spec -> the objects a job wants, as plain dicts (pure): the torchru
              NetworkPolicy, labels, Kueue.
 decide/      spec + what was observed + the previous status + now -> new status, Events
              and actions (pure). Shared types and rules (actions, observed, failure,
-             budget) at the bottom; one module per policy (capacity, topology, progress,
-             stuck, managed_etcd) above them; plan and status compose the policies;
-             reconcile is one whole pass.
+             budget, conditions, creation) at the bottom; one module per policy (capacity,
+             topology, progress, stuck, managed_etcd, last_valid) above them; plan and
+             status compose the policies; reconcile is one whole pass.
 controller/  The only code that talks to the cluster and the only kopf, aiohttp and
              prometheus importer: handler registration, the pass runner, API calls,
              progress polling, etcd key cleanup, metrics, the process.

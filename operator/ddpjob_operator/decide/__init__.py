@@ -1,6 +1,6 @@
 """One reconciliation pass as pure functions: observed state in, status + Events + actions out.
 
 Tiers (tests/operator/test_import_layers.py): shared types and rules (actions, observed,
-failure, budget) <- policies (capacity, topology, progress, stuck, managed_etcd) <- plan,
-status <- reconcile. Nothing here performs I/O; controller/ and local/ execute the result.
+failure, budget, conditions, creation) <- policies (capacity, topology, progress, stuck,
+managed_etcd, last_valid) <- plan, status <- reconcile. Nothing here performs I/O; controller/ and local/ execute the result.
 """
