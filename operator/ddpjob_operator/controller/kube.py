@@ -172,6 +172,15 @@ class Kube:
             raise
         return True
 
+    async def _get_or_none(self, path: str) -> dict | None:
+        """GET `path`; None when the object does not exist (404), any other error raised."""
+        try:
+            return await self.request("GET", path)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         try:
             await self.request("GET", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name))
@@ -183,21 +192,11 @@ class Kube:
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         """A Secret (its ``data`` base64-encoded, as the API returns it); None when it does not exist."""
-        try:
-            return await self.request("GET", object_path("v1", "secrets", namespace, name))
-        except ApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self._get_or_none(object_path("v1", "secrets", namespace, name))
 
     async def get_node(self, name: str) -> dict | None:
         """A Node (cluster-scoped); None when it does not exist. Raises ApiError 403 without the grant."""
-        try:
-            return await self.request("GET", object_path("v1", "nodes", None, name))
-        except ApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self._get_or_none(object_path("v1", "nodes", None, name))
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
         result = await self.request("GET", object_path("v1", "pods", namespace),
@@ -205,12 +204,7 @@ class Kube:
         return list(result.get("items", []))
 
     async def get_job(self, namespace: str, name: str) -> dict | None:
-        try:
-            return await self.request("GET", job_path(namespace, name))
-        except ApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self._get_or_none(job_path(namespace, name))
 
     async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict | None:
         """One merge-patch of the status subresource; None when the job was deleted meanwhile."""
