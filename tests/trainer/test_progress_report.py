@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from ddpjob_rdzv import progress_record
-from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig, distributed
-from ddpjob_trainer.env import DistEnv
+from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
 from ddpjob_trainer.progress_report import (
     DEFAULT_PATH,
@@ -262,21 +261,6 @@ def test_the_port_comes_from_the_environment_and_nonsense_turns_it_off(value, po
 
 
 # --- the Trainer writes it ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def env():
-    port = free_port()
-    saved = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT")}
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    single = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0,
-                     restart_count=0, run_id="test", master_addr="127.0.0.1", master_port=port)
-    try:
-        with distributed(single):
-            yield single
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
 def train(env, directory, message, monkeypatch, restart_count=0, fail_at_step=None, loss_fn=mse, **overrides):

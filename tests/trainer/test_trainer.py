@@ -12,29 +12,12 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, distributed, read_metrics
+from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, read_metrics
 from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError
-from ddpjob_trainer.env import DistEnv
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
 from ddpjob_trainer.metrics import read_raw_metrics
-from ddpjob_sandbox.procs import free_port
 
 DATA = make_dataset(200, seed=3)
-
-
-@pytest.fixture(scope="module")
-def env():
-    port = free_port()
-    saved = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT")}
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    first_attempt = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0,
-                            restart_count=0, run_id="test", master_addr="127.0.0.1", master_port=port)
-    try:
-        with distributed(first_attempt):
-            yield first_attempt
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
 def build(seed=0, dropout=0.2):
