@@ -2,7 +2,7 @@
 
 CI runs on a machine that may have had programs installed by hand, so a green run
 can hide a missing install step (etcdctl did: 7 tests failed on a fresh clone).
-This reads the tests' code for the programs they start and checks each one is
+This reads the code of the tests, the sandbox and the benchmarks for the programs they start and checks each one is
 either in the venv (a pip dependency) or in scripts/install-system-deps.sh.
 """
 import ast
@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_SCRIPT = ROOT / "scripts" / "install-system-deps.sh"
-SCANNED = ("tests", "bench")
+SCANNED = ("tests", "bench", "sandbox")
 SUBPROCESS_CALLS = {"run", "Popen", "check_call", "check_output", "call", "create_subprocess_exec"}
 
 

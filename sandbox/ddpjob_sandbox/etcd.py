@@ -6,6 +6,7 @@ is started with ``--enable-v2``; the v3 API is always on.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -90,3 +91,13 @@ def running_etcd(data_dir: Path | None = None):
         server.start()
         stack.callback(server.stop)
         yield server
+
+
+def etcdctl(server: EtcdServer, *args: str, user: str | None = None) -> str:
+    """Runs etcdctl (v3 API) against `server` as `user` ("name:password"); its stdout. Fails on a non-zero exit."""
+    command = ["etcdctl", f"--endpoints={server.endpoint}", *([f"--user={user}"] if user else []), *args]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"},
+                          timeout=30)
+    if done.returncode != 0:
+        raise AssertionError(f"{command}: {done.stderr}")
+    return done.stdout

@@ -18,7 +18,7 @@ from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
-from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.etcd import etcdctl, running_etcd
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.torchrun import unique_run_id
 
@@ -227,14 +227,6 @@ def test_create_rdzv_handler_builds_torchs_dynamic_handler_on_etcd_v3(etcd):
     assert handler.get_backend() == "etcd-v3"
     assert type(handler).__name__ == "DynamicRendezvousHandler"
     assert handler.num_nodes_waiting() == 0
-
-
-def etcdctl(etcd, *args, user: str | None = None) -> str:
-    command = ["etcdctl", f"--endpoints={etcd.endpoint}", *([f"--user={user}"] if user else []), *args]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"},
-                          timeout=30)
-    assert done.returncode == 0, f"{command}: {done.stderr}"
-    return done.stdout
 
 
 @pytest.fixture(scope="module")

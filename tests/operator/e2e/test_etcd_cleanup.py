@@ -12,9 +12,7 @@ which chart value to set.
 from __future__ import annotations
 
 import base64
-import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -25,7 +23,7 @@ from ddpjob_rdzv import keys
 from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
 from tests.charts.support import render
-from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.etcd import etcdctl, running_etcd
 from ddpjob_sandbox.jobs import make_manifest
 from ddpjob_sandbox.readers import events, pod_names, status
 from ddpjob_sandbox.scripted import set_running, set_terminated
@@ -113,12 +111,6 @@ def test_only_etcd_v3_jobs_carry_the_cleanup_finalizer(etcd, k8s, operator):
     assert not k8s.get("ddpjobs", "plain")["metadata"].get("finalizers")
 
 
-def etcdctl(etcd, *args: str, user: str | None = None) -> None:
-    command = ["etcdctl", f"--endpoints={etcd.endpoint}", *([f"--user={user}"] if user else []), *args]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=30)
-    assert done.returncode == 0, f"{command}: {done.stderr}"
-
-
 @pytest.fixture
 def etcd_with_auth():
     """An etcd with auth on: user ``trainer`` may read and write /ddpjob/rdzv/ only."""
@@ -187,7 +179,7 @@ def test_an_unreachable_etcd_is_reported_and_the_deletion_completes_within_its_b
         k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=15, what="the node pod")
         set_terminated(k8s, "mlp-node-0", 0)
         on_finish = k8s.wait_for(lambda: reasons(k8s, FAILED), timeout=20, what="a Warning about the finish cleanup")
-        assert f"could not delete the etcd rendezvous keys under /ddpjob/rdzv/" in on_finish[0]
+        assert "could not delete the etcd rendezvous keys under /ddpjob/rdzv/" in on_finish[0]
         assert f"at {dead} (spec.elasticPolicy.rdzvEndpoints)" in on_finish[0]
         assert on_finish[0].endswith("the operator tries again when the job is deleted")
 
