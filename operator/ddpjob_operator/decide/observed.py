@@ -168,13 +168,6 @@ def _records(container: Mapping[str, Any]) -> dict[str, Any]:
             "record": current}
 
 
-def read_progress(message: str | bytes | None) -> dict[str, Any] | None:
-    """The trainer's progress record in a message when it passes the contract; None for
-    anything else (a log tail, an empty message, a refused record)."""
-    found = progress_record.parse(message)
-    return dict(found.data) if isinstance(found, progress_record.Record) else None
-
-
 @dataclass(frozen=True)
 class RecordProblem:
     """A progress record that was refused: which pod sent it, where it was found, and why."""

@@ -9,7 +9,7 @@ import pytest
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.failure import Outcome, classify_pod, diagnose_deleted, diagnose_pod, image_pull_stuck
 from ddpjob_operator.decide.budget import newer_snapshot
-from ddpjob_operator.decide.observed import read_progress, view_pod
+from ddpjob_operator.decide.observed import view_pod
 from ddpjob_operator.decide.budget import RestartBudget, account_incidents, backoff_exponent, budget_limit_passed
 from tests.operator.builders import T0, at, make_pod
 from ddpjob_sandbox.jobs import make_ddpjob
@@ -105,9 +105,10 @@ def test_image_pull_errors_fail_after_the_timeout_and_invalid_names_at_once(reas
 
 
 def test_only_our_records_are_read_from_termination_messages():
-    assert read_progress(record(7))["snapshot"]["step"] == 7
-    assert read_progress("Traceback ...\nValueError") is None
-    assert read_progress('{"kind": "other"}') is None and read_progress(None) is None
+    assert [r["snapshot"]["step"] for r in view_pod(failed(message=record(7))).progress] == [7]
+    for message in ("Traceback ...\nValueError", '{"kind": "other"}', None):
+        view = view_pod(failed(message=message))
+        assert (view.progress, view.record, view.termination_holds_record) == ((), {}, False)
 
 
 def test_records_come_from_the_current_and_the_last_termination():
