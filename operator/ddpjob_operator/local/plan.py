@@ -16,7 +16,10 @@ listening on loopback) and every agent is a client, as in the Pods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
+
+from ddpjob_rdzv import C10D_BACKEND_NAME
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import launch_plan, merged_env
@@ -114,7 +117,8 @@ def _camel(name: str) -> str:
 
 
 def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torchrun: str,
-               port: int | None = None, fast_rendezvous: bool = True) -> LocalPlan:
+               port: int | None = None, fast_rendezvous: bool = True,
+               early_rendezvous: bool | None = None) -> LocalPlan:
     """One LocalNode per desired replica, from the Pods' launch plan.
 
     Args:
@@ -125,11 +129,17 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         torchrun: path of the torchrun executable that replaces the Pods' `torchrun`.
         port: see local_spec.
         fast_rendezvous: see local_spec.
+        early_rendezvous: rdzvBackend c10d runs as ``ddpjob-c10d`` (torch's c10d backend whose
+            re-rendezvous completes once every known node joined, ddpjob_trainer.rendezvous.early);
+            None: when that backend is installed beside `ddpjob` (the nodes' torchrun shares its
+            environment).
 
     Raises:
         launch.UnsupportedLocalEnvError: a spec.env entry uses valueFrom.
     """
     spec, notes = local_spec(spec, port=port, fast_rendezvous=fast_rendezvous)
+    if early_rendezvous is None:
+        early_rendezvous = early_rendezvous_installed()
     mount = spec.snapshot.mount_path if spec.snapshot else None
     snapshot_dir = run_dir / "snapshots" if spec.snapshot else None
     nodes = []
@@ -140,10 +150,17 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         if snapshot_dir is None:
             # Without a snapshot volume the trainer has no default metrics path; the view needs one.
             env.setdefault(ENV_METRICS_FILE, str(run_dir / METRICS_NAME))
+        if spec.elastic_policy.rdzv_backend == "c10d" and early_rendezvous:
+            env["PET_RDZV_BACKEND"] = C10D_BACKEND_NAME  # torch's c10d, re-rendezvous without a last call
         argv = [torchrun, *(localize(arg, mount, snapshot_dir) for arg in launch.args)]
         nodes.append(LocalNode(index, argv, env))
     metrics = nodes[0].env.get(ENV_METRICS_FILE) or str(snapshot_dir / METRICS_NAME)
     return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes, _store(spec, torchrun))
+
+
+def early_rendezvous_installed() -> bool:
+    """Whether torchrun in this environment knows --rdzv_backend=ddpjob-c10d (ddpjob-trainer's entry point)."""
+    return bool(entry_points(group="torchrun.handlers", name=C10D_BACKEND_NAME))
 
 
 def _store(spec: DDPJobSpec, torchrun: str) -> LocalNode | None:
