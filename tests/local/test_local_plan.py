@@ -52,7 +52,7 @@ def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
         # Pod-only variables (the kubelet's termination log) are fine; a torchrun flag missing locally is not.
         assert not [k for k in set(pod_env) - set(node.env) if k.startswith("PET_")]
         assert differ == {"PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_NPROC_PER_NODE",
-                          "PET_RDZV_BACKEND", "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE"}
+                          "PET_RDZV_BACKEND", "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE", "DDPJOB_ZYGOTE_SOCKET"}
         assert node.env["PET_RDZV_ENDPOINT"] == "127.0.0.1:29555"
         assert node.env["PET_RDZV_ID"] == "mlp-run-1"
         assert node.env["DDPJOB_SNAPSHOT_DIR"] == str(SNAP)
@@ -90,9 +90,17 @@ def test_with_rdzv_store_node_node_0_hosts_the_c10d_store_as_in_a_cluster():
 
 def test_the_command_is_the_pods_args_behind_the_local_torchrun_with_mount_paths_rewritten():
     spec = spec_of(args=["--epochs", "2", "--metrics-file", "/snapshots/m.jsonl"])
-    node = plan_of(spec).nodes[0]
+    node = plan_of(spec, zygote=False).nodes[0]
     assert node.argv == ["/venv/bin/torchrun", "-m", "ddpjob_trainer.examples.mlp",
                          "--epochs", "2", "--metrics-file", str(SNAP / "m.jsonl")]
+
+
+def test_with_the_zygote_each_node_forks_its_workers_from_its_own_server():
+    plan = plan_of(spec_of(replicas=2, args=["--epochs", "2"]), zygote=True)
+    assert [node.argv for node in plan.nodes] == [
+        ["/venv/bin/torchrun", "-m", "ddpjob_trainer.zygote", "ddpjob_trainer.examples.mlp", "--epochs", "2"]] * 2
+    assert [node.env["DDPJOB_ZYGOTE_SOCKET"] for node in plan.nodes] == [
+        "@ddpjob-zygote-mlp-run-1-0", "@ddpjob-zygote-mlp-run-1-1"]
 
 
 def test_env_values_under_the_mount_path_point_into_the_run_directory():

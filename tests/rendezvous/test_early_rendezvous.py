@@ -94,3 +94,18 @@ def test_a_handler_keeps_the_last_call_for_its_first_round_and_skips_it_afterwar
     handler.shutdown()
     assert seconds[0] >= last_call, seconds
     assert seconds[1] < last_call / 2, seconds
+
+
+def test_torchrun_finds_the_ddpjob_c10d_backend_through_its_registry():
+    """torchrun resolves --rdzv_backend through this registry (the torchrun.handlers entry point)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from ddpjob_sandbox.procs import free_port
+
+    params = RendezvousParameters("ddpjob-c10d", f"127.0.0.1:{free_port()}", "run", 1, 4, is_host=True)
+    handler = get_rendezvous_handler(params)
+    try:
+        assert isinstance(handler, EarlyRendezvousHandler) and handler.get_backend() == "ddpjob-c10d"
+    finally:
+        handler.shutdown()

@@ -16,6 +16,7 @@ listening on loopback) and every agent is a client, as in the Pods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import importlib.util
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from ddpjob_operator.api.spec import DDPJobSpec
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
 ENV_METRICS_FILE = "DDPJOB_METRICS_FILE"  # the trainer's metrics path (default: <snapshot dir>/metrics.jsonl)
 METRICS_NAME = "metrics.jsonl"  # the trainer's default metrics file name in the snapshot dir
+
+ZYGOTE_MODULE = "ddpjob_trainer.zygote"  # the worker fork server (torch-free to name here)
+ZYGOTE_SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"  # its socket, one per node ("@": an abstract Unix name)
 
 # Rendezvous timeouts for local runs. Agents on one machine start together and
 # talk over loopback, so waiting 30 s in last call for stragglers (torch's
@@ -118,7 +122,7 @@ def _camel(name: str) -> str:
 
 def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torchrun: str,
                port: int | None = None, fast_rendezvous: bool = True,
-               early_rendezvous: bool | None = None) -> LocalPlan:
+               early_rendezvous: bool | None = None, zygote: bool | None = None) -> LocalPlan:
     """One LocalNode per desired replica, from the Pods' launch plan.
 
     Args:
@@ -133,6 +137,9 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
             re-rendezvous completes once every known node joined, ddpjob_trainer.rendezvous.early);
             None: when that backend is installed beside `ddpjob` (the nodes' torchrun shares its
             environment).
+        zygote: a spec.module job's workers start from a fork server that imported torch once
+            per node (``-m ddpjob_trainer.zygote MODULE``) instead of a fresh Python each;
+            None: when ddpjob-trainer is installed beside `ddpjob`.
 
     Raises:
         launch.UnsupportedLocalEnvError: a spec.env entry uses valueFrom.
@@ -140,6 +147,8 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
     spec, notes = local_spec(spec, port=port, fast_rendezvous=fast_rendezvous)
     if early_rendezvous is None:
         early_rendezvous = early_rendezvous_installed()
+    if zygote is None:
+        zygote = importlib.util.find_spec("ddpjob_trainer") is not None
     mount = spec.snapshot.mount_path if spec.snapshot else None
     snapshot_dir = run_dir / "snapshots" if spec.snapshot else None
     nodes = []
@@ -152,8 +161,12 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
             env.setdefault(ENV_METRICS_FILE, str(run_dir / METRICS_NAME))
         if spec.elastic_policy.rdzv_backend == "c10d" and early_rendezvous:
             env["PET_RDZV_BACKEND"] = C10D_BACKEND_NAME  # torch's c10d, re-rendezvous without a last call
-        argv = [torchrun, *(localize(arg, mount, snapshot_dir) for arg in launch.args)]
-        nodes.append(LocalNode(index, argv, env))
+        args = [localize(arg, mount, snapshot_dir) for arg in launch.args]
+        if spec.module and zygote:
+            # Workers forked from a per-node server that imported torch once (ddpjob_trainer.zygote).
+            args = ["-m", ZYGOTE_MODULE, *args[1:]]
+            env[ZYGOTE_SOCKET_ENV] = f"@ddpjob-zygote-{rdzv_id}-{index}"
+        nodes.append(LocalNode(index, [torchrun, *args], env))
     metrics = nodes[0].env.get(ENV_METRICS_FILE) or str(snapshot_dir / METRICS_NAME)
     return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes, _store(spec, torchrun))
 

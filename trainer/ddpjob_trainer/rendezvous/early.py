@@ -70,10 +70,11 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
         self._op_executor = _EarlyExecutor(self._op_executor, self)
 
     @classmethod
-    def like(cls, handler: DynamicRendezvousHandler) -> "EarlyRendezvousHandler":
+    def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None) -> "EarlyRendezvousHandler":
         """A handler on the same node, settings, backend, store and state as torch's ``handler``
-        (built by torch's create_handler, which parses the --rdzv_conf keys)."""
-        return cls(handler._this_node, handler._settings, handler._backend_name, handler._store,
+        (built by torch's create_handler, which parses the --rdzv_conf keys), named
+        ``backend_name`` (torch's registry checks it is the --rdzv_backend asked for)."""
+        return cls(handler._this_node, handler._settings, backend_name or handler._backend_name, handler._store,
                    handler._state_holder)
 
     def next_rendezvous(self):
@@ -84,4 +85,4 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
 
 def create_early_handler(store, backend, params) -> EarlyRendezvousHandler:
     """torch's ``create_handler(store, backend, params)``, completing re-rendezvous early."""
-    return EarlyRendezvousHandler.like(create_handler(store, backend, params))
+    return EarlyRendezvousHandler.like(create_handler(store, backend, params), params.backend)
