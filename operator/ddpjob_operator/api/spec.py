@@ -500,6 +500,34 @@ class RunPolicy(_Model):
         "Delete the finished job (and by ownership its pods) this long after it finished."))
     clean_pod_policy: Literal["None", "Running", "All"] = Field("Running", description=(
         "Pods deleted when the job finishes: None, Running (those still running) or All."))
+    pod_disruption_budget: bool = Field(True, description=(
+        "Keep a PodDisruptionBudget <job> (policy/v1, owned by the job) over the node pods and the "
+        "rendezvous store pod, so a drain shrinks the job to elasticPolicy.minReplicas but no further, "
+        "and a job at its minimum (every job whose minReplicas equals replicas) loses one pod at a "
+        "time, each replaced before the next goes (docs/cluster.md). false: no budget; one that "
+        "exists is deleted."))
+
+
+MAX_SPREAD_CONSTRAINTS = 8  # most scheduling.topologySpreadConstraints (a bound for the CRD's cost estimate)
+
+
+class TopologySpreadConstraint(_Model):
+    """A core/v1 TopologySpreadConstraint, declared field by field so the CRD checks it at `kubectl apply`."""
+
+    max_skew: int = Field(ge=1, description="Most the number of matching pods may differ between two domains.")
+    topology_key: str = Field(min_length=1, max_length=317, description=(
+        "Node label whose values are the domains, e.g. topology.kubernetes.io/zone or kubernetes.io/hostname."))
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(description=(
+        "DoNotSchedule (a hard rule: the pod waits) or ScheduleAnyway (a preference)."))
+    label_selector: KubeObject | None = Field(None, description=(
+        "Pods counted (a metav1 LabelSelector). Default: this job's node pods."))
+    match_label_keys: list[str] = Field(default_factory=list, max_length=16, description=(
+        "Label keys whose values, taken from the incoming pod, narrow labelSelector."))
+    min_domains: int | None = Field(None, ge=1, description="Fewest eligible domains (DoNotSchedule only).")
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = Field(None, description=(
+        "Whether the pod's nodeAffinity/nodeSelector limit the domains counted."))
+    node_taints_policy: Literal["Honor", "Ignore"] | None = Field(None, description=(
+        "Whether node taints limit the domains counted."))
 
 
 class Scheduling(_Model):
@@ -507,7 +535,15 @@ class Scheduling(_Model):
 
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
-    affinity: KubeObject = Field(default_factory=dict, description="Pod affinity.")
+    affinity: KubeObject = Field(default_factory=dict, description=(
+        "Pod affinity. The operator adds a required node anti-affinity to nodes listed in "
+        "status.avoidedNodes (docs/cluster.md)."))
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list, max_length=MAX_SPREAD_CONSTRAINTS, description=(
+            "Pod topologySpreadConstraints of the node pods, e.g. spread over zones or hosts; "
+            "each pair of topologyKey and whenUnsatisfiable at most once (the API server's rule). "
+            "An entry without labelSelector counts this job's node pods."),
+        json_schema_extra=list_map("topologyKey", "whenUnsatisfiable"))
     priority_class_name: str = Field("", description="Pod priorityClassName.")
     scheduler_name: str = Field("", description="Pod schedulerName (e.g. a gang scheduler).")
     pending_timeout_seconds: int = Field(120, ge=1, description=(

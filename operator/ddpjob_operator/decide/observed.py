@@ -199,6 +199,17 @@ class ObservedEtcd:
 
 
 @dataclass(frozen=True)
+class ObservedBudget:
+    """The job's PodDisruptionBudget as read this pass: `spec` None when it does not exist."""
+
+    spec: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, budget: Mapping[str, Any] | None) -> ObservedBudget:
+        return cls(None if budget is None else dict(budget.get("spec") or {}))
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one pass observed, sorted once; every decision reads this.
 
@@ -211,6 +222,8 @@ class Observed:
             left out is unknown, and its pods are not force-deleted.
         network_policy_exists: the job's NetworkPolicy exists; None when it was not looked for
             (turned off, the job finished, or the operator may not read NetworkPolicies).
+        disruption_budget: the job's PodDisruptionBudget; None when it was not looked for (the
+            job finished, or the operator may not read PodDisruptionBudgets).
     """
 
     pods: tuple[PodView, ...] = ()
@@ -219,6 +232,7 @@ class Observed:
     managed_etcd: ObservedEtcd | None = None
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
     network_policy_exists: bool | None = None
+    disruption_budget: ObservedBudget | None = None
 
     @cached_property
     def node_pods(self) -> tuple[PodView, ...]:

@@ -6,7 +6,7 @@ golden YAML files.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.kueue import kueue_metadata
@@ -72,9 +72,11 @@ def node_launch(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) 
     )
 
 
-def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
+def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
+               avoid: Sequence[str] = ()) -> dict[str, Any]:
     """Node pod `index` (same name after every replacement, so its DNS name is stable) of
-    rendezvous generation `generation` (status.rendezvousGeneration)."""
+    rendezvous generation `generation` (status.rendezvousGeneration), kept off the nodes
+    `avoid` (status.avoidedNodes) by a required node anti-affinity."""
     po = spec.pod_overrides
     queue_labels, queue_annotations = kueue_metadata(ref, spec)
     annotations = {**po.annotations, **queue_annotations}
@@ -88,11 +90,12 @@ def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
             **({"annotations": annotations} if annotations else {}),
             "ownerReferences": [owner_reference(ref)],
         },
-        "spec": _pod_spec(ref, spec, index, generation),
+        "spec": _pod_spec(ref, spec, index, generation, avoid),
     }
 
 
-def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
+def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
+              avoid: Sequence[str] = ()) -> dict[str, Any]:
     body: dict[str, Any] = {
         # hostname + subdomain = the headless Service give <pod>.<job>.<ns>.svc DNS names.
         "hostname": pod_hostname(ref.name, index),
@@ -108,7 +111,7 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) ->
         "securityContext": trainer_pod_security(spec),
         **service_account(spec),
     }
-    return {**body, **_scheduling(spec), **_pod_overrides(spec)}
+    return {**body, **_scheduling(ref, spec, avoid), **_pod_overrides(spec)}
 
 
 def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
@@ -189,16 +192,50 @@ def _volume_mounts(spec: DDPJobSpec) -> list[dict[str, Any]]:
     return mounts + [dict(m) for m in spec.pod_overrides.volume_mounts]
 
 
-def _scheduling(spec: DDPJobSpec) -> dict[str, Any]:
+def _scheduling(ref: JobRef, spec: DDPJobSpec, avoid: Sequence[str] = ()) -> dict[str, Any]:
     s = spec.scheduling
     fields = {
         "nodeSelector": dict(s.node_selector),
         "tolerations": [dict(t) for t in s.tolerations],
-        "affinity": dict(s.affinity),
+        "affinity": avoiding_nodes(s.affinity, avoid),
+        "topologySpreadConstraints": _spread_constraints(ref, spec),
         "priorityClassName": s.priority_class_name,
         "schedulerName": s.scheduler_name,
     }
     return {k: v for k, v in fields.items() if v}  # unset: leave the cluster's defaults
+
+
+def _spread_constraints(ref: JobRef, spec: DDPJobSpec) -> list[dict[str, Any]]:
+    """spec.scheduling.topologySpreadConstraints; one without labelSelector counts this job's
+    node pods (without a selector the scheduler would count no pod at all)."""
+    constraints = []
+    for c in spec.scheduling.topology_spread_constraints:
+        rendered = c.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+        rendered.setdefault("labelSelector", {"matchLabels": selector_labels(ref.name)})
+        constraints.append(rendered)
+    return constraints
+
+
+def avoiding_nodes(affinity: dict[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
+    """`affinity` (spec.scheduling.affinity) with a required anti-affinity to `nodes`.
+
+    nodeSelectorTerms are ORed and the expressions inside one term ANDed, so the NotIn
+    expression goes into every term the user gave (or into a term of its own): a pod may then
+    land wherever the user allowed, except on an avoided node.
+    """
+    affinity = dict(affinity)
+    if not nodes:
+        return affinity
+    avoid = {"key": C.LABEL_HOSTNAME, "operator": "NotIn", "values": sorted(nodes)}
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or []] or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), avoid]
+    required["nodeSelectorTerms"] = terms
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node_affinity
+    return affinity
 
 
 def _pod_overrides(spec: DDPJobSpec) -> dict[str, Any]:
