@@ -1312,11 +1312,14 @@ class NodeFailure(_Model):
     index: int | None = Field(None, description="Node index of the pod.")
     pod: str | None = Field(None, description="Pod name.")
     pod_uid: str | None = Field(None, alias="podUID", description="Pod uid (each pod is listed once).")
+    node: str | None = Field(None, description=(
+        "The Kubernetes node the pod ran on (absent when it was never scheduled); see status.avoidedNodes."))
     cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost",
-                   "ImagePull"] | None = Field(
+                   "ImagePull", "Straggler"] | None = Field(
         None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
                            "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
-                           "reason is in `reason`), Disrupted or NodeLost (free), ImagePull."))
+                           "reason is in `reason`), Disrupted or NodeLost (free), ImagePull, Straggler (a slow "
+                           "node replaced under stragglerPolicy: Replace)."))
     exit_code: int | None = Field(None, description="Exit code of torchrun, when it ran.")
     reason: str | None = Field(None, description=(
         "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
@@ -1325,6 +1328,17 @@ class NodeFailure(_Model):
         "failurePolicy.includeLogTail is true, shortened."))
     time: str | None = Field(None, description="When the container finished (or the failure was seen).",
                              json_schema_extra={"format": "date-time"})
+
+
+class AvoidedNode(_Model):
+    """A node the job's new pods keep off (status.avoidedNodes, docs/cluster.md)."""
+
+    node: str | None = Field(None, description="The Kubernetes node's name (its kubernetes.io/hostname label).")
+    cause: str | None = Field(None, description=(
+        "NodeLost or Straggler (one failure), RepeatedFailures (two pods on it exited with Error or "
+        "OOMKilled while no other node failed)."))
+    since: str | None = Field(None, description="When the failure that put it here happened.",
+                              json_schema_extra={"format": "date-time"})
 
 
 class SnapshotMark(_Model):
@@ -1410,6 +1424,9 @@ class DDPJobStatus(_Model):
     failures: list[NodeFailure] = Field(default_factory=list, description=(
         "The newest failed or disrupted node pods (at most 10), oldest first."))
     recovery: Recovery | None = Field(None, description="Time to recover, time lost, and budget bookkeeping.")
+    avoided_nodes: list[AvoidedNode] = Field(default_factory=list, description=(
+        "Nodes that lost a pod to a node-caused failure: every node pod created afterwards carries a "
+        "required node anti-affinity to them, for the rest of the job; at most 16, oldest dropped first."))
     invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
         "Progress records the contract refused, one per pod and field (each reported once in an "
         "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))

@@ -6,6 +6,7 @@ node affinity has kubernetes.io/hostname NotIn the avoided nodes.
 from __future__ import annotations
 
 from ddpjob_operator.api.clock import format_time
+from ddpjob_operator.api.spec import DDPJobStatus
 from ddpjob_operator.decide import avoided_nodes
 from ddpjob_operator.decide.actions import CreatePod
 from ddpjob_operator.decide.reconcile import reconcile
@@ -77,6 +78,7 @@ def test_the_replacement_of_a_pod_lost_with_its_node_is_rendered_off_that_node()
     assert first.status["failures"][-1]["node"] == "gpu-bad"
     assert first.status["avoidedNodes"] == [{"node": "gpu-bad", "cause": "NodeLost", "since": format_time(at(0))}]
     assert "NodeAvoided" in [e.reason for e in first.events]
+    DDPJobStatus.model_validate(first.status)  # the CRD's status schema keeps both fields (nothing pruned)
     job["status"] = first.status
     second = reconcile(job, observe(with_store(job, [healthy])), at(12))  # the lost pod is gone
     [replacement] = [a.body for a in second.actions if isinstance(a, CreatePod)]
