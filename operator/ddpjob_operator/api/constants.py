@@ -167,6 +167,7 @@ CAUSE_DO_NOT_RETRY = "DoNotRetry"  # the trainer raised DoNotRetry: its progress
 CAUSE_DISRUPTED = "Disrupted"  # evicted, preempted or drained (DisruptionTarget); free
 CAUSE_NODE_LOST = "NodeLost"  # lost with its node (taint manager, pod GC, node shutdown); free
 CAUSE_IMAGE_PULL = "ImagePull"  # the image cannot be pulled (fails the job after a bounded wait)
+CAUSE_PREFLIGHT = "PreflightFailed"  # the pre-flight init container failed (render/preflight.py; retryable, counts)
 CAUSE_STRAGGLER = "Straggler"  # a slow node replaced under stragglerPolicy: Replace (its node is avoided)
 
 REASON_NO_PROGRESS = "NoProgress"  # failurePolicy.maxRestartsWithoutProgress passed: a crash loop
@@ -185,6 +186,9 @@ MSG_INVALID_PROGRESS_RECORD = ("node pod {pod}: ignored the progress record in i
 MSG_DO_NOT_RETRY = "{what}; its trainer raised DoNotRetry ({reason}): not retried"  # the trainer's own reason
 MSG_LOG_TAIL_HIDDEN = ("the trainer's log tail is not copied here (spec.failurePolicy.includeLogTail "  # a failure message
                        "is false): see the pod's logs")
+PREFLIGHT_CONTAINER = "preflight"  # the pre-flight init container of a node pod (spec.preflight)
+PREFLIGHT_EXIT_CODE = 86  # its exit code on a failed check: outside 1-2 (errors), 126-127 (shell) and 128+N (signals)
+
 # --- Bad nodes stay bad (decide/avoided_nodes.py, docs/cluster.md) ---------------------------
 # status.avoidedNodes keeps this many nodes, oldest dropped first. Each becomes one value of a
 # NotIn expression on every replacement pod: 16 is well above the handful of bad nodes a job

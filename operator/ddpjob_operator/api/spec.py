@@ -430,6 +430,17 @@ class NetworkIsolation(_Model):
         "that exists (kubectl delete networkpolicy <job>)."))
 
 
+class Preflight(_Model):
+    """An optional check in every node pod before it joins the rendezvous (render/preflight.py)."""
+
+    enabled: bool = Field(False, description=(
+        "Run init container `preflight` (the trainer image, python, no torch) in every node pod: it fails "
+        "the pod within a second when the snapshot volume is not writable or fewer GPUs are visible than "
+        "resources.limits[\"nvidia.com/gpu\"], before any other node waits for it in the rendezvous. The "
+        "failure is listed with cause PreflightFailed (it counts against failurePolicy.maxRestarts) and a node "
+        "that failed it alone is kept off for the rest of the job (status.avoidedNodes)."))
+
+
 class Snapshot(_Model):
     """Where the trainer keeps snapshots; a shared volume lets a replaced node resume."""
 
@@ -798,6 +809,7 @@ class DDPJobSpec(_Model):
     pod_overrides: PodOverrides = _object(PodOverrides, "Extra pod settings.")
     # --- rendezvous isolation (docs/security.md) ---
     network_policy: NetworkIsolation = _object(NetworkIsolation, "Network isolation of the job's pods.")
+    preflight: Preflight = _object(Preflight, "Pre-flight check of every node pod (docs/cluster.md).")
 
     @model_validator(mode="after")
     def _defaults_and_rules(self, info: ValidationInfo) -> DDPJobSpec:
@@ -1315,11 +1327,11 @@ class NodeFailure(_Model):
     node: str | None = Field(None, description=(
         "The Kubernetes node the pod ran on (absent when it was never scheduled); see status.avoidedNodes."))
     cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost",
-                   "ImagePull", "Straggler"] | None = Field(
+                   "ImagePull", "Straggler", "PreflightFailed"] | None = Field(
         None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
                            "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
                            "reason is in `reason`), Disrupted or NodeLost (free), ImagePull, Straggler (a slow "
-                           "node replaced under stragglerPolicy: Replace)."))
+                           "node replaced under stragglerPolicy: Replace), PreflightFailed (spec.preflight)."))
     exit_code: int | None = Field(None, description="Exit code of torchrun, when it ran.")
     reason: str | None = Field(None, description=(
         "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))

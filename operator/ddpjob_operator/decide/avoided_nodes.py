@@ -8,6 +8,9 @@ records the pod's node):
 
   * ``NodeLost``: the pod went with its node (shutdown, taint manager, pod GC);
   * ``Straggler``: a slow node replaced under stragglerPolicy: Replace;
+  * ``PreflightFailed``: the pod's pre-flight check failed (render/preflight.py) while no other
+    node failed within budget.INCIDENT_WINDOW_SECONDS (a check failing everywhere at once is
+    the job's configuration, e.g. a read-only snapshot claim, not a node);
   * ``RepeatedFailures``: the node's pods exited with Error or OOMKilled
     C.AVOID_AFTER_FAILURES times, each time alone (no other node failed within
     budget.INCIDENT_WINDOW_SECONDS). A crash on every node at once is the code's (or the
@@ -65,6 +68,8 @@ def _node_cause(entry: Mapping[str, Any], failures: list[Mapping[str, Any]]) -> 
     cause = entry.get("cause")
     if cause in NODE_CAUSES:
         return cause
+    if cause == C.CAUSE_PREFLIGHT:
+        return cause if _alone(entry, failures) else None
     if cause not in EXIT_CAUSES:
         return None
     lone = [f for f in failures if f.get("node") == entry["node"] and f.get("cause") in EXIT_CAUSES

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.kueue import kueue_metadata
 from ddpjob_operator.render.launch import NodeLaunch, launch_plan
+from ddpjob_operator.render.preflight import preflight_container
 from ddpjob_operator.api.names import (
     c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
 )
@@ -96,6 +97,7 @@ def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
 
 def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
               avoid: Sequence[str] = ()) -> dict[str, Any]:
+    container = _container(ref, spec, index, generation)
     body: dict[str, Any] = {
         # hostname + subdomain = the headless Service give <pod>.<job>.<ns>.svc DNS names.
         "hostname": pod_hostname(ref.name, index),
@@ -106,11 +108,13 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
         # Service links would inject *_PORT variables; a Service named "master" sets
         # MASTER_PORT=tcp://... and breaks torch.distributed.
         "enableServiceLinks": False,
-        "containers": [_container(ref, spec, index, generation)],
+        "containers": [container],
         "volumes": _volumes(spec),
         "securityContext": trainer_pod_security(spec),
         **service_account(spec),
     }
+    if spec.preflight.enabled:  # first: a bad node fails the pod before it joins the rendezvous
+        body["initContainers"] = [preflight_container(spec, container["volumeMounts"], container["securityContext"])]
     return {**body, **_scheduling(ref, spec, avoid), **_pod_overrides(spec)}
 
 

@@ -88,3 +88,33 @@ def test_the_replacement_of_a_pod_lost_with_its_node_is_rendered_off_that_node()
         {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-bad"]}]}]}
     assert second.status["avoidedNodes"] == first.status["avoidedNodes"]  # for the rest of the job
     assert [e.reason for e in second.events if e.reason == "NodeAvoided"] == []  # reported once
+
+
+def failed_preflight(job: dict, index: int, node: str) -> dict:
+    """Node pod `index` whose pre-flight init container failed on `node` (the trainer never started)."""
+    pod = make_pod(job, index, phase="Pending")
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Failed", "initContainerStatuses": [{"name": "preflight", "state": {"terminated": {
+        "exitCode": 86, "finishedAt": format_time(at(5)),
+        "message": "preflight failed: 0 GPU(s) visible as /dev/nvidiaN, 1 expected"}}}],
+        "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}]}
+    return pod
+
+
+def test_a_failed_preflight_is_listed_with_its_message_and_its_node_avoided_when_it_failed_alone():
+    job = make_ddpjob(replicas=2, preflight={"enabled": True})
+    result = reconcile(job, observe(with_store(job, [make_pod(job, 0), failed_preflight(job, 1, "gpu-x")])), at(10))
+    failure = result.status["failures"][-1]
+    assert {k: failure[k] for k in ("node", "cause", "message")} == {
+        "node": "gpu-x", "cause": "PreflightFailed",
+        "message": "preflight failed: 0 GPU(s) visible as /dev/nvidiaN, 1 expected"}
+    assert result.status["restarts"] == 1  # it counts against the budget: a job failing it everywhere must stop
+    assert avoided_nodes.names(result.status) == ["gpu-x"]
+
+
+def test_a_preflight_failing_on_every_node_at_once_is_the_jobs_configuration_and_avoids_nothing():
+    job = make_ddpjob(replicas=2, preflight={"enabled": True})
+    pods = [failed_preflight(job, 0, "gpu-x"), failed_preflight(job, 1, "gpu-y")]
+    result = reconcile(job, observe(with_store(job, pods)), at(10))
+    assert [f["cause"] for f in result.status["failures"]] == ["PreflightFailed", "PreflightFailed"]
+    assert "avoidedNodes" not in result.status
