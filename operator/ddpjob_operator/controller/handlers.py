@@ -229,7 +229,8 @@ async def _observe_disruption_budget(api: kube.Kube, namespace: str, name: str, 
     if (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
         return None
     try:
-        return ObservedBudget.of(await api.get_or_none("PodDisruptionBudget", namespace, disruption_budget_name(name)))
+        budget = await api.get_or_none("PodDisruptionBudget", namespace, disruption_budget_name(name))
+        return ObservedBudget.of(budget, job["metadata"].get("uid", ""))
     except kube.ApiError as e:
         if e.status != 403:
             raise

@@ -216,8 +216,14 @@ class ObservedBudget:
     spec: Mapping[str, Any] | None = None
 
     @classmethod
-    def of(cls, budget: Mapping[str, Any] | None) -> ObservedBudget:
-        return cls(None if budget is None else dict(budget.get("spec") or {}))
+    def of(cls, budget: Mapping[str, Any] | None, owner_uid: str) -> ObservedBudget | None:
+        """The budget as read (None: absent); None when one of that name belongs to someone else,
+        who keeps it: the job then goes without one rather than take over a budget it did not make."""
+        if budget is None:
+            return cls(None)
+        if _controller_uid(budget.get("metadata") or {}) != owner_uid:
+            return None
+        return cls(dict(budget.get("spec") or {}))
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.render.pdb import budget_spec, render_disruption_budget
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 
+BUDGET_COMPARED = ("minAvailable", "selector")  # the budget's fields whose drift is patched back
 DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted name terminates
 
 
@@ -109,7 +110,9 @@ def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: ObservedBudget |
     if observed.spec is None:
         return [CreateDisruptionBudget(render_disruption_budget(ref, spec))]
     wanted = budget_spec(ref, spec)
-    if any(observed.spec.get(k) != v for k, v in wanted.items()):
+    # Only the fields every server keeps: one before Kubernetes 1.26 drops unhealthyPodEvictionPolicy,
+    # and comparing it would patch the budget on every pass.
+    if any(observed.spec.get(k) != wanted[k] for k in BUDGET_COMPARED):
         return [PatchDisruptionBudget(name, {"spec": wanted})]
     return []
 

@@ -53,3 +53,18 @@ def test_turning_the_budget_off_deletes_one_that_exists_and_creates_none():
 
 def test_nothing_is_planned_for_a_budget_that_was_not_read():
     assert budget_actions(elastic(4), None) == []  # forbidden, or the job finished
+
+
+def test_a_server_that_drops_the_unhealthy_pod_policy_is_not_patched_on_every_pass():
+    job = elastic(4)
+    kept = {k: v for k, v in budget_spec(job_ref(job), parse_spec(job["spec"])).items()
+            if k != "unhealthyPodEvictionPolicy"}  # as a server before Kubernetes 1.26 stores it
+    assert budget_actions(job, ObservedBudget(kept)) == []
+
+
+def test_a_budget_of_the_same_name_that_someone_else_owns_is_left_alone():
+    owned = {"metadata": {"ownerReferences": [{"uid": "job-uid", "controller": True}]}, "spec": {"minAvailable": 1}}
+    assert ObservedBudget.of(owned, "job-uid") == ObservedBudget({"minAvailable": 1})
+    assert ObservedBudget.of(owned, "other-uid") is None  # nothing is planned for it (see the test above)
+    assert ObservedBudget.of({"metadata": {}, "spec": {}}, "job-uid") is None
+    assert ObservedBudget.of(None, "job-uid") == ObservedBudget(None)
