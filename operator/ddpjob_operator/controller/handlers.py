@@ -238,7 +238,8 @@ async def _observe_disruption_budget(api: kube.Kube, namespace: str, name: str, 
         return None
 
 
-async def _write_disruption_budget(api: kube.Kube, action: Any, namespace: str) -> None:
+async def _write_disruption_budget(api: kube.Kube, namespace: str, action: CreateDisruptionBudget
+                                   | PatchDisruptionBudget | DeleteDisruptionBudget) -> None:
     """Create-or-skip, patch-or-skip or delete-or-skip the budget; without the grant (403) the job runs without one."""
     try:
         if isinstance(action, CreateDisruptionBudget):
@@ -338,7 +339,7 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
         if isinstance(action, CreateNetworkPolicy):
             writes.append(_create_network_policy(api, action.body, namespace))
         elif isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
-            writes.append(_write_disruption_budget(api, action, namespace))
+            writes.append(_write_disruption_budget(api, namespace, action))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
             writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name),
