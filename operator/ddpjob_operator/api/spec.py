@@ -493,7 +493,8 @@ class FailurePolicy(_Model):
         "this long after it was created; InvalidImageName fails it at once."))
     force_delete_terminating_after_seconds: int | None = Field(60, ge=0, description=(
         "Force-delete (grace period 0) a node pod still terminating this long after its deletion "
-        "deadline when its node is NotReady or gone, so its replacement can start; null: never."))
+        "deadline when its node is NotReady or gone, so its replacement can start; null: never. A job "
+        "queued through Kueue (scheduling.queueName) waits 300 s more, so Kueue's own force-delete acts first."))
     # Off by default: a log tail may hold secrets, and readers of DDPJobs need not be allowed pods/log.
     include_log_tail: bool = Field(False, description=(
         "Copy the end of a failed trainer's log (its termination message under FallbackToLogsOnError, "
@@ -564,8 +565,9 @@ class Scheduling(_Model):
         "scheduled."))
     queue_name: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN, description=(
         "Kueue LocalQueue that admits the node pods as one workload (Kueue's plain pod-group "
-        "integration): sets the kueue.x-k8s.io/queue-name and pod-group-name labels and the "
-        "pod-group-total-count annotation (= replicas) on every node pod."))
+        "integration): sets the kueue.x-k8s.io/queue-name and pod-group-name labels, the "
+        "pod-group-total-count annotation (= replicas) and safe-to-forcefully-delete: \"true\" (Kueue may "
+        "force-delete a pod stuck on an unreachable node) on every node pod."))
 
 
 # --- Pod security and /dev/shm (render/common.py holds the defaults these merge over) ------
