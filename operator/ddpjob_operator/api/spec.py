@@ -494,7 +494,8 @@ class FailurePolicy(_Model):
     force_delete_terminating_after_seconds: int | None = Field(60, ge=0, description=(
         "Force-delete (grace period 0) a node pod still terminating this long after its deletion "
         "deadline when its node is NotReady or gone, so its replacement can start; null: never. A job "
-        "queued through Kueue (scheduling.queueName) waits 300 s more, so Kueue's own force-delete acts first."))
+        f"queued through Kueue (scheduling.queueName) waits {C.KUEUE_FORCE_DELETE_HEAD_START_SECONDS} s more, so "
+        "Kueue's own force-delete acts first."))
     # Off by default: a log tail may hold secrets, and readers of DDPJobs need not be allowed pods/log.
     include_log_tail: bool = Field(False, description=(
         "Copy the end of a failed trainer's log (its termination message under FallbackToLogsOnError, "
