@@ -125,6 +125,6 @@ def test_with_job_the_script_reports_steps_and_a_failure_after_a_snapshot_is_not
     metrics = read_events(run_dir / "snapshots" / "metrics.jsonl")
     killed = next(e for e in events if e["event"] == "killed")
     before = [e["epoch"] for e in metrics if e["event"] == "snapshot" and e["time"] < killed["time"]]
-    starts = [e for e in metrics if e["event"] == "start"]
-    assert starts[-1]["resume_epoch"] == before[-1] >= 1, "resumed at the epoch after the last save"
+    restart = next(e for e in metrics if e["event"] == "start" and e["time"] > killed["time"])
+    assert restart["resume_epoch"] == before[-1] >= 1, "resumed at the epoch after the last save"
     assert re.search(r"tut  Running  world size \d  epoch \d+  step \d+", out), out

@@ -206,16 +206,24 @@ class Job:
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
-        if error is not None:
-            self.report.failed(error)  # the operator sees why; a DoNotRetry fails the job
-            try:
-                self.close()
-            except Exception:  # keep the training error on top
-                log.exception("closing the job after a training error failed")
-            return
+        if error is None:
+            self.finish()
+        else:
+            self.fail(error)
+
+    def finish(self) -> None:
+        """Training is over: waits for the last snapshot, writes ``done`` and closes."""
         self.store.close()
         self.metrics.write("done", epoch=max(self.epoch - 1, 0), step=self.global_step)
         self.close()
+
+    def fail(self, error: BaseException) -> None:
+        """Training raised ``error``: the operator sees why (a DoNotRetry fails the job), then closes."""
+        self.report.failed(error)
+        try:
+            self.close()
+        except Exception:  # keep the training error on top
+            log.exception("closing the job after a training error failed")
 
     def _start(self) -> None:
         if self._started:
