@@ -120,8 +120,10 @@ class Job:
         keep: complete snapshots kept.
         metrics_file: rank 0's metrics; default ``$DDPJOB_METRICS_FILE``, else
             ``<snapshot dir>/metrics.jsonl``; ``""`` turns them off.
-        environ: where to read RANK, LOCAL_RANK, WORLD_SIZE and ddpjob's variables (default
-            the process environment; without torchrun: rank 0 of 1).
+        environ: where to read RANK, LOCAL_RANK, WORLD_SIZE and the snapshot and metrics paths
+            (default the process environment; without torchrun: rank 0 of 1). The progress
+            record's settings (termination message, port, node index) always come from the
+            process environment, as the pod sets them.
 
     Attributes:
         epoch: the epoch to start at: the loaded snapshot's ``epoch``, else 0.
