@@ -13,10 +13,12 @@ import pytest
 # in the server), who its parent is, and exits with the code it is given (3 on SIGTERM).
 WORKER = '''
 import os, signal, sys, time
-print("torch preloaded", "torch" in sys.modules, "parent", os.getppid(), "argv", sys.argv[1:], flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
 if sys.argv[1] == "sleep":
-    open(sys.argv[2], "w").write(str(os.getpid()))
+    with open(sys.argv[2], "w") as out:  # complete before the line below tells the test to read it
+        out.write(str(os.getpid()))
+print("torch preloaded", "torch" in sys.modules, "parent", os.getppid(), "argv", sys.argv[1:], flush=True)
+if sys.argv[1] == "sleep":
     time.sleep(60)
 sys.exit(int(sys.argv[1]))
 '''
