@@ -229,15 +229,6 @@ class Kube:
                 return None
             raise
 
-    async def exists(self, kind: str, namespace: str, name: str) -> bool:
-        try:
-            await self.request("GET", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name))
-        except ApiError as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
-
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         """A Secret (its ``data`` base64-encoded, as the API returns it); None when it does not exist."""
         return await self._get_or_none(object_path("v1", "secrets", namespace, name))
@@ -245,10 +236,6 @@ class Kube:
     async def get_node(self, name: str) -> dict | None:
         """A Node (cluster-scoped); None when it does not exist. Raises ApiError 403 without the grant."""
         return await self._get_or_none(object_path("v1", "nodes", None, name))
-
-    async def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
-        items, _ = await self.list_objects("v1", "pods", namespace, label_selector)
-        return items
 
     async def list_objects(self, api_version: str, plural: str, namespace: str | None,
                            label_selector: str = "") -> tuple[list[dict], str]:
@@ -286,9 +273,6 @@ class Kube:
                         yield json.loads(line)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise RetryableError(f"WATCH {path}", message=repr(e)) from e
-
-    async def get_job(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(job_path(namespace, name))
 
     async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict | None:
         """One merge-patch of the status subresource; None when the job was deleted meanwhile."""

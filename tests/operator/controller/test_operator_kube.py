@@ -95,7 +95,7 @@ def test_a_busy_server_becomes_a_temporary_error_and_a_bad_request_an_api_error(
             assert (busy.value.status, busy.value.api_message, busy.value.retry_after) == (
                 503, "<html>overloaded</html>", 5.0)
             with pytest.raises(kube.ApiError, match="400 BadRequest: bad") as bad:
-                await api.list_pods("ns", "a=b")
+                await api.list_objects("v1", "pods", "ns", "a=b")
             assert (bad.value.status, bad.value.reason, bad.value.api_message) == (400, "BadRequest", "bad")
         finally:
             await api.close()
@@ -103,7 +103,7 @@ def test_a_busy_server_becomes_a_temporary_error_and_a_bad_request_an_api_error(
         unreachable = connect(f"http://127.0.0.1:{free_port()}")
         try:
             with pytest.raises(kopf.TemporaryError):
-                await unreachable.list_pods("ns", "a=b")
+                await unreachable.list_objects("v1", "pods", "ns", "a=b")
         finally:
             await unreachable.close()
 
