@@ -184,7 +184,7 @@ class ClusterCache:
         self.poke = poke
         self.stores = {kind.plural: Store(kind) for kind in kinds}
         self._synced = {(kind.plural, ns): asyncio.Event() for kind in kinds for ns in self.namespaces}
-        self._forbidden: set[tuple[str, str | None]] = set()  # (plural, namespace) we may not list
+        self._forbidden: dict[tuple[str, str | None], Exception] = {}  # (plural, namespace) we may not list: why
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ what a pass reads
@@ -211,6 +211,10 @@ class ClusterCache:
         """Returns once every watch has listed once."""
         for event in self._synced.values():
             await event.wait()
+
+    def refusal(self, kind: Watched, namespace: str) -> Exception | None:
+        """The API's refusal (403) to list ``kind`` in ``namespace``; None when it may be listed."""
+        return self._forbidden.get((kind.plural, namespace)) or self._forbidden.get((kind.plural, None))
 
     def _is_forbidden(self, plural: str, namespace: str) -> bool:
         return (plural, namespace) in self._forbidden or (plural, None) in self._forbidden
@@ -250,7 +254,7 @@ class ClusterCache:
     async def _list(self, kind: Watched, namespace: str | None) -> str:
         items, version = await self.api.list_objects(kind.api_version, kind.plural, namespace, kind.selector)
         touched = self.stores[kind.plural].replace(namespace, items)
-        self._forbidden.discard((kind.plural, namespace))
+        self._forbidden.pop((kind.plural, namespace), None)
         self._synced[(kind.plural, namespace)].set()
         if kind.job_of is not None:
             for job in touched:
@@ -283,8 +287,8 @@ class ClusterCache:
     def _forbid(self, kind: Watched, namespace: str | None, error: Exception) -> None:
         """The operator may not list this kind here: passes read it as unknown (None), and the
         list is tried again every RETRY_SECONDS in case someone grants it."""
-        if (kind.plural, namespace) not in self._forbidden:
-            logger.warning("Cannot list %s in %s (%s): the operator runs without them there",
-                           kind.plural, namespace or "any namespace", error)
-        self._forbidden.add((kind.plural, namespace))
+        if (kind.plural, namespace) not in self._forbidden:  # the pass that reads them says what it means
+            logger.info("Cannot list %s in %s (%s): trying again every %.0f s",
+                        kind.plural, namespace or "any namespace", error, RETRY_SECONDS)
+        self._forbidden[(kind.plural, namespace)] = error
         self._synced[(kind.plural, namespace)].set()

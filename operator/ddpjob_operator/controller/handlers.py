@@ -233,7 +233,10 @@ def _observe_network_policy(cache: ClusterCache, job: dict) -> bool | None:
     if not network_policy.requested(job) or (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
         return None
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    return cache.exists(NETWORK_POLICIES, namespace, network_policy_name(name))
+    exists = cache.exists(NETWORK_POLICIES, namespace, network_policy_name(name))
+    if exists is None:
+        _warn_no_network_policy_grant(namespace, cache.refusal(NETWORK_POLICIES, namespace))
+    return exists
 
 
 async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> None:
@@ -246,12 +249,12 @@ async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> 
         _warn_no_network_policy_grant(namespace, e)
 
 
-def _warn_no_network_policy_grant(namespace: str, error: kube.ApiError) -> None:
+def _warn_no_network_policy_grant(namespace: str, error: Exception | None) -> None:
     if namespace not in _NO_NETWORK_POLICY_GRANT:
         _NO_NETWORK_POLICY_GRANT.add(namespace)
         logger.warning("Cannot manage NetworkPolicies in %s (%s): its jobs run without one, so anything that "
-                       "reaches their rendezvous store can run code in them; grant get and create on "
-                       "networking.k8s.io networkpolicies (the chart does)", namespace, error)
+                       "reaches their rendezvous store can run code in them; grant list, watch and "
+                       "create on networking.k8s.io networkpolicies (the chart does)", namespace, error)
 
 
 async def _observe_nodes(api: kube.Kube, names: list[str]) -> dict[str, dict | None]:

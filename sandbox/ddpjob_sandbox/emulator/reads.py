@@ -97,6 +97,10 @@ class Reads:
             return [_gone(f"too old resource version: {since}")]
         return [copy.deepcopy(event) for revision, event in log if revision > int(since)]
 
+    def expire(self, plural: str) -> None:
+        """``expire_watches`` from another thread (a test's): waits until it is done."""
+        asyncio.run_coroutine_threadsafe(self.expire_watches(plural), self._serving_loop).result(timeout=10)
+
     async def expire_watches(self, plural: str) -> None:
         """Ends every open watch of ``plural`` with 410 Gone and forgets the events they could resume
         from, as an API server does after etcd compacts the revisions a watcher still needed: the

@@ -36,6 +36,7 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
     _log: dict[Any, collections.deque] = attrs.field(
         factory=lambda: collections.defaultdict(lambda: collections.deque(maxlen=WATCH_LOG_SIZE)), init=False)
     _compacted: dict[Any, int] = attrs.field(factory=dict, init=False)  # expire_watches(): resume from here on
+    _serving_loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)  # for expire()
     _scales: dict[Any, ScalePaths] = attrs.field(factory=dict, init=False)
     _background: set[asyncio.Task] = attrs.field(factory=set, init=False)
     _pending: list[tuple[Any, dict]] = attrs.field(factory=list, init=False)
@@ -94,6 +95,10 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
             if refusal.retry_after is not None:
                 details["retryAfterSeconds"] = refusal.retry_after
             raise api_error(refusal.status, refusal.reason, refusal.message.format(name=name), **details)
+
+    async def __aenter__(self) -> "KubeEmulator":
+        self._serving_loop = asyncio.get_running_loop()
+        return await super().__aenter__()
 
     # ----------------------------------------------------------------- request counts
 
