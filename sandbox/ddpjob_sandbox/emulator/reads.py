@@ -108,7 +108,7 @@ class Reads:
         async with self._lock:
             for res in [r for r in {*self._log, *self._buses} if r.plural == plural]:
                 self._log[res].clear()
-                self._compacted[res] = self._revision + 1
+                self._compacted[res] = self._revision  # a list made now resumes from here
                 await self._buses[res].put(_gone(f"the watch of {plural} expired: the server compacted its events"))
 
     @staticmethod
