@@ -250,6 +250,10 @@ class ClusterCache:
                     logger.warning("Watching %s in %s failed (%s): listing again in %.0f s",
                                    kind.plural, namespace or "all", e, RETRY_SECONDS)
                 await asyncio.sleep(RETRY_SECONDS)
+            except Exception:  # a watch that died here would leave its kind frozen for good
+                logger.exception("Watching %s in %s failed: listing again in %.0f s",
+                                 kind.plural, namespace or "all", RETRY_SECONDS)
+                await asyncio.sleep(RETRY_SECONDS)
 
     async def _list(self, kind: Watched, namespace: str | None) -> str:
         items, version = await self.api.list_objects(kind.api_version, kind.plural, namespace, kind.selector)
