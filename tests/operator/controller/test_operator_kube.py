@@ -108,3 +108,27 @@ def test_a_busy_server_becomes_a_temporary_error_and_a_bad_request_an_api_error(
             await unreachable.close()
 
     asyncio.run(scenario())
+
+
+def test_the_rate_limit_lets_a_burst_through_at_once_then_spaces_requests_by_qps():
+    async def scenario():
+        rate, loop = kube.RateLimit(qps=20, burst=3), asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(3):
+            await rate.wait()
+        burst = loop.time() - started
+        for _ in range(4):
+            await rate.wait()
+        return burst, loop.time() - started
+    burst, total = asyncio.run(scenario())
+    assert burst < 0.1 and 0.18 <= total < 1.5, (burst, total)  # 4 more at 20/s: 0.2 s (the rest: a loaded machine)
+
+
+def test_a_rate_of_zero_never_waits():
+    async def scenario():
+        rate, loop = kube.RateLimit(qps=0, burst=1), asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(1000):
+            await rate.wait()
+        return loop.time() - started
+    assert asyncio.run(scenario()) < 0.5
