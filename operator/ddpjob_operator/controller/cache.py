@@ -7,8 +7,9 @@ time). Here each watched kind is listed once and then watched, as client-go's in
 and a pass reads the cache; a steady-state pass makes no LIST and no GET.
 
 A watched kind is one ``Watched`` entry in ``WATCHED`` (plural, apiVersion, label selector, what
-is kept of each object, which job it belongs to); adding one (a PodDisruptionBudget per job, say)
-is one entry there, one accessor on ``ClusterCache``, and its list/watch RBAC in the chart.
+is kept of each object, which job it belongs to); adding one (as the PodDisruptionBudget was) is
+one entry there, a read of ``ClusterCache.get``/``exists`` in the pass, and its list/watch RBAC
+in the chart.
 
 What the cache lags behind, and why that is safe:
 
@@ -84,7 +85,13 @@ JOBS = Watched(C.PLURAL, C.API_VERSION, "", keep=lambda body: body, job_of=_own_
 PODS = Watched("pods", "v1", OURS, keep=view_pod, job_of=_instance)
 SERVICES = Watched("services", "v1", OURS, keep=lambda _: True)
 NETWORK_POLICIES = Watched("networkpolicies", C.NETWORKING_API_VERSION, OURS, keep=lambda _: True)
-WATCHED = (JOBS, PODS, SERVICES, NETWORK_POLICIES)
+# A pass compares the budget's spec and reads its controller (decide.observed.ObservedBudget.of). All
+# of them, not only ours: a same-named budget someone else made is left alone, not re-created on 409
+# every pass; a namespace holds few.
+DISRUPTION_BUDGETS = Watched("poddisruptionbudgets", C.POLICY_API_VERSION, "",
+                             keep=lambda body: {"metadata": {"ownerReferences": (body.get("metadata") or {}).get(
+                                 "ownerReferences")}, "spec": body.get("spec")})
+WATCHED = (JOBS, PODS, SERVICES, NETWORK_POLICIES, DISRUPTION_BUDGETS)
 
 
 def _version(obj: Mapping[str, Any]) -> int | None:
@@ -195,6 +202,10 @@ class ClusterCache:
     def pods(self, namespace: str, job: str) -> tuple[PodView, ...]:
         """Every pod of the job (node, store and etcd pods alike), by name."""
         return self.stores[PODS.plural].of_job(namespace, job)
+
+    def get(self, kind: Watched, namespace: str, name: str) -> Any:
+        """What is kept of one object (Watched.keep); None when it does not exist (or may not be listed)."""
+        return self.stores[kind.plural].get(namespace, name)
 
     def exists(self, kind: Watched, namespace: str, name: str) -> bool | None:
         """Whether the object exists; None when the operator may not list that kind there (403)."""

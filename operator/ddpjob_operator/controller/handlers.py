@@ -16,7 +16,8 @@ A pass only observes and applies; every decision is made by the pure ``decide.re
 After a pass that left an etcd-v3 job finished, its rendezvous keys are deleted (etcd_cleanup);
 etcd-v3 jobs also carry a kopf finalizer that deletes them on deletion, bounded so it never
 blocks the deletion. A job's managed etcd (managed_etcd) is observed in the pass like its Service,
-and so is its NetworkPolicy (render/network_policy.py), unless the job turned it off.
+and so is its NetworkPolicy (render/network_policy.py), unless the job turned it off, and its
+PodDisruptionBudget (render/pdb.py).
 
 Passes of one job never overlap (one lock per job), at most --max-concurrent-passes run at
 once, and pod events (from the cache's watch) are coalesced so that a job creating 8 pods is
@@ -40,12 +41,15 @@ import kopf
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metrics
 from ddpjob_operator.controller.backoff import Backoff, CreateRetries
-from ddpjob_operator.controller.cache import NETWORK_POLICIES, SERVICES, ClusterCache
+from ddpjob_operator.controller.cache import DISRUPTION_BUDGETS, NETWORK_POLICIES, SERVICES, ClusterCache
 from ddpjob_operator.decide import managed_etcd, stuck
-from ddpjob_operator.api.names import managed_etcd_name, network_policy_name
-from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name
+from ddpjob_operator.decide.actions import (
+    CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
+    DeletePod, PatchDisruptionBudget, Requeue
+)
 from ddpjob_operator.decide.creation import CreateFailure
-from ddpjob_operator.decide.observed import Observed, ObservedEtcd, PodView, claimed
+from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, PodView, claimed
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render import network_policy
 
@@ -211,7 +215,8 @@ async def _observe(api: kube.Kube, cache: ClusterCache, job: dict, progress_poll
     now = datetime.datetime.now(datetime.timezone.utc)
     return Observed(pods, bool(cache.exists(SERVICES, namespace, name)), tuple(live),
                     _observe_managed_etcd(cache, job, owned),
-                    await _observe_nodes(api, stuck.nodes_to_read(pods, now)), _observe_network_policy(cache, job))
+                    await _observe_nodes(api, stuck.nodes_to_read(pods, now)), _observe_network_policy(cache, job),
+                    _observe_disruption_budget(cache, job))
 
 
 def _observe_managed_etcd(cache: ClusterCache, job: dict, owned: tuple[PodView, ...]) -> ObservedEtcd | None:
@@ -237,6 +242,48 @@ def _observe_network_policy(cache: ClusterCache, job: dict) -> bool | None:
     if exists is None:
         _warn_no_network_policy_grant(namespace, cache.refusal(NETWORK_POLICIES, namespace))
     return exists
+
+
+def _observe_disruption_budget(cache: ClusterCache, job: dict) -> ObservedBudget | None:
+    """The job's PodDisruptionBudget (render/pdb.py), from the cache; None once the job finished, or
+    when the operator may not list PodDisruptionBudgets (403: the job then runs without one, and
+    the log says so)."""
+    if (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
+        return None
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    budget_name = disruption_budget_name(name)
+    if cache.exists(DISRUPTION_BUDGETS, namespace, budget_name) is None:
+        _warn_no_budget_grant(namespace, cache.refusal(DISRUPTION_BUDGETS, namespace))
+        return None
+    budget = cache.get(DISRUPTION_BUDGETS, namespace, budget_name)
+    return ObservedBudget.of(budget, job["metadata"].get("uid", ""))
+
+
+async def _write_disruption_budget(api: kube.Kube, namespace: str, action: CreateDisruptionBudget
+                                   | PatchDisruptionBudget | DeleteDisruptionBudget) -> None:
+    """Create-or-skip, patch-or-skip or delete-or-skip the budget; without the grant (403) the job runs without one."""
+    try:
+        if isinstance(action, CreateDisruptionBudget):
+            await api.create_or_skip(action.body, namespace)
+        elif isinstance(action, PatchDisruptionBudget):
+            await api.patch_or_skip("PodDisruptionBudget", namespace, action.name, action.patch)
+        else:
+            await api.delete_or_skip("PodDisruptionBudget", namespace, action.name)
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        _warn_no_budget_grant(namespace, e)
+
+
+_NO_BUDGET_GRANT: set[str] = set()  # namespaces already warned about (one log line each)
+
+
+def _warn_no_budget_grant(namespace: str, error: Exception | None) -> None:
+    if namespace not in _NO_BUDGET_GRANT:
+        _NO_BUDGET_GRANT.add(namespace)
+        logger.warning("Cannot manage PodDisruptionBudgets in %s (%s): its jobs run without one, so a drain may "
+                       "evict all of a job's pods at once; grant list, watch, create, patch and delete on "
+                       "policy poddisruptionbudgets (the chart does)", namespace, error)
 
 
 async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> None:
@@ -317,6 +364,8 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
     for action in result.actions:
         if isinstance(action, CreateNetworkPolicy):
             writes.append(_create_network_policy(api, action.body, namespace))
+        elif isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
+            writes.append(_write_disruption_budget(api, namespace, action))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
             writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name),

@@ -25,7 +25,9 @@ from typing import Any
 import aiohttp
 import kopf
 
-from ddpjob_operator.api.constants import API_VERSION, GROUP, MANAGED_BY, NETWORKING_API_VERSION, PLURAL, VERSION
+from ddpjob_operator.api.constants import (
+    API_VERSION, GROUP, MANAGED_BY, NETWORKING_API_VERSION, PLURAL, POLICY_API_VERSION, VERSION
+)
 
 RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
 REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a reconcile forever
@@ -34,15 +36,16 @@ REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a re
 # status and Event at once; 1,000 jobs created together are spread out instead of opening
 # 1,000 connections. Watches are not counted: each is one long request.
 DEFAULT_QPS = 20.0
+DEFAULT_BURST = 30
 # Reconcile passes running at once (--max-concurrent-passes; handlers.JobPasses). A pass mostly
 # waits on the API, so a few overlap well; more only queue at the rate limit and hold memory.
 DEFAULT_CONCURRENT_PASSES = 16
 WATCH_LINE_BYTES = 3 * 2**20  # one watch event is one line: room for an object near etcd's 1.5 MiB cap
-DEFAULT_BURST = 30
 
 # Kinds the operator writes; all core/v1 except those in _API_VERSIONS.
-_PLURALS = {"Pod": "pods", "Service": "services", "Event": "events", "NetworkPolicy": "networkpolicies"}
-_API_VERSIONS = {"NetworkPolicy": NETWORKING_API_VERSION}
+_PLURALS = {"Pod": "pods", "Service": "services", "Event": "events", "NetworkPolicy": "networkpolicies",
+            "PodDisruptionBudget": "poddisruptionbudgets"}
+_API_VERSIONS = {"NetworkPolicy": NETWORKING_API_VERSION, "PodDisruptionBudget": POLICY_API_VERSION}
 
 
 class ApiError(Exception):
@@ -228,6 +231,17 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    async def patch_or_skip(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """One merge-patch of an object; False (not an error) when it is gone (404)."""
+        try:
+            await self.request("PATCH", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name),
+                               dict(patch), content_type="application/merge-patch+json")
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         """A Secret (its ``data`` base64-encoded, as the API returns it); None when it does not exist."""
