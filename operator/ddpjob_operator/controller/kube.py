@@ -232,6 +232,11 @@ class Kube:
                 return None
             raise
 
+    async def get_or_none(self, kind: str, namespace: str, name: str) -> dict | None:
+        """One object of a kind the operator writes; None when it does not exist. (Passes read these
+        from the cache, controller/cache.py; this is for a one-off look.)"""
+        return await self._get_or_none(object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name))
+
     async def patch_or_skip(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """One merge-patch of an object; False (not an error) when it is gone (404)."""
         try:
