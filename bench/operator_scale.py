@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.request
 
+from ddpjob_operator.controller.cache import WATCHED
 from ddpjob_sandbox.cluster import running_cluster
 from ddpjob_sandbox.jobs import make_manifest
 from ddpjob_sandbox.operator_process import OperatorProcess
@@ -91,8 +92,9 @@ def _measure(jobs: int, args: argparse.Namespace) -> Run:
                    "--metrics-port", str(metrics_port), "--kube-api-qps", str(args.qps),
                    "--max-concurrent-passes", str(args.concurrency)]
         with OperatorProcess(cluster, command, pathlib.Path(tmp) / "operator.log") as operator:
-            # Ready: kopf's job watch and the cache's four watches are open.
-            _until(lambda: emulator.request_counts(OPERATOR_AGENTS)["WATCH"] >= 5, 60, "the operator's watches")
+            # Ready: kopf's job watch and the cache's watches are open.
+            _until(lambda: emulator.request_counts(OPERATOR_AGENTS)["WATCH"] >= len(WATCHED) + 1, 60,
+                   "the operator's watches")
             emulator_thread = next(t for t in threading.enumerate() if t.name == "kube-emulator")
             cpu_before = _cpu(f"/proc/self/task/{emulator_thread.native_id}/stat"), _cpu(f"/proc/{operator.process.pid}/stat")
             before = emulator.request_counts(OPERATOR_AGENTS)
