@@ -100,7 +100,7 @@ def torchrun_wall(workdir: Path, kills: int) -> float:
     job = yaml.safe_load(C10D_EXAMPLE.read_text())
     ref, spec = parse_job(job)
     plan = local_plan(ref.name, spec, rdzv_id=unique_run_id(), run_dir=workdir / "run", torchrun="torchrun",
-                      port=free_port(), early_rendezvous=False, zygote=False)
+                      port=free_port(), fast_restart=False)
     env = plan.nodes[0].env
     conf = dict(item.split("=", 1) for item in env["PET_RDZV_CONF"].split(",") if not item.startswith("is_host"))
     rdzv = Rendezvous("c10d", env["PET_RDZV_ENDPOINT"], plan.rdzv_id, env["PET_NNODES"], conf)

@@ -5,8 +5,9 @@ import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError
 from ddpjob_operator.local.plan import (
-    FAST_RDZV_TIMEOUTS, early_rendezvous_installed, inherited_env, local_plan, local_spec, localize,
+    FAST_RDZV_TIMEOUTS, fast_restart_installed, inherited_env, local_plan, local_spec, localize,
 )
+from ddpjob_operator.render.launch import zygote_socket
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import JobRef, parse_spec
 from ddpjob_sandbox.jobs import make_spec
@@ -59,19 +60,44 @@ def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
         assert node.env["DDPJOB_NODE_INDEX"] == str(index) and node.env["FOO"] == "bar"
 
 
-@pytest.mark.parametrize("backend, early, expected", [
+@pytest.mark.parametrize("backend, fast, expected", [
     ("c10d", True, "ddpjob-c10d"),  # torch's c10d backend, re-rendezvous without waiting a last call
     ("c10d", False, "c10d"),  # ddpjob-trainer (its torchrun entry point) not installed beside ddpjob
     ("etcd-v3", True, "etcd-v3"),  # completes early by itself
 ])
-def test_a_c10d_run_uses_the_early_rendezvous_where_it_is_installed(backend, early, expected):
+def test_a_c10d_run_uses_the_early_rendezvous_with_fast_restart(backend, fast, expected):
     fields = {"elasticPolicy": {"rdzvBackend": backend, "rdzvEndpoints": ["e1:2379"]}} if backend != "c10d" else {}
-    plan = plan_of(spec_of(replicas=2, **fields), early_rendezvous=early)
+    plan = plan_of(spec_of(replicas=2, **fields), fast_restart=fast)
     assert [node.env["PET_RDZV_BACKEND"] for node in plan.nodes] == [expected] * 2
 
 
-def test_the_early_rendezvous_is_installed_in_this_environment():
-    assert early_rendezvous_installed(), "pip install -e trainer registers the ddpjob-c10d torchrun handler"
+def test_ddpjob_trainer_is_installed_in_this_environment():
+    assert fast_restart_installed(), "pip install -e trainer registers the ddpjob-c10d torchrun handler"
+
+
+def test_fast_restart_is_the_pods_rule_with_the_runs_rendezvous_id():
+    spec = spec_of(replicas=2, args=["--epochs", "2"], elasticPolicy={"fastRestart": True})
+    plan = plan_of(spec)
+    ref = JobRef(name="mlp", namespace="team-a", uid="uid-1")
+    for index, node in enumerate(plan.nodes):
+        (pod,) = render_pod(ref, spec, index)["spec"]["containers"]
+        pod_env = {e["name"]: e.get("value") for e in pod["env"]}
+        assert node.argv[1:] == pod["args"] and node.env["PET_RDZV_BACKEND"] == pod_env["PET_RDZV_BACKEND"]
+        assert pod_env["DDPJOB_ZYGOTE_SOCKET"] == zygote_socket("uid-1", index)
+        assert node.env["DDPJOB_ZYGOTE_SOCKET"] == zygote_socket("mlp-run-1", index)
+
+
+@pytest.mark.parametrize("field, argument, used, noted", [
+    (False, None, True, True),  # ddpjob-trainer is installed here: the run turns it on and says so
+    (True, None, True, False),
+    (True, False, False, False),  # an explicit argument wins (bench goodput's bare agents)
+    (False, True, True, False),
+])
+def test_a_local_run_uses_fast_restart_by_the_spec_or_where_ddpjob_trainer_is_installed(field, argument, used, noted):
+    plan = plan_of(spec_of(elasticPolicy={"fastRestart": field}), fast_restart=argument)
+    assert plan.spec.elastic_policy.fast_restart is used
+    assert (plan.nodes[0].argv[1:3] == ["-m", "ddpjob_trainer.zygote"]) is used
+    assert ("elasticPolicy.fastRestart on: ddpjob-trainer is installed beside ddpjob" in plan.notes) is noted
 
 
 def test_by_default_a_store_process_hosts_the_c10d_store_and_every_node_joins_it():
@@ -90,13 +116,13 @@ def test_with_rdzv_store_node_node_0_hosts_the_c10d_store_as_in_a_cluster():
 
 def test_the_command_is_the_pods_args_behind_the_local_torchrun_with_mount_paths_rewritten():
     spec = spec_of(args=["--epochs", "2", "--metrics-file", "/snapshots/m.jsonl"])
-    node = plan_of(spec, zygote=False).nodes[0]
+    node = plan_of(spec, fast_restart=False).nodes[0]
     assert node.argv == ["/venv/bin/torchrun", "-m", "ddpjob_trainer.examples.mlp",
                          "--epochs", "2", "--metrics-file", str(SNAP / "m.jsonl")]
 
 
 def test_with_the_zygote_each_node_forks_its_workers_from_its_own_server():
-    plan = plan_of(spec_of(replicas=2, args=["--epochs", "2"]), zygote=True)
+    plan = plan_of(spec_of(replicas=2, args=["--epochs", "2"]), fast_restart=True)
     assert [node.argv for node in plan.nodes] == [
         ["/venv/bin/torchrun", "-m", "ddpjob_trainer.zygote", "ddpjob_trainer.examples.mlp", "--epochs", "2"]] * 2
     assert [node.env["DDPJOB_ZYGOTE_SOCKET"] for node in plan.nodes] == [

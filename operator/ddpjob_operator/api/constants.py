@@ -56,6 +56,8 @@ ENV_SNAPSHOT_DIR = "DDPJOB_SNAPSHOT_DIR"  # where the trainer reads and writes s
 ENV_JOB_NAME = "DDPJOB_JOB_NAME"  # metadata.name of the job, for logs and metrics
 ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"  # node index of this pod or local agent
 ENV_NAMESPACE = "DDPJOB_NAMESPACE"  # namespace of the job ("" for local runs)
+ENV_ZYGOTE_SOCKET = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the node's worker fork server ("@": an abstract Unix name)
+ZYGOTE_MODULE = "ddpjob_trainer.zygote"  # fastRestart: python -m entry point of that server's client (trainer image)
 # spec.snapshot.onUnreadable: what the trainer does when no snapshot can be read (Fail, StartOver);
 # the same name as ddpjob_trainer.env.SNAPSHOT_ON_UNREADABLE_ENV
 ENV_SNAPSHOT_ON_UNREADABLE = "DDPJOB_SNAPSHOT_ON_UNREADABLE"

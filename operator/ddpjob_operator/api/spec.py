@@ -63,6 +63,7 @@ RESERVED_ENV = {
     C.ENV_JOB_NAME: "metadata.name (set by the operator)",
     C.ENV_NODE_INDEX: "the pod's node index (set by the operator)",
     C.ENV_NAMESPACE: "metadata.namespace (set by the operator)",
+    C.ENV_ZYGOTE_SOCKET: "spec.elasticPolicy.fastRestart",
 }
 RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
                    C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
@@ -388,6 +389,17 @@ class ElasticPolicy(_Model):
         "password may write the rendezvous state, a pickle every agent loads. Only for networks "
         "you trust; rendered as rdzv_conf allow_insecure_credentials=true."))
     rdzv_timeouts: RdzvTimeouts = _object(RdzvTimeouts, "Rendezvous timeouts.")
+    # Off by default: both halves are ddpjob-trainer code that must be in the job's image
+    # (the project's trainer image has it; a bring-your-own image with plain torch does not).
+    fast_restart: bool = Field(False, description=(
+        "Restart workers faster after a failure or a membership change (docs/recovery.md). Needs "
+        "ddpjob-trainer installed in the image (ghcr.io/ddpjob/trainer has it; pip install "
+        "ddpjob-trainer otherwise): without it the agents fail to start. rdzvBackend c10d runs as "
+        "ddpjob-c10d (torch's c10d rendezvous whose re-rendezvous completes once every node with a "
+        "live heartbeat has joined, instead of waiting out lastCallSeconds; etcd-v3 does this "
+        "anyway), and a module job's workers fork from a per-node server that imported torch once "
+        "(torchrun -m ddpjob_trainer.zygote MODULE) instead of starting a fresh Python each. "
+        "Applies to node pods created after a change."))
     managed_etcd: ManagedEtcd = _object(ManagedEtcd, "A per-job etcd run by the operator.")
     # No schema default: the API server would write `pod` into etcd jobs too, which the rule
     # above rejects; unset means pod for c10d (store_on_pod) and nothing for etcd backends.

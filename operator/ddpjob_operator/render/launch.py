@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ddpjob_rdzv import C10D_BACKEND_NAME
+
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import ETCD_V3, DDPJobSpec, RdzvTimeouts
 
@@ -167,7 +169,38 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         env[C.ENV_SNAPSHOT_DIR] = snapshot_dir
         # Snapshots that exist but cannot be read stop the trainer unless the spec says to start over.
         env[C.ENV_SNAPSHOT_ON_UNREADABLE] = spec.snapshot.on_unreadable if spec.snapshot else "Fail"
-    return NodeLaunch(command=["torchrun"], args=torchrun_args(spec), env=env)
+    launch = NodeLaunch(command=["torchrun"], args=torchrun_args(spec), env=env)
+    return with_fast_restart(launch, spec, node_index) if ep.fast_restart else launch
+
+
+def zygote_socket(rendezvous_id: str, node_index: int) -> str:
+    """DDPJOB_ZYGOTE_SOCKET: one abstract Unix name per node and rendezvous.
+
+    A pod has its own network namespace (abstract names are scoped to it), but the sandbox's
+    pods and `ddpjob run`'s nodes share the machine's: the job's rendezvous id keeps jobs (and
+    whole-group restarts) apart, the node index the nodes of one job. A replacement node
+    reuses its index's name once the old node's server has left with its agent.
+    """
+    return f"@ddpjob-zygote-{rendezvous_id}-{node_index}"
+
+
+def with_fast_restart(launch: NodeLaunch, spec: DDPJobSpec, node_index: int) -> NodeLaunch:
+    """`launch` as spec.elasticPolicy.fastRestart runs it (ddpjob-trainer in the image).
+
+    c10d becomes ddpjob-c10d: torch's c10d handler, registered by ddpjob-trainer's torchrun
+    entry point, whose re-rendezvous completes once every node with a live heartbeat joined
+    (ddpjob_trainer.rendezvous.early); etcd-v3 does so already, torch's etcd has no such hook.
+    A module job's worker becomes `-m ddpjob_trainer.zygote MODULE ARGS`: a client of the
+    node's fork server, which imported torch once (ddpjob_trainer.zygote). A script job
+    keeps fresh workers: the server runs modules only.
+    """
+    env, args = dict(launch.env), list(launch.args)
+    if spec.elastic_policy.rdzv_backend == "c10d":
+        env["PET_RDZV_BACKEND"] = C10D_BACKEND_NAME
+    if spec.module:
+        args = ["-m", C.ZYGOTE_MODULE, *args[1:]]  # drops torchrun's own "-m"; MODULE stays first
+        env[C.ENV_ZYGOTE_SOCKET] = zygote_socket(env["PET_RDZV_ID"], node_index)
+    return NodeLaunch(command=launch.command, args=args, env=env)
 
 
 class UnsupportedLocalEnvError(ValueError):
