@@ -10,8 +10,10 @@ policy's budget and permanent codes) is the example's.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -43,10 +45,33 @@ def start_example(k8s, node_agent, tmp_path, *, epochs: int = EPOCHS, samples: i
     return progress, port
 
 
+def zygote_servers() -> set[str]:
+    """The sockets of the worker fork servers (ddpjob_trainer.zygote --serve) running on this machine."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+            if "ddpjob_trainer.zygote" in argv and "--serve" in argv:
+                found.add(argv[argv.index("--serve") + 1])
+    return found
+
+
+def pod_env(k8s, name: str) -> dict[str, str]:
+    (container,) = k8s.get("pods", name)["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+# The example turns fastRestart on (its image has ddpjob-trainer); off is torch's own path.
+@pytest.mark.parametrize("fast_restart", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_killed_node_is_replaced_and_training_resumes_from_the_snapshot_to_success(k8s, operator, node_agent,
-                                                                                    tmp_path):
-    progress, port = start_example(k8s, node_agent, tmp_path)
+                                                                                    tmp_path, fast_restart):
+    progress, port = start_example(k8s, node_agent, tmp_path,
+                                   edit=lambda spec: spec["elasticPolicy"].update(fastRestart=fast_restart))
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
+    env = pod_env(k8s, "mlp-node-0")
+    assert env["PET_RDZV_BACKEND"] == ("ddpjob-c10d" if fast_restart else "c10d")
+    # The survivor's workers are forked by its node's server (none without fastRestart).
+    assert (env.get("DDPJOB_ZYGOTE_SOCKET") in zygote_servers()) is fast_restart
     snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60,
                              "a mid-epoch snapshot")
     # As in a cluster, the store pod (the c10d default, the pod the endpoint names) hosts the store.
