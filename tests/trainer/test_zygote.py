@@ -87,3 +87,27 @@ def test_a_sigkilled_client_takes_its_worker_along(zygote, tmp_path):
     worker = int((tmp_path / "pid").read_text())
     os.killpg(process.pid, signal.SIGKILL)  # the worker runs in a session of its own: only the pipe tells it
     assert wait_gone(worker), "the worker outlived the process torchrun watches"
+
+
+
+# An agent stand-in: starts the node's server as its rendezvous handler does, then one worker.
+AGENT = """
+import subprocess, sys
+from ddpjob_trainer import zygote
+print("server", zygote.prestart().pid, flush=True)
+sys.exit(subprocess.call([sys.executable, "-m", "ddpjob_trainer.zygote", "zy_worker", "5"]))
+"""
+
+
+def test_an_agent_starts_its_nodes_server_before_its_first_worker_which_then_uses_it(tmp_path):
+    (tmp_path / "zy_worker.py").write_text(WORKER)
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": f"@test-zygote-{uuid.uuid4().hex}",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # A file, not a pipe: the server writes to the agent's streams (the container log) and holds them.
+    with open(tmp_path / "agent.log", "w") as log:
+        code = subprocess.run([sys.executable, "-c", AGENT], env=env, stdout=log, timeout=120).returncode
+    (server_line, worker_line) = (tmp_path / "agent.log").read_text().splitlines()
+    preloaded, parent = facts(worker_line)
+    assert code == 5 and preloaded
+    assert parent == int(server_line.split()[1]), "the worker was forked by the server the agent started"
+    assert wait_gone(parent), "that server leaves with its agent"

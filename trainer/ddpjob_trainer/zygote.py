@@ -83,10 +83,29 @@ def _connect_or_start(path: str) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
         if not started:  # the parent is the torchrun agent: the server lives as long as it does
-            subprocess.Popen([sys.executable, "-m", "ddpjob_trainer.zygote", "--serve", os.environ[SOCKET_ENV],
-                              str(os.getppid())], stdin=subprocess.DEVNULL, start_new_session=True)
+            start_server(os.environ[SOCKET_ENV], os.getppid())
             started = True
         time.sleep(0.05)
+
+
+def start_server(name: str, agent: int) -> subprocess.Popen:
+    """Starts the server of socket ``name`` for torchrun agent ``agent`` (it leaves with it); a
+    second start for a name already served exits at once."""
+    return subprocess.Popen([sys.executable, "-m", "ddpjob_trainer.zygote", "--serve", name, str(agent)],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def prestart() -> subprocess.Popen | None:
+    """From the torchrun agent (its rendezvous handler): starts the node's server now when
+    DDPJOB_ZYGOTE_SOCKET is set, so torch is imported while the agent rendezvouses.
+
+    Otherwise a new node (a replacement) imports torch only once its first worker starts, after
+    the round completed, and every node of that round waits for it (3-5 s here). The server
+    binds its socket before importing, so a worker that comes sooner waits for it, not for a
+    second server.
+    """
+    name = os.environ.get(SOCKET_ENV)
+    return start_server(name, os.getpid()) if name else None
 
 
 def _signal(pid: int, number: int) -> None:

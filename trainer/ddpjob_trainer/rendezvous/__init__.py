@@ -25,7 +25,16 @@ def create_rdzv_handler(params):
     """See :func:`ddpjob_trainer.rendezvous.handler.create_rdzv_handler`."""
     from ddpjob_trainer.rendezvous.handler import create_rdzv_handler as create
 
+    _prestart_workers()
     return create(params)
+
+
+def _prestart_workers():
+    """The agent creates its handler once, before its first rendezvous: the moment to start the
+    node's worker fork server (spec.elasticPolicy.fastRestart), see ddpjob_trainer.zygote.prestart."""
+    from ddpjob_trainer.zygote import prestart
+
+    prestart()
 
 
 def create_c10d_handler(params):
@@ -35,6 +44,7 @@ def create_c10d_handler(params):
     from ddpjob_trainer.rendezvous.early import create_early_handler
 
     backend, store = create_backend(params)
+    _prestart_workers()
     return create_early_handler(store, backend, params)
 
 
