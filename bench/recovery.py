@@ -82,8 +82,11 @@ def agent_times(log: pathlib.Path, after: float) -> dict[str, float]:
 
 
 def worker_marks(marks: pathlib.Path, after: float) -> dict[str, float]:
-    """The marks of the first worker process started after `after` (the survivor's restart)."""
-    events = read_events(marks)
+    """The marks of the first worker process started after `after` (the survivor's restart).
+
+    Only a worker has a RANK: a node's fork server (fastRestart) imports ddpjob_trainer.dist
+    too, in the agent's environment, and its marks are not a worker's start."""
+    events = [e for e in read_events(marks) if e.get("rank") is not None]
     started = sorted((e["time"], e["pid"]) for e in events if e["mark"] == "process_started" and e["time"] > after)
     if not started:
         return {}
