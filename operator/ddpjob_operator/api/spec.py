@@ -1276,11 +1276,12 @@ class NodeFailure(_Model):
     index: int | None = Field(None, description="Node index of the pod.")
     pod: str | None = Field(None, description="Pod name.")
     pod_uid: str | None = Field(None, alias="podUID", description="Pod uid (each pod is listed once).")
-    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost",
+    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost", "Deleted",
                    "ImagePull"] | None = Field(
         None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
                            "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
-                           "reason is in `reason`), Disrupted or NodeLost (free), ImagePull."))
+                           "reason is in `reason`), Disrupted, NodeLost or Deleted (deleted by someone while it "
+                           "trained, without a DisruptionTarget; all three free), ImagePull."))
     exit_code: int | None = Field(None, description="Exit code of torchrun, when it ran.")
     reason: str | None = Field(None, description=(
         "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
@@ -1315,12 +1316,26 @@ class Recovery(_Model):
     recovered_failure_time: str | None = Field(None, description="The incident lastRecoverySeconds is about.",
                                                json_schema_extra={"format": "date-time"})
     lost_seconds: float | None = Field(None, description=(
-        "Training time lost so far: for each run, from the snapshot it resumed from (or the job's start) "
-        "to its first step. Runs not reported yet are missing until a container exits."))
+        "Training time lost so far to restarts (failures and membership changes): for each run after the "
+        "first, from the snapshot it resumed from (or the job's start) to its first step. Runs not reported "
+        "yet are missing until a container exits."))
+    startup_seconds: float | None = Field(None, description=(
+        "Start-up of the job's first run: from the job's start (or the snapshot of an earlier job it "
+        "resumed from) to its first step; not counted in lostSeconds."))
     last_resume: LastResume | None = Field(None, description="The newest run seen.")
     accounted_restarts: int | None = Field(None, description="Incidents already judged for progress (bookkeeping).")
     snapshot_at_last_failure: SnapshotMark | None = Field(None, description=(
         "status.lastSnapshot when the last incident was judged; a newer one means progress."))
+
+
+class Finishing(_Model):
+    """The end of training (status.finishing): a node pod exited 0 while others still ran."""
+
+    since: str | None = Field(None, description="When the first node pod exited 0.",
+                              json_schema_extra={"format": "date-time"})
+    stopped: int | None = Field(None, description=(
+        "Node pods still running 15 s after that, stopped by the operator (they would wait in "
+        "torchrun's exit barrier)."))
 
 
 class LastValid(_Model):
@@ -1340,6 +1355,8 @@ class DDPJobStatus(_Model):
     replicas: int | None = Field(None, description="Node pods that exist and have not finished.")
     ready_replicas: int | None = Field(None, description="Node pods that are running and Ready.")
     ready: str | None = Field(None, description="readyReplicas/spec.replicas, for kubectl get.")
+    replica_range: str | None = Field(None, description=(
+        "spec.elasticPolicy minReplicas:maxReplicas, for kubectl get -o wide."))
     selector: str | None = Field(None, description="Label selector of the node pods (scale subresource).")
     restarts: int | None = Field(None, description="Failure incidents recovered from (failurePolicy budget).")
     last_failure_time: str | None = Field(None, description="Start of the latest failure incident.",
@@ -1377,6 +1394,8 @@ class DDPJobStatus(_Model):
     invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
         "Progress records the contract refused, one per pod and field (each reported once in an "
         "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))
+    finishing: Finishing | None = Field(None, description=(
+        "The wait for node pods after training finished, and how many were stopped."))
     last_valid: LastValid | None = Field(None, description=(
         "The newest valid spec. After an edit the operator cannot accept (condition InvalidSpec) "
         "the job goes on with it: failed pods are replaced from it and its deadline holds."))

@@ -6,10 +6,11 @@ the container exits. From the records of all observed pods this module keeps:
 
   * ``status.lastSnapshot`` {epoch, step, time, path}: the newest complete snapshot;
   * ``status.recovery``: the newest resume seen (``lastResume``), the time from the last
-    failure incident to the first step after it (``lastRecoverySeconds``) and the training
-    time lost so far (``lostSeconds``: for every run, from the snapshot it resumed from, or
-    from the job's start, to its first step; work redone after a resume and restart
-    overheads both count). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
+    failure incident to the first step after it (``lastRecoverySeconds``), the training
+    time lost so far (``lostSeconds``: for every run after the first, from the snapshot it
+    resumed from, or from the job's start, to its first step; work redone after a resume and
+    restart overheads both count) and the first run's start-up (``startupSeconds``, the same
+    span for the first run when no failure came before it). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
     bookkeeping of the restart budget by progress (budget.py);
   * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod);
   * ``status.invalidProgressRecords`` [{pod, podUID, field}]: records the contract refused
@@ -98,8 +99,10 @@ def _with_resume(recovery: dict[str, Any], resume: Mapping[str, Any], status: Ma
         return recovery
     recovery = dict(recovery)
     origin = parse_time(resume.get("fromSnapshotTime")) or parse_time(status.get("startTime"))
+    # The first run's lead time is start-up, not a loss: it would have been spent without any failure.
+    key = "lostSeconds" if last or status.get("lastFailureTime") else "startupSeconds"
     if origin is not None and first_step > origin:
-        recovery["lostSeconds"] = round(float(recovery.get("lostSeconds") or 0) + seconds_between(origin, first_step), 3)
+        recovery[key] = round(float(recovery.get(key) or 0) + seconds_between(origin, first_step), 3)
     failed = parse_time(status.get("lastFailureTime"))
     if failed is not None and first_step > failed and recovery.get("recoveredFailureTime") != status["lastFailureTime"]:
         recovery["lastRecoverySeconds"] = round(seconds_between(failed, first_step), 3)
