@@ -51,8 +51,10 @@ from .view import LiveView, PlainView
 
 POLL_SECONDS = 0.2  # how often nodes and metrics are checked
 REFRESH_SECONDS = 0.5  # how often the live table is redrawn
-FINISH_GRACE_SECONDS = 30.0  # after a node finished, others still running this long are stopped
-# (a replacement still waiting in a rendezvous that already closed would otherwise wait joinSeconds)
+# After a node finished, others still running this long are stopped, as the operator does
+# (a node left waiting in torchrun's exit barrier, or a replacement in a rendezvous that already
+# closed, would otherwise hold the run for minutes). Healthy nodes exit well within it.
+FINISH_GRACE_SECONDS = C.FINISH_GRACE_SECONDS
 
 PHASE_INTERRUPTED = "Interrupted"  # local only: Ctrl-C or SIGTERM stopped the run
 
