@@ -243,7 +243,7 @@ class Trainer:
         report = ProgressReport(default_path() if first else None, progress,
                                 node=os.environ.get("DDPJOB_NODE_INDEX", ""), port=progress_port() if first else None)
         info = self.resumed_from
-        report.resumed(info.step if info else None, info.time if info else None)
+        report.resumed(info.step if info else None, info.time if info else None, self.env.restart_count)
         return report
 
     def _make_sinks(self) -> list[Sink]:

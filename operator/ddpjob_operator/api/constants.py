@@ -125,6 +125,9 @@ REASON_FINISH_STOPPED = "StoppedAfterFinish"  # node pods still running past FIN
 MSG_FINISH_STOPPED = ("stopped {count} node pod(s) still running {grace:.0f}s after training "  # REASON_FINISH_STOPPED
                       "finished: {pods}")
 REASON_SCALED = "Scaled"  # spec.replicas changed
+REASON_WORKER_RESTART = "WorkersRestarted"  # torchrun restarted a pod's workers (its elasticPolicy.maxRestarts)
+MSG_WORKER_RESTART = ("torchrun restarted the workers of node pod {pod} (restart {count} of this container; "  # REASON_WORKER_RESTART
+                      "a worker failed, or a node joined or left)")
 MSG_SCALED = "scaled {direction} from {old} to {new} node(s) (spec.replicas)"  # REASON_SCALED
 REASON_POD_DELETED = "NodePodDeleted"  # a node pod was deleted by someone other than the operator
 MSG_POD_DELETED = ("node pod {pod} was deleted while training (not by the operator, no DisruptionTarget); "  # REASON_POD_DELETED

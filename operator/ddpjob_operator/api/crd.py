@@ -153,6 +153,8 @@ def printer_columns() -> list[dict[str, Any]]:
          "description": "spec.elasticPolicy minReplicas:maxReplicas"},
         {"name": "Rdzv Gen", "type": "integer", "jsonPath": ".status.rendezvousGeneration", "priority": 1,
          "description": "Whole-group restarts (rendezvous generation)"},
+        {"name": "Worker Restarts", "type": "integer", "jsonPath": ".status.workerRestarts", "priority": 1,
+         "description": "torchrun's restarts of the workers inside node pods"},
         {"name": "Free Restarts", "type": "integer", "jsonPath": ".status.restartsWithProgress", "priority": 1,
          "description": "Of RESTARTS, incidents after progress: not charged to failurePolicy.maxRestarts"},
         {"name": "Lost", "type": "number", "jsonPath": ".status.recovery.lostSeconds", "priority": 1,

@@ -1328,6 +1328,14 @@ class Recovery(_Model):
         "status.lastSnapshot when the last incident was judged; a newer one means progress."))
 
 
+class WorkerRestarts(_Model):
+    """One node pod's torchrun restart count (status.workerRestartsByPod)."""
+
+    pod: str | None = Field(None, description="Pod name.")
+    pod_uid: str | None = Field(None, alias="podUID", description="Pod uid.")
+    count: int | None = Field(None, description="TORCHELASTIC_RESTART_COUNT of its newest run of the workers.")
+
+
 class Finishing(_Model):
     """The end of training (status.finishing): a node pod exited 0 while others still ran."""
 
@@ -1394,6 +1402,11 @@ class DDPJobStatus(_Model):
     invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
         "Progress records the contract refused, one per pod and field (each reported once in an "
         "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))
+    worker_restarts: int | None = Field(None, description=(
+        "torchrun's restarts of the workers inside node pods (elasticPolicy.maxRestarts: a worker failed, "
+        "or a node joined or left), from the trainer's records; each counted once."))
+    worker_restarts_by_pod: list[WorkerRestarts] = Field(default_factory=list, description=(
+        "The newest torchrun restart count of each observed node pod (bookkeeping of workerRestarts)."))
     finishing: Finishing | None = Field(None, description=(
         "The wait for node pods after training finished, and how many were stopped."))
     last_valid: LastValid | None = Field(None, description=(

@@ -66,7 +66,42 @@ def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
     problems = [RecordProblem.of(pod, C.SOURCE_TERMINATION_MESSAGE, invalid) for pod in pods
                 for invalid in pod.record_problems] + [p for p in live if isinstance(p, RecordProblem)]
     reported, events = record_problems(pods, problems, status.get("invalidProgressRecords"))
-    return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported}, events)
+    restarts, restart_events = worker_restarts(pods, live, status)
+    return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported,
+                     **restarts}, events + restart_events)
+
+
+def worker_restarts(pods: list[PodView], live: list[Mapping[str, Any] | RecordProblem],
+                    status: Mapping[str, Any]) -> tuple[dict[str, Any], list[Event]]:
+    """torchrun's in-pod restarts of the workers, from the records' ``resume.workerRestarts``
+    (TORCHELASTIC_RESTART_COUNT): ``status.workerRestarts`` counts every one seen, and
+    ``status.workerRestartsByPod`` [{pod, podUID, count}] keeps each observed pod's newest count
+    (pruned to observed pods, so it stays bounded) to tell a new restart from one counted; one
+    Event per pod and pass whose count went up. A live record names its pod by node index."""
+    known = {e.get("podUID"): int(e.get("count") or 0) for e in status.get("workerRestartsByPod") or []}
+    by_index = {p.index: p for p in pods if p.active and p.index is not None}
+    seen: dict[str, tuple[PodView, int]] = {}
+    for pod, record in [(p, r) for p in pods for r in p.progress] + [
+            (by_index.get(_index(r)), r) for r in live if not isinstance(r, RecordProblem)]:
+        count = ((record.get("resume") or {}).get("workerRestarts") if pod is not None else None) or 0
+        if count and count > seen.get(pod.uid, (pod, 0))[1]:
+            seen[pod.uid] = (pod, count)
+    total, events = int(status.get("workerRestarts") or 0), []
+    for uid, (pod, count) in seen.items():
+        if count > known.get(uid, 0):
+            total += count - known.get(uid, 0)
+            events.append(Event(C.EVENT_NORMAL, C.REASON_WORKER_RESTART, C.MSG_WORKER_RESTART.format(
+                pod=pod.name, count=count)))
+    observed = {p.uid for p in pods}
+    counts = {**{u: c for u, c in known.items() if u in observed}, **{u: c for u, (_, c) in seen.items()}}
+    names = {p.uid: p.name for p in pods}
+    kept = [{"pod": names[u], "podUID": u, "count": max(c, known.get(u, 0))} for u, c in counts.items() if c]
+    return {"workerRestarts": total or None, "workerRestartsByPod": kept or None}, events
+
+
+def _index(record: Mapping[str, Any]) -> int | None:
+    node = record.get("node")
+    return int(node) if isinstance(node, str) and node.isdigit() else None
 
 
 def record_problems(pods: Iterable[PodView], problems: Iterable[RecordProblem],

@@ -117,7 +117,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
             "completionTime", "rendezvousGeneration", "restartsWithProgress", "restartsWithoutProgress",
-            "failures", "recovery", "invalidProgressRecords", "finishing")
+            "failures", "recovery", "invalidProgressRecords", "finishing", "workerRestarts", "workerRestartsByPod")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -459,7 +459,8 @@ _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "replicaR
           "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
           "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
           "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
-          "runningReplicas", "rendezvousReplicas", "unschedulable", "invalidProgressRecords", "finishing")
+          "runningReplicas", "rendezvousReplicas", "unschedulable", "invalidProgressRecords", "finishing",
+          "workerRestarts", "workerRestartsByPod")
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:

@@ -122,3 +122,36 @@ def test_scaling_out_and_in_posts_one_event_each():
     job["spec"]["replicas"] = 1
     scaled_in = run_pass(job, running_pods(job, 3), 20)
     assert events_of(scaled_in, C.REASON_SCALED) == [Event("Normal", "Scaled", "scaled in from 3 to 1 node(s) (spec.replicas)")]
+
+
+def live_record(node: int, worker_restarts: int) -> dict:
+    """What node `node`'s progress endpoint serves after torchrun restarted its workers `worker_restarts` times."""
+    return {"kind": C.PROGRESS_RECORD_KIND, "version": 1, "node": str(node), "snapshot": None,
+            "resume": {"time": "2026-01-01T12:00:05Z", "fromStep": None, "fromSnapshotTime": None,
+                       "firstStepTime": None, "workerRestarts": worker_restarts}}
+
+
+def test_torchruns_restarts_inside_a_pod_are_counted_once_each_with_one_event_per_rise():
+    job = make_ddpjob(replicas=2)
+    pods = running_pods(job)
+
+    def live_pass(seconds, *records):
+        result = reconcile(job, observe(with_store(job, pods), live_progress=records), at(seconds))
+        job["status"] = result.status
+        return result
+
+    live_pass(0, live_record(0, 0), live_record(1, 0))
+    first = live_pass(10, live_record(0, 1), live_record(1, 1))
+    assert events_of(first, C.REASON_WORKER_RESTART) == [
+        Event("Normal", "WorkersRestarted", f"torchrun restarted the workers of node pod mlp-node-{i} (restart 1 of "
+                                            "this container; a worker failed, or a node joined or left)")
+        for i in (0, 1)]
+    assert first.status["workerRestarts"] == 2 and first.status["restarts"] == 0
+    assert events_of(live_pass(20, live_record(0, 1), live_record(1, 1)), C.REASON_WORKER_RESTART) == []
+    third = live_pass(30, live_record(1, 3))  # two more on node 1, seen at once
+    assert [e.message.split(" (")[0] for e in events_of(third, C.REASON_WORKER_RESTART)] == [
+        "torchrun restarted the workers of node pod mlp-node-1"]
+    assert third.status["workerRestarts"] == 4
+    assert third.status["workerRestartsByPod"] == [
+        {"pod": "mlp-node-0", "podUID": "mlp-node-0-uid", "count": 1},
+        {"pod": "mlp-node-1", "podUID": "mlp-node-1-uid", "count": 3}]
