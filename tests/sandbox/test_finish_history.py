@@ -26,13 +26,15 @@ def seconds(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def finish_three_nodes(k8s, node_agent, workdir) -> float:
-    """A 3-node job to its end; asserts the clean finish; returns final snapshot -> last pod exited."""
+def finish_three_nodes(k8s, node_agent, workdir, claim: str = "mlp-snapshots") -> float:
+    """A 3-node job to its end; asserts the clean finish; returns final snapshot -> last pod exited.
+    ``claim``: its own snapshot claim, so a job never resumes from an earlier one's snapshots."""
     workdir.mkdir(parents=True, exist_ok=True)
     args = trainer_args(epochs=2, samples=768, step_sleep=0.0, snapshot_every_steps=0)
 
     def three(spec: dict) -> None:
         spec["replicas"] = NODES
+        spec["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = claim
 
     progress, _ = start_job(k8s, node_agent, workdir, args=args, rdzv_store="pod", edit=three)
     progress.wait(is_event("start", world_size=NODES), START_TIMEOUT, "three nodes training")
@@ -63,7 +65,7 @@ def test_a_finished_three_node_job_has_every_pod_exited_soon_after_its_final_sna
 def test_five_finished_three_node_jobs_each_let_go_of_their_nodes(k8s, operator, node_agent, tmp_path):
     finishes = []
     for n in range(5):
-        finishes.append(finish_three_nodes(k8s, node_agent, tmp_path / f"job-{n}"))
+        finishes.append(finish_three_nodes(k8s, node_agent, tmp_path / f"job-{n}", claim=f"mlp-snapshots-{n}"))
         k8s.kubectl("delete", "ddpjob/mlp", "--wait=true")
         k8s.wait_for(lambda: not [p for p in k8s.list("pods") if p["metadata"]["name"].startswith("mlp-")],
                      timeout=60, what="the job's pods gone")
