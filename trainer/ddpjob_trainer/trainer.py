@@ -49,6 +49,7 @@ from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
 from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
 from .progress_report import ProgressReport, default_path, progress_port
+from .stop import GracefulStop, PeerStopped, StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,8 @@ class Trainer:
         self.on_step = on_step
         self.scaler = torch.amp.GradScaler("cuda") if config.amp and self.device.type == "cuda" else None
         self.position = Position()
+        self.stop = StopSignal()  # installed while train() runs (stop.py)
+        self.stop_agreed = False  # some rank was told to stop: this step is the last (every rank agrees)
         # The data order's seed; a resumed job keeps the snapshot's.
         self.sampler_seed = config.seed
         self.store = self._make_store()
@@ -317,14 +320,18 @@ class Trainer:
         )
         loss, val_loss = math.nan, None
         try:
-            for epoch in range(self.position.epoch, cfg.epochs):
-                loss = self._run_epoch(epoch)
-                val_loss = self._end_epoch(epoch, loss)
+            with self.stop:
+                for epoch in range(self.position.epoch, cfg.epochs):
+                    loss = self._run_epoch(epoch)
+                    val_loss = self._end_epoch(epoch, loss)
+                    if self.stop_agreed and epoch + 1 < cfg.epochs:  # after the last epoch: done anyway
+                        self._stop_here(None)  # _end_epoch saved the snapshot already
             if self.store is not None:
                 self.store.wait()  # the final snapshot is complete before "done"
             self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
         except BaseException as error:
-            self.report.failed(error)
+            if not isinstance(error, (GracefulStop, PeerStopped)):
+                self.report.failed(error)
             self._close(quiet=True)
             raise
         self._close()
@@ -351,6 +358,8 @@ class Trainer:
             now = time.perf_counter()
             self._after_step(epoch, loss, group_samples * self.env.world_size / (now - last_time), bar)
             losses.append(loss)
+            if self.stop_agreed and index + 1 < micro_batches:
+                self._stop_here((epoch, consumed))
             self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
             group_loss, group_samples, last_time = 0.0, 0, time.perf_counter()
         bar.close()
@@ -378,10 +387,13 @@ class Trainer:
         if self.scheduler is not None:
             self.scheduler.step()
         self.position.step += 1
-        # The logged loss is the mean over all ranks, not just rank 0's shard.
-        total = torch.tensor([local_loss], dtype=torch.float64, device=self.device)
+        # The logged loss is the mean over all ranks, not just rank 0's shard. The stop flag
+        # rides in the same all-reduce, so every rank agrees on the last step at no extra cost.
+        total = torch.tensor([local_loss, float(self.stop.requested)], dtype=torch.float64, device=self.device)
         torch_dist.all_reduce(total)
-        return total.item() / self.env.world_size
+        loss_sum, stops = total.tolist()
+        self.stop_agreed = stops > 0
+        return loss_sum / self.env.world_size
 
     def _after_step(self, epoch: int, loss: float, samples_per_s: float, bar: tqdm) -> None:
         step = self.position.step
@@ -410,7 +422,8 @@ class Trainer:
         if self.env.is_rank0:
             log.info("epoch %d done at step %d: loss %.5f, validation loss %s", epoch, step, loss, val_loss)
         due = (
-            (cfg.snapshot_every_epochs and (epoch + 1) % cfg.snapshot_every_epochs == 0)
+            self.stop_agreed
+            or (cfg.snapshot_every_epochs and (epoch + 1) % cfg.snapshot_every_epochs == 0)
             or (cfg.snapshot_every_steps and step % cfg.snapshot_every_steps == 0)
             or epoch + 1 == cfg.epochs
         )
@@ -455,6 +468,22 @@ class Trainer:
             "extra": self.extra,
         }
         self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
+
+    def _stop_here(self, position: tuple[int, int] | None) -> None:
+        """Ends a graceful stop at this step: the snapshot at ``position`` (epoch, consumed; None when
+        already saved) complete, reported on every node, then GracefulStop or PeerStopped (stop.py)."""
+        if position is not None:
+            self._snapshot(*position)
+        if self.store is not None:
+            self.store.wait()  # rank 0: the snapshot is durable before anyone leaves
+        torch_dist.barrier()
+        self.report.refresh(force=True)  # every node's record names the stop's snapshot
+        step = self.position.step
+        self.metrics.write("stop", step=step, signalled=self.stop.requested)
+        if self.env.is_rank0:
+            log.info("graceful stop: snapshot at step %d complete; %s", step,
+                     "exiting" if self.stop.requested else "a peer got SIGTERM, restarting without it")
+        raise GracefulStop(step) if self.stop.requested else PeerStopped(step)
 
     def _on_snapshot_saved(self, info: SnapshotInfo) -> None:
         self.report.refresh(force=True)  # progress.json is complete now
