@@ -108,6 +108,9 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) ->
         "securityContext": trainer_pod_security(spec),
         **service_account(spec),
     }
+    if spec.snapshot is not None:
+        # Time to finish the step in flight and snapshot it after SIGTERM (trainer/stop.py).
+        body["terminationGracePeriodSeconds"] = spec.snapshot.graceful_stop_seconds
     return {**body, **_scheduling(spec), **_pod_overrides(spec)}
 
 
