@@ -27,6 +27,7 @@ Usage (inside ``with distributed():``)::
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import math
 import os
@@ -50,6 +51,8 @@ from .sampler import ResumableSampler
 from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
 from .progress_report import ProgressReport, default_path, progress_port
 from .stop import GracefulStop, PeerStopped, StopSignal
+from .fast_snapshot import FastSnapshot, fast_root
+from . import fast_resume
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,10 @@ class TrainerConfig:
             ``StartOver`` (train from scratch) when snapshots exist but none can
             be read; None reads ``DDPJOB_SNAPSHOT_ON_UNREADABLE``, which the
             operator renders from ``spec.snapshot.onUnreadable`` (default ``Fail``).
+        fast_snapshot_every_steps: also copy every rank's state to node-local shared memory
+            after every N optimizer steps (0 = off; needs snapshot_dir): a worker restart then
+            resumes from there, losing at most the step in flight (fast_snapshot.py).
+        fast_snapshot_root: where those copies live (None: $DDPJOB_FAST_SNAPSHOT_ROOT, else /dev/shm).
     """
 
     epochs: int
@@ -109,6 +116,8 @@ class TrainerConfig:
     wandb_project: str | None = None
     trust_snapshots: bool | None = None
     snapshot_on_unreadable: str | None = None
+    fast_snapshot_every_steps: int = 0
+    fast_snapshot_root: str | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -127,6 +136,7 @@ _RULES = {
     "accumulation_steps": ">= 1",
     "snapshot_every_epochs": ">= 0",
     "snapshot_every_steps": ">= 0",
+    "fast_snapshot_every_steps": ">= 0",
     "snapshot_keep": ">= 1",
     "bucket_cap_mb": "> 0",
     "num_workers": ">= 0",
@@ -213,6 +223,8 @@ class Trainer:
         # The data order's seed; a resumed job keeps the snapshot's.
         self.sampler_seed = config.seed
         self.store = self._make_store()
+        self.fast = self._make_fast()
+        self.incarnation = 0  # which resume round wrote a fast copy (see _agree_fast)
         self.resumed_from = self._resume()
         self.report = self._make_report()
         self.metrics = MetricsWriter(config.metrics_file if self.env.is_rank0 else None, self._make_sinks())
@@ -238,6 +250,15 @@ class Trainer:
             trusted=self.config.trust_snapshots,
             on_unreadable=self.config.snapshot_on_unreadable,
         )
+
+    def _make_fast(self) -> FastSnapshot | None:
+        if not self.config.fast_snapshot_every_steps:
+            return None
+        if not self.config.snapshot_dir:
+            log.warning("fast_snapshot_every_steps needs snapshot_dir: the fast tier is off")
+            return None
+        directory = fast_root(self.config.snapshot_dir, self.config.fast_snapshot_root)
+        return FastSnapshot(directory, self.env.local_rank)
 
     def _make_report(self) -> ProgressReport:
         # One writer per node (local rank 0): the kubelet reports one message per container.
@@ -265,6 +286,9 @@ class Trainer:
         seed_everything(self.config.seed + self.env.rank)
         if self.store is None:
             return None
+        fast = self._resume_fast()
+        if fast is not None:
+            return fast
         info, state = self._choose_snapshot()
         if info is None:
             return None
@@ -277,6 +301,25 @@ class Trainer:
                 info.path, info.epoch, info.step, info.samples_consumed, state["world_size"], self.env.world_size,
             )
         return info
+
+    def _resume_fast(self) -> SnapshotInfo | None:
+        """Resumes from the fast tier when the group agrees it holds a newer step than the volume
+        (fast_resume.py; a collective whenever snapshots are on, so every rank takes part)."""
+        if self.fast is None:  # the same on every rank: off everywhere
+            return None
+        complete = self.store.complete() if self.env.is_rank0 else []
+        volume_step = complete[-1].step if complete else -1
+        choice, meta = fast_resume.agree(self.fast, volume_step, self.env.rank, self.env.world_size, self.device)
+        if choice is None:
+            return None
+        state = fast_resume.load(choice, self.fast, meta, self.env.rank, self.device)
+        self.incarnation = choice.incarnation
+        self._restore(state)
+        if self.env.is_rank0:
+            log.info("resumed from the fast tier at step %d (%s)", choice.step,
+                     "each rank's own copy" if choice.source < 0 else f"broadcast from rank {choice.source}")
+        return SnapshotInfo(path=str(self.fast.directory), epoch=state["epoch"], step=state["step"],
+                            samples_consumed=state["samples_consumed"], time=state["time"])
 
     def _choose_snapshot(self) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:
         """Rank 0 loads the newest readable snapshot and tells the others which, so every rank
@@ -328,6 +371,8 @@ class Trainer:
                         self._stop_here(None)  # _end_epoch saved the snapshot already
             if self.store is not None:
                 self.store.wait()  # the final snapshot is complete before "done"
+            if self.fast is not None:
+                self.fast.remove()  # finished: nothing will resume from memory
             self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
         except BaseException as error:
             if not isinstance(error, (GracefulStop, PeerStopped)):
@@ -361,6 +406,8 @@ class Trainer:
             if self.stop_agreed and index + 1 < micro_batches:
                 self._stop_here((epoch, consumed))
             self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
+            if self.fast is not None and index + 1 < micro_batches:  # the epoch's end: after _end_epoch
+                self._maybe_fast_snapshot(epoch, consumed)
             group_loss, group_samples, last_time = 0.0, 0, time.perf_counter()
         bar.close()
         return float(np.mean(losses)) if losses else math.nan
@@ -378,6 +425,8 @@ class Trainer:
         return loss.detach().item()
 
     def _optimizer_step(self, local_loss: float) -> float:
+        if self.fast is not None:
+            self.fast.wait()  # the previous step's copy reads the parameters this step changes
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -430,6 +479,8 @@ class Trainer:
         if due:
             self._snapshot(epoch + 1, 0)
         self.position = Position(epoch + 1, step, 0)
+        if self.fast is not None:
+            self._fast_snapshot(epoch + 1, 0)
         return val_loss
 
     @torch.no_grad()
@@ -454,7 +505,22 @@ class Trainer:
         rng_states = gather_rng_states()  # collective: every rank calls _snapshot
         if not self.env.is_rank0:
             return
-        state = {
+        state = self._state(epoch, consumed, rng_states)
+        self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
+
+    def _maybe_fast_snapshot(self, epoch: int, consumed: int) -> None:
+        if self.position.step % self.config.fast_snapshot_every_steps == 0:
+            self._fast_snapshot(epoch, consumed)
+
+    def _fast_snapshot(self, epoch: int, consumed: int) -> None:
+        """Starts this rank's copy to shared memory (no collective: every rank saves its own)."""
+        state = self._state(epoch, consumed, None)
+        state["time"] = _now()
+        self.fast.save(state, step=self.position.step, incarnation=self.incarnation, rank=self.env.rank,
+                       rng=rng_state())
+
+    def _state(self, epoch: int, consumed: int, rng_states: list[dict[str, Any]] | None) -> dict[str, Any]:
+        return {
             "model": self.ddp.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -467,7 +533,6 @@ class Trainer:
             "rng": rng_states,
             "extra": self.extra,
         }
-        self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
 
     def _stop_here(self, position: tuple[int, int] | None) -> None:
         """Ends a graceful stop at this step: the snapshot at ``position`` (epoch, consumed; None when
@@ -517,6 +582,8 @@ class Trainer:
     def _close(self, quiet: bool = False) -> None:
         """Waits for a pending snapshot and closes the metrics; ``quiet`` keeps the original error on top."""
         try:
+            if self.fast is not None:
+                self.fast.wait()  # the newest copy is what a restart resumes from
             if self.store is not None:
                 self.store.close()
         except Exception:
@@ -582,9 +649,14 @@ def gather_rng_states() -> list[dict[str, Any]]:
 
 
 def restore_rng(states: list[dict[str, Any]], rank: int) -> None:
-    """Restores the saved state of ``rank``; a rank that did not exist at save time keeps its fresh seed."""
-    if rank < len(states):
+    """Restores the saved state of ``rank``; a rank that did not exist at save time, or whose state
+    was lost with its node (fast_resume.py), keeps its fresh seed."""
+    if rank < len(states) and states[rank] is not None:
         set_rng_state(states[rank])
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
