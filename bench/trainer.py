@@ -17,7 +17,8 @@ Run with ``python -m bench trainer``. In one run on the same machine:
     beside training, so the wall-clock ratio is the figure that counts (the
     training thread's CPU time leaves the copy out).
 
-``BENCH_TRAINER_PARTS`` picks parts (e.g. ``cd``; default ``abcd``).
+``BENCH_TRAINER_PARTS`` picks parts (e.g. ``cd``; default ``abcd``), ``BENCH_TRAINER_REPEATS``
+the rounds (default 6).
 
 (b), (c) and (d) run in this process as a one-rank gloo group with one torch
 thread. With one rank the trainer skips its per-step loss all-reduce (there
@@ -55,7 +56,7 @@ from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event, read_events
 
-REPEATS = 6
+REPEATS = int(os.environ.get("BENCH_TRAINER_REPEATS", "6"))  # rounds of (b), (c), (d)
 RECOVERY_REPEATS = 4
 TARGETS = {"recovery": 1.2, "async_overhead": 0.02, "loop": 0.99, "fast_tier": 0.98}
 
@@ -218,9 +219,9 @@ def one_rank_group() -> Iterator[object]:
                 os.environ[name] = value
 
 
-def throughput_runs() -> dict[str, list[Throughput]]:
+def throughput_runs(names: tuple[str, ...] = ("none", "sync", "async", "handwritten")) -> dict[str, list[Throughput]]:
     """Every run's samples/s per configuration, the configurations interleaved."""
-    runs: dict[str, list[Throughput]] = {name: [] for name in ("none", "sync", "async", "handwritten")}
+    runs: dict[str, list[Throughput]] = {name: [] for name in names}
     # The runs without a snapshot directory would warn each time that a restart starts over.
     logging.getLogger("ddpjob_trainer").setLevel(logging.ERROR)
     # One intra-op thread: the compute then runs in the training thread, whose
@@ -349,6 +350,8 @@ def throughput_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, s
               for name, values in runs.items()}
     rows = []
     epoch_seconds = SAMPLES / median["none"].wall
+    if "sync" not in runs:  # part (c) alone
+        return loop_rows(runs, median)
     for name, async_save in (("sync", False), ("async", True)):
         blocked = snapshot_blocking_seconds(async_save)
         rows.append((f"(b) one {name} save blocks training", f"{blocked * 1000:.0f} ms",
@@ -363,6 +366,11 @@ def throughput_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, s
             ok = 1 - statistics.median(cpu) <= TARGETS["async_overhead"]
             note += f"; target <= {TARGETS['async_overhead']:.0%}: {_verdict(ok)}"
         rows.append((f"(b) overhead {name}", ratio_cell(cpu, overhead=True), note))
+    return rows + loop_rows(runs, median)
+
+
+def loop_rows(runs: dict[str, list[Throughput]], median: dict[str, Throughput]) -> list[tuple[str, str, str]]:
+    rows = []
     cpu = paired(runs, "none", "handwritten", "cpu")
     rows.append(("(c) ddpjob / hand-written, whole run", ratio_cell(cpu, overhead=False),
                  f"wall {ratio_cell(paired(runs, 'none', 'handwritten', 'wall'), overhead=False)}"))
@@ -378,8 +386,10 @@ def main() -> None:
     began = time.monotonic()
     parts = os.environ.get("BENCH_TRAINER_PARTS", "abcd")
     rows = recovery_rows(recovery_runs()) if "a" in parts else []
-    if "b" in parts or "c" in parts:
+    if "b" in parts:
         rows += throughput_rows(throughput_runs())
+    elif "c" in parts:
+        rows += throughput_rows(throughput_runs(("none", "handwritten")))
     if "d" in parts:
         rows += fast_tier_rows(fast_tier_runs())
     width = max(len(row[0]) for row in rows)
