@@ -35,16 +35,16 @@ from .fast_snapshot import FastSnapshot, skeleton_layout, unflatten
 
 @dataclass(frozen=True)
 class FastResume:
-    """What the group agreed on: the step, the incarnation to write next, who broadcasts (-1: nobody)."""
+    """What the group agreed on: the step, and who broadcasts it (-1: every rank loads its own copy)."""
 
     step: int
-    incarnation: int
     source: int
 
 
 def agree(fast: FastSnapshot | None, volume_step: int, rank: int, world_size: int, device: torch.device
-          ) -> tuple[FastResume | None, dict[str, Any] | None]:
-    """The group's choice (None: resume from the volume) and this rank's meta when it holds the step.
+          ) -> tuple[FastResume | None, dict[str, Any] | None, int]:
+    """The group's choice (None: resume from the volume), this rank's meta when it holds the step,
+    and the incarnation to write from now on (a new one for every resume, whichever tier).
 
     Args:
         fast: this rank's fast tier (None when off: then it contributes nothing).
@@ -58,10 +58,10 @@ def agree(fast: FastSnapshot | None, volume_step: int, rank: int, world_size: in
                                                             torch_dist.ReduceOp.MAX))
     everyone = -negated_lowest == best
     if best < 0 or best < volume or (best == volume and not everyone):
-        return None, None
+        return None, None, newest + 1
     holds = mine == best
     source = -1 if everyone else int(_reduce([rank if holds else world_size], device, torch_dist.ReduceOp.MIN)[0])
-    return FastResume(best, newest + 1, source), (meta if holds else None)
+    return FastResume(best, source), (meta if holds else None), newest + 1
 
 
 def load(choice: FastResume, fast: FastSnapshot, meta: dict[str, Any] | None, rank: int,

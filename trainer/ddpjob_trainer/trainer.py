@@ -224,7 +224,7 @@ class Trainer:
         self.sampler_seed = config.seed
         self.store = self._make_store()
         self.fast = self._make_fast()
-        self.incarnation = 0  # which resume round wrote a fast copy (see _agree_fast)
+        self.incarnation = 0  # which resume round writes the fast copies (fast_resume.py)
         self.resumed_from = self._resume()
         self.report = self._make_report()
         self.metrics = MetricsWriter(config.metrics_file if self.env.is_rank0 else None, self._make_sinks())
@@ -304,16 +304,16 @@ class Trainer:
 
     def _resume_fast(self) -> SnapshotInfo | None:
         """Resumes from the fast tier when the group agrees it holds a newer step than the volume
-        (fast_resume.py; a collective whenever snapshots are on, so every rank takes part)."""
+        (fast_resume.py; a collective whenever the fast tier is on, so every rank takes part)."""
         if self.fast is None:  # the same on every rank: off everywhere
             return None
         complete = self.store.complete() if self.env.is_rank0 else []
         volume_step = complete[-1].step if complete else -1
-        choice, meta = fast_resume.agree(self.fast, volume_step, self.env.rank, self.env.world_size, self.device)
+        choice, meta, self.incarnation = fast_resume.agree(self.fast, volume_step, self.env.rank,
+                                                            self.env.world_size, self.device)
         if choice is None:
             return None
         state = fast_resume.load(choice, self.fast, meta, self.env.rank, self.device)
-        self.incarnation = choice.incarnation
         self._restore(state)
         if self.env.is_rank0:
             log.info("resumed from the fast tier at step %d (%s)", choice.step,
