@@ -30,7 +30,6 @@ import contextlib
 import datetime
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable
@@ -48,8 +47,9 @@ from .dist import device_for
 from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
-from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
-from .progress_report import ProgressReport, default_path, progress_port
+from .job import load_agreed, node_report
+from .snapshot import SnapshotInfo, SnapshotStore
+from .progress_report import ProgressReport
 from .stop import GracefulStop, PeerStopped, StopSignal
 from .fast_snapshot import FastSnapshot, fast_root
 from . import fast_resume
@@ -261,11 +261,7 @@ class Trainer:
         return FastSnapshot(directory, self.env.local_rank)
 
     def _make_report(self) -> ProgressReport:
-        # One writer per node (local rank 0): the kubelet reports one message per container.
-        progress = os.path.join(self.config.snapshot_dir, PROGRESS_FILE) if self.config.snapshot_dir else None
-        first = self.env.local_rank == 0
-        report = ProgressReport(default_path() if first else None, progress,
-                                node=os.environ.get("DDPJOB_NODE_INDEX", ""), port=progress_port() if first else None)
+        report = node_report(self.config.snapshot_dir, self.env.local_rank)
         info = self.resumed_from
         report.resumed(info.step if info else None, info.time if info else None)
         return report
@@ -322,21 +318,8 @@ class Trainer:
                             samples_consumed=state["samples_consumed"], time=state["time"])
 
     def _choose_snapshot(self) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:
-        """Rank 0 loads the newest readable snapshot and tells the others which, so every rank
-        loads the same file even if a shared volume shows new files late; rank 0's verdict
-        that none can be read is raised on every rank alike (none waits in a collective)."""
-        found, verdict = None, None
-        if self.env.is_rank0:
-            try:
-                found = self.store.load_latest(map_location=self.device)
-            except SnapshotsUnreadableError as error:
-                verdict = str(error)
-        chosen = [(found[0] if found else None, verdict)]
-        torch_dist.broadcast_object_list(chosen, src=0)
-        info, verdict = chosen[0]
-        if verdict is not None:
-            raise SnapshotsUnreadableError(verdict)
-        return info, (found[1] if found else None)
+        """The snapshot rank 0 chose, on every rank (one rule with the bring-your-own-loop Job)."""
+        return load_agreed(self.store, self.env.rank, map_location=self.device)
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
