@@ -60,7 +60,7 @@ def results(tmp_path_factory):
     manager = mp.Manager()
     shared = manager.dict()
     mp.start_processes(worker, args=(free_port(), tmp_path_factory.mktemp("fast"), shared), nprocs=2,
-                       start_method="fork")
+                       start_method="spawn")
     return dict(shared)
 
 
