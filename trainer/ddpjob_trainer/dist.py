@@ -22,9 +22,11 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as torch_dist
 
+from . import marks
 from .env import DistEnv, dist_env
 
 log = logging.getLogger(__name__)
+marks.mark_imports_done()  # a worker imports this module right after torch (bench/recovery.py)
 
 # Long enough for a slow snapshot write on rank 0 while the others wait in a
 # collective; short enough that a hung peer fails the round instead of
@@ -72,6 +74,7 @@ def distributed(env: DistEnv | None = None, timeout: datetime.timedelta = DEFAUL
     )
     log.debug("rank %d/%d joined the %s process group", env.rank, env.world_size, backend)
     release_process_groups_at_exit()
+    marks.mark("process_group")
     try:
         yield env
         # Ranks leave the last collective at different moments: none tears its
