@@ -45,10 +45,11 @@ from tqdm import tqdm
 
 from .dist import device_for
 from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
+from .errors import DoNotRetry
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
 from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
-from .progress_report import ProgressReport, default_path, progress_port
+from .progress_report import Heartbeats, ProgressReport, default_path, give_up, progress_port, stop_agent
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ class Trainer:
         self.store = self._make_store()
         self.resumed_from = self._resume()
         self.report = self._make_report()
+        self.heartbeats = self._make_heartbeats()
         self.metrics = MetricsWriter(config.metrics_file if self.env.is_rank0 else None, self._make_sinks())
         self.ddp = DistributedDataParallel(
             self.model,
@@ -245,6 +247,14 @@ class Trainer:
         info = self.resumed_from
         report.resumed(info.step if info else None, info.time if info else None)
         return report
+
+    def _make_heartbeats(self) -> Heartbeats:
+        # Every rank beats into the group's store; each node's reporter gathers them (docs/hangs.md).
+        store = torch_dist.distributed_c10d._get_default_store()
+        heartbeats = Heartbeats(store, self.env.rank, self.env.world_size, os.environ.get("DDPJOB_NODE_INDEX", ""))
+        heartbeats.start(self.position.step)
+        self.report.watch(heartbeats)
+        return heartbeats
 
     def _make_sinks(self) -> list[Sink]:
         if not self.env.is_rank0:
@@ -326,9 +336,19 @@ class Trainer:
         except BaseException as error:
             self.report.failed(error)
             self._close(quiet=True)
+            if isinstance(error, DoNotRetry):
+                self._give_up(error)
             raise
         self._close()
         return TrainResult(cfg.epochs, self.position.step, loss, self.resumed_from, val_loss, self.extra)
+
+    def _give_up(self, error: DoNotRetry) -> None:
+        """A DoNotRetry fails the pod now: the record in the termination message says why (written
+        here when this is not the node's reporting rank), then torchrun is stopped."""
+        if self.report.enabled:
+            stop_agent()
+        else:
+            give_up(error)
 
     def _run_epoch(self, epoch: int) -> float:
         consumed = self.position.consumed if epoch == self.position.epoch else 0
@@ -357,6 +377,7 @@ class Trainer:
         return float(np.mean(losses)) if losses else math.nan
 
     def _micro_step(self, batch: Any, group_size: int, sync: bool) -> float:
+        self.heartbeats.steps.batch_ready()
         batch = _to_device(batch, self.device)
         # no_sync: skip the gradient all-reduce on all but the last micro-step
         # of an accumulation group; gradients accumulate locally meanwhile.
@@ -364,9 +385,12 @@ class Trainer:
         with context:
             with torch.autocast(self.device.type, enabled=self.scaler is not None):
                 loss = self.loss_fn(self.ddp, batch)
+            self.heartbeats.in_collective()
             scaled = loss / group_size
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-        return loss.detach().item()
+        value = loss.detach().item()
+        self.heartbeats.local()
+        return value
 
     def _optimizer_step(self, local_loss: float) -> float:
         if self.scaler is not None:
@@ -391,6 +415,7 @@ class Trainer:
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", step=step)
         self.report.stepped()
+        self.heartbeats.stepped(step)
         if self.on_step is not None:
             self.on_step(step)
 
@@ -496,6 +521,7 @@ class Trainer:
             log.exception("pending snapshot failed while training was already failing")
         finally:
             self.metrics.close()
+            self.heartbeats.stop()
             self.report.close()
 
 
