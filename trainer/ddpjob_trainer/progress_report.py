@@ -34,6 +34,7 @@ the trailing spaces). The kubelet reads it only after the exit.
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.server
 import json
 import logging
@@ -42,7 +43,7 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,7 @@ class ProgressReport:
 
     def _gather_forever(self, heartbeats: Heartbeats) -> None:
         while not self._closed.wait(HEARTBEAT_SECONDS):
+            self.refresh()  # a training thread stuck in a collective no longer copies progress.json
             nodes = heartbeats.gather()
             if nodes:
                 with self._lock:
@@ -369,6 +371,16 @@ class Heartbeats:
         """The training thread finished a forward pass: from here it may wait for its peers."""
         self.steps.forward_done()
         self.phase = "collective"
+
+    @contextlib.contextmanager
+    def collective(self) -> Iterator[None]:
+        """Marks a stretch that waits for the other ranks (a snapshot, validation): ``collective``
+        inside, ``local`` after (the next batch is fetched next)."""
+        self.phase = "collective"
+        try:
+            yield
+        finally:
+            self.phase = "local"
 
     def local(self) -> None:
         """The training thread finished a micro-step's backward: own work again until the next forward."""

@@ -329,7 +329,8 @@ class Trainer:
         try:
             for epoch in range(self.position.epoch, cfg.epochs):
                 loss = self._run_epoch(epoch)
-                val_loss = self._end_epoch(epoch, loss)
+                with self.heartbeats.collective():  # snapshot and validation wait for the other ranks
+                    val_loss = self._end_epoch(epoch, loss)
             if self.store is not None:
                 self.store.wait()  # the final snapshot is complete before "done"
             self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
@@ -371,7 +372,8 @@ class Trainer:
             now = time.perf_counter()
             self._after_step(epoch, loss, group_samples * self.env.world_size / (now - last_time), bar)
             losses.append(loss)
-            self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
+            with self.heartbeats.collective():  # a snapshot gathers every rank's RNG state
+                self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
             group_loss, group_samples, last_time = 0.0, 0, time.perf_counter()
         bar.close()
         return float(np.mean(losses)) if losses else math.nan
