@@ -201,3 +201,9 @@ def test_the_agent_is_stopped_only_when_the_parent_is_torchrun_under_a_job(tmp_p
     assert said == str(stopped)
     if stopped:
         assert code == -signal.SIGTERM
+
+
+@pytest.mark.parametrize(("world_size", "seconds"), [(2, 1.0), (64, 1.0), (640, 10.0)])
+def test_a_large_group_is_gathered_less_often(world_size, seconds):
+    # Every node's reporter reads every rank's key: the store's load grows with the square of the size.
+    assert Heartbeats(None, 0, world_size, "0").gather_seconds == seconds

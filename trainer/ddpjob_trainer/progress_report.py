@@ -62,6 +62,7 @@ PORT_ENV = "DDPJOB_PROGRESS_PORT"  # serve the record at GET /progress on this p
 HTTP_PATH = "/progress"
 HEARTBEAT_PREFIX = "ddpjob/heartbeat/"  # + rank: each rank's heartbeat key in the process group's store
 HEARTBEAT_SECONDS = 1.0  # each rank writes its heartbeat, and each reporter gathers them, this often
+GATHER_RANKS = 64  # above this many ranks, reporters gather less often (every node reads every key)
 STEP_WINDOW = 20  # the figures are medians over this many recent steps (one slow step is not a straggler)
 
 
@@ -194,7 +195,7 @@ class ProgressReport:
                              daemon=True).start()
 
     def _gather_forever(self, heartbeats: Heartbeats) -> None:
-        while not self._closed.wait(HEARTBEAT_SECONDS):
+        while not self._closed.wait(heartbeats.gather_seconds):
             self.refresh()  # a training thread stuck in a collective no longer copies progress.json
             nodes = heartbeats.gather()
             if nodes:
@@ -404,25 +405,33 @@ class Heartbeats:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             self.beat()
 
+    @property
+    def gather_seconds(self) -> float:
+        """How often a reporter gathers: every HEARTBEAT_SECONDS up to GATHER_RANKS ranks, less often
+        above, so that every node reading every key keeps the store's load bounded."""
+        return HEARTBEAT_SECONDS * max(1.0, self.world_size / GATHER_RANKS)
+
     def gather(self) -> list[dict[str, Any]]:
         """One entry per node (lowest index first, at most MAX_NODES) from the ranks' heartbeats;
         [] when none could be read."""
+        keys = [HEARTBEAT_PREFIX + str(rank) for rank in range(self.world_size)]
         try:
-            beats = [self._read(rank) for rank in range(self.world_size)]
+            if self.store.check(keys):  # every rank beat: one round trip for all
+                raw = self.store.multi_get(keys)
+            else:  # a get would wait for a rank that never wrote: ask one by one
+                raw = [self.store.get(key) if self.store.check([key]) else b"" for key in keys]
         except Exception as error:  # the store is gone (its host failed): nothing to report
             log.debug("heartbeats not read: %s", error)
             return []
-        return fold([b for b in beats if b is not None])
+        return fold([b for b in map(_beat, raw) if b is not None])
 
-    def _read(self, rank: int) -> dict[str, Any] | None:
-        key = HEARTBEAT_PREFIX + str(rank)
-        if not self.store.check([key]):  # a get would wait for a rank that never wrote
-            return None
-        try:
-            beat = json.loads(self.store.get(key))
-        except ValueError:
-            return None
-        return beat if isinstance(beat, dict) else None
+
+def _beat(raw: bytes) -> dict[str, Any] | None:
+    try:
+        beat = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return beat if isinstance(beat, dict) else None
 
 
 def fold(beats: list[dict[str, Any]]) -> list[dict[str, Any]]:
