@@ -129,11 +129,13 @@ def begin_hang_restart(spec: DDPJobSpec, status: Mapping[str, Any], hang: Hang, 
     progress = {k: v for k, v in (status.get("progress") or {}).items() if k not in ("advancedTime", "run")}
     changes = {**(ledger_fields(opened, status) if opened else {}), "rendezvousGeneration": generation,
                "progress": progress}
-    return HangRestart(message, changes, _failure(hang, message, pods, now))
+    return HangRestart(message, changes, _failure(hang, pods, now))
 
 
-def _failure(hang: Hang, message: str, pods: tuple[PodView, ...], now: datetime) -> dict[str, Any]:
-    """The Hang entry of status.failures: the first stalled node's pod, the step and all stalled nodes."""
+def _failure(hang: Hang, pods: tuple[PodView, ...], now: datetime) -> dict[str, Any]:
+    """The Hang entry of status.failures: the first stalled node's pod, the step and all stalled nodes
+    (the Event says the rest)."""
+    message = f"no training step for {hang.seconds:.0f}s (hang timeout {hang.timeout:.0f}s)"
     by_index = {str(p.index): p for p in pods if p.index is not None}
     pod = next((by_index[n] for n in hang.nodes if n in by_index), None)
     entry = {"index": pod.index if pod else None, "pod": pod.name if pod else None, "podUID": pod.uid if pod else None,

@@ -93,21 +93,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED)
     else:
         status["startTime"] = status.get("startTime") or format_time(now)
-        noted = _note_failures(spec, observed.pods, status, now)  # every pod, the old generation's too
-        restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
-        status.update(restart.changes if restart else {})
-        groups = observed.of_generation(topology.generation_of(status), replicas)
-        watched = _watch_progress(spec, observed, groups, status, now, prev.get("phase"), restart is None)
-        if watched.hang:
-            groups = observed.of_generation(topology.generation_of(status), replicas)
-        verdict = _active_verdict(spec, groups, status, now, prev.get("phase"))
-        verdict.events[:0] = noted
-        if restart:
-            verdict = _group_restart_verdict(verdict, restart.message, prev.get("phase"), C.REASON_GROUP_RESTART)
-        elif watched.hang:
-            verdict = _group_restart_verdict(verdict, watched.hang.message, prev.get("phase"), C.REASON_HANG)
-        verdict.events += watched.events
-        verdict = _live_fatal(observed, verdict)
+        verdict, groups = _active_pass(ref, spec, observed, status, now, prev.get("phase"))
     if spec is not None and not errors:
         status.update(_capacity_counts(spec, groups))
     update = _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
@@ -117,6 +103,27 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     if status.get("phase") not in C.FINISHED_PHASES:
         _report_creation(update, prev, create_failure, now)
     return update
+
+
+def _active_pass(ref: JobRef, spec: DDPJobSpec, observed: Observed, status: dict[str, Any], now: datetime,
+                 prev_phase: str | None) -> tuple[_Verdict, NodeGroups]:
+    """The verdict on a job that runs (neither invalid, finished nor suspended), and its current
+    group: failures noted, a group restart when the store was lost or the job hung, stragglers."""
+    noted = _note_failures(spec, observed.pods, status, now)  # every pod, the old generation's too
+    restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
+    status.update(restart.changes if restart else {})
+    groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    watched = _watch_progress(spec, observed, groups, status, now, prev_phase, restart is None)
+    if watched.hang:
+        groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    verdict = _active_verdict(spec, groups, status, now, prev_phase)
+    verdict.events[:0] = noted
+    if restart:
+        verdict = _group_restart_verdict(verdict, restart.message, prev_phase, C.REASON_GROUP_RESTART)
+    elif watched.hang:
+        verdict = _group_restart_verdict(verdict, watched.hang.message, prev_phase, C.REASON_HANG)
+    verdict.events += watched.events
+    return _live_fatal(observed, verdict), groups
 
 
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
