@@ -7,6 +7,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
+from ddpjob_operator.api.spec import validate_spec
 from ddpjob_operator.decide import straggler
 from ddpjob_operator.decide.actions import DeletePod
 from ddpjob_operator.decide.observed import liveness_of
@@ -103,3 +104,14 @@ def test_ignore_shows_the_slowest_node_but_never_warns():
     result = step(body, 300, [slow])
     assert result.status["progress"]["slowestNode"] == "1"
     assert not [e for e in result.events if e.reason.startswith("Straggler")]
+
+
+def test_bad_straggler_and_hang_settings_are_refused_naming_field_value_and_rule():
+    errors = validate_spec({"image": "x", "module": "m", "stragglerPolicy": {"action": "Kill", "threshold": 0.5},
+                            "failurePolicy": {"hangTimeoutSeconds": -1, "collectiveTimeoutSeconds": 5}})
+    assert [e.message for e in errors] == [
+        "spec.failurePolicy.hangTimeoutSeconds (-1) must be >= 0",
+        "spec.failurePolicy.collectiveTimeoutSeconds (5) must be >= 10",
+        "spec.stragglerPolicy.action (\"Kill\") must be one of 'Ignore', 'Report' or 'Replace'",
+        "spec.stragglerPolicy.threshold (0.5) must be >= 1.0",
+    ]
