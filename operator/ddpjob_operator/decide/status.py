@@ -324,8 +324,9 @@ def _last_failure(status: Mapping[str, Any]) -> str:
     if not failures:
         return "unknown"
     last = failures[-1]
-    detail = ", ".join(str(x) for x in (f"exit code {last.get('exitCode')}", last.get("reason")) if x)
-    return f"node pod {last['pod']} ({detail}){': ' + last['message'] if last.get('message') else ''}"
+    code = f"exit code {last['exitCode']}" if last.get("exitCode") is not None else None  # a Hang has none
+    detail = ", ".join(str(x) for x in (code, last.get("reason")) if x)
+    return f"node pod {last.get('pod', '?')} ({detail}){': ' + last['message'] if last.get('message') else ''}"
 
 
 def _check_image_pull(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any], now: datetime,

@@ -149,3 +149,16 @@ def test_a_live_do_not_retry_fails_the_job_at_once_with_its_reason():
     failed = next(c for c in result.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "NanLoss"
     assert failed["message"] == "node 0: the loss is NaN; its trainer raised DoNotRetry (NanLoss): not retried"
+
+
+def test_hangs_in_a_row_without_a_newer_snapshot_fail_the_job_naming_the_hang():
+    body = job(hangTimeoutSeconds=60, maxRestartsWithoutProgress=0)
+    body["status"]["lastSnapshot"] = {"epoch": 0, "step": 30, "time": format_time(at(-500)), "path": "/s/30"}
+    body["status"]["recovery"] = {"accountedRestarts": 0, "snapshotAtLastFailure": {"step": 30, "time": format_time(
+        at(-500))}}
+    step(body, 0, [record(40)])
+    result = step(body, 61, [record(40)])
+    assert result.status["phase"] == C.PHASE_FAILED
+    failed = next(c for c in result.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == C.REASON_NO_PROGRESS
+    assert failed["message"].endswith("last: node pod mlp-node-0 (Hang): no training step for 61s (hang timeout 60s)")
