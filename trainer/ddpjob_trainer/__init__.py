@@ -29,6 +29,7 @@ Public API:
     DistEnv, dist_env()      torchrun's variables (env.py)
     distributed()            process-group context manager (dist.py)
     Trainer, TrainerConfig   the training loop (trainer.py)
+    Job                      resume + progress for a loop of your own (job.py, docs/byo.md)
     SnapshotStore            atomic, verified snapshots (snapshot.py)
     ResumableSampler         mid-epoch resume at any world size (sampler.py)
     MetricsWriter, read_metrics   JSON-lines metrics with rollback (metrics.py)
@@ -52,6 +53,7 @@ _LAZY = {
     "Trainer": "trainer",
     "TrainerConfig": "trainer",
     "TrainResult": "trainer",
+    "Job": "job",
     "SnapshotStore": "snapshot",
     "SnapshotInfo": "snapshot",
     "SnapshotError": "snapshot",
@@ -65,6 +67,7 @@ __all__ = ["DistEnv", "DoNotRetry", "TorchrunEnvError", "dist_env", "do_not_retr
 
 if TYPE_CHECKING:
     from .dist import distributed
+    from .job import Job
     from .metrics import MetricsWriter, read_metrics
     from .sampler import ResumableSampler
     from .snapshot import SnapshotError, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore

@@ -476,9 +476,11 @@ def stop_agent(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     return True
 
 
-def give_up(error: DoNotRetry, environ: dict[str, str] | os._Environ = os.environ) -> None:
+def give_up(error: DoNotRetry, *, written: bool = False, environ: dict[str, str] | os._Environ = os.environ) -> None:
     """Makes ``error`` fail the pod now: the termination message gets a record with ``fatal``
-    (a node's reporting rank rewrites it with its full record and keeps ``fatal``), then the
-    torchrun agent is stopped (stop_agent)."""
-    ProgressReport(default_path(environ), None, node=environ.get("DDPJOB_NODE_INDEX", "")).failed(error)
+    (unless this worker's report ``written`` it already; a node's reporting rank rewrites the
+    message with its full record and keeps ``fatal``), then the torchrun agent is stopped
+    (stop_agent)."""
+    if not written:
+        ProgressReport(default_path(environ), None, node=environ.get("DDPJOB_NODE_INDEX", "")).failed(error)
     stop_agent(environ)

@@ -48,8 +48,9 @@ from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
 from .errors import DoNotRetry
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
-from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
-from .progress_report import Heartbeats, ProgressReport, default_path, give_up, progress_port, stop_agent
+from .job import NODE_INDEX_ENV, load_agreed, node_report
+from .snapshot import SnapshotInfo, SnapshotStore
+from .progress_report import Heartbeats, ProgressReport, give_up
 
 log = logging.getLogger(__name__)
 
@@ -239,11 +240,7 @@ class Trainer:
         )
 
     def _make_report(self) -> ProgressReport:
-        # One writer per node (local rank 0): the kubelet reports one message per container.
-        progress = os.path.join(self.config.snapshot_dir, PROGRESS_FILE) if self.config.snapshot_dir else None
-        first = self.env.local_rank == 0
-        report = ProgressReport(default_path() if first else None, progress,
-                                node=os.environ.get("DDPJOB_NODE_INDEX", ""), port=progress_port() if first else None)
+        report = node_report(self.config.snapshot_dir, self.env.local_rank)
         info = self.resumed_from
         report.resumed(info.step if info else None, info.time if info else None)
         return report
@@ -251,7 +248,7 @@ class Trainer:
     def _make_heartbeats(self) -> Heartbeats:
         # Every rank beats into the group's store; each node's reporter gathers them (docs/hangs.md).
         store = torch_dist.distributed_c10d._get_default_store()
-        heartbeats = Heartbeats(store, self.env.rank, self.env.world_size, os.environ.get("DDPJOB_NODE_INDEX", ""))
+        heartbeats = Heartbeats(store, self.env.rank, self.env.world_size, os.environ.get(NODE_INDEX_ENV, ""))
         heartbeats.start(self.position.step)
         self.report.watch(heartbeats)
         return heartbeats
@@ -286,21 +283,8 @@ class Trainer:
         return info
 
     def _choose_snapshot(self) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:
-        """Rank 0 loads the newest readable snapshot and tells the others which, so every rank
-        loads the same file even if a shared volume shows new files late; rank 0's verdict
-        that none can be read is raised on every rank alike (none waits in a collective)."""
-        found, verdict = None, None
-        if self.env.is_rank0:
-            try:
-                found = self.store.load_latest(map_location=self.device)
-            except SnapshotsUnreadableError as error:
-                verdict = str(error)
-        chosen = [(found[0] if found else None, verdict)]
-        torch_dist.broadcast_object_list(chosen, src=0)
-        info, verdict = chosen[0]
-        if verdict is not None:
-            raise SnapshotsUnreadableError(verdict)
-        return info, (found[1] if found else None)
+        """The snapshot rank 0 chose, on every rank (one rule with the bring-your-own-loop Job)."""
+        return load_agreed(self.store, self.env.rank, map_location=self.device)
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -346,10 +330,7 @@ class Trainer:
     def _give_up(self, error: DoNotRetry) -> None:
         """A DoNotRetry fails the pod now: the record in the termination message says why (written
         here when this is not the node's reporting rank), then torchrun is stopped."""
-        if self.report.enabled:
-            stop_agent()
-        else:
-            give_up(error)
+        give_up(error, written=self.report.enabled)
 
     def _run_epoch(self, epoch: int) -> float:
         consumed = self.position.consumed if epoch == self.position.epoch else 0

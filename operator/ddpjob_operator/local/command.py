@@ -68,6 +68,36 @@ def check_code(spec: DDPJobSpec) -> None:
                             f"{spec.module.split('.')[0]!r} is not installed in {sys.prefix}")
 
 
+PROGRESS_API = "ddpjob_trainer"  # code that imports it can report steps (Trainer, Job)
+
+
+def reports_progress(spec: DDPJobSpec) -> bool:
+    """Whether the job's code can report training steps: its file mentions ddpjob_trainer.
+
+    A plain-torch script reports nothing, so `--kill-node-after` counts from the start for
+    it instead of waiting for a first step that never comes (cheap: reads one file).
+    """
+    source = _code_file(spec)
+    try:
+        return source is not None and PROGRESS_API in source.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _code_file(spec: DDPJobSpec) -> Path | None:
+    """spec.script, or spec.module's file found without importing anything."""
+    if spec.script:
+        return Path(spec.script)
+    parts = spec.module.split(".")
+    top = importlib.util.find_spec(parts[0])
+    if top is None:
+        return None
+    if not top.submodule_search_locations:  # a single-file module
+        return Path(top.origin) if top.origin else None
+    path = Path(list(top.submodule_search_locations)[0], *parts[1:])
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__main__.py"
+
+
 def check_cluster_only(spec: DDPJobSpec) -> None:
     """Fields that need a cluster (a Secret, an operator-run etcd) or mean "do not run"."""
     ep = spec.elastic_policy
@@ -133,7 +163,12 @@ def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str
     lines += [f"note: {note}" for note in plan.notes]
     if args.kill_node_after is not None:
         victim = args.kill_node if args.kill_node is not None else len(plan.nodes) - 1
-        lines.append(f"will SIGKILL node {victim} {args.kill_node_after:g} s after the first training step")
+        when = ("the first training step" if reports_progress(plan.spec) else
+                "the start (the code does not use ddpjob_trainer, so no training step is reported)")
+        lines.append(f"will SIGKILL node {victim} {args.kill_node_after:g} s after {when}")
+    if plan.nodes and plan.nodes[0].cwd is not None:
+        lines.append(f"working directory {plan.nodes[0].cwd}: relative paths the script saves land here "
+                     "(a new run gets a new one)")
     return lines
 
 
@@ -147,7 +182,8 @@ def execute(job: str, spec: DDPJobSpec, args: argparse.Namespace, out: TextIO) -
     for line in header(plan, run_dir, args):
         print(line, file=out, flush=True)
     live = out.isatty() and not args.plain
-    options = RunOptions(kill_after=args.kill_node_after, kill_node=args.kill_node, live=live)
+    options = RunOptions(kill_after=args.kill_node_after, kill_node=args.kill_node, live=live,
+                         kill_from_start=not reports_progress(plan.spec))
     with _sigterm_as_interrupt():
         result = Runner(plan, run_dir, options, out).run()
     return report(result, out)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.render.launch import launch_plan, merged_env
+from ddpjob_operator.render.launch import WORK_DIR_NAME, launch_plan, merged_env, working_dir
 from ddpjob_operator.api.spec import DDPJobSpec
 
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
@@ -40,6 +40,7 @@ class LocalNode:
     index: int
     argv: list[str]
     env: dict[str, str]
+    cwd: Path | None = None  # the working directory (None: the caller's)
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,11 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         launch.UnsupportedLocalEnvError: a spec.env entry uses valueFrom.
     """
     spec, notes = local_spec(spec, port=port, fast_rendezvous=fast_rendezvous)
+    if spec.script:  # before the working directory changes (see local_work_dir)
+        spec = spec.model_copy(update={"script": str(Path(spec.script).resolve())})
     mount = spec.snapshot.mount_path if spec.snapshot else None
     snapshot_dir = run_dir / "snapshots" if spec.snapshot else None
+    cwd = local_work_dir(job, spec, run_dir)
     nodes = []
     for index in range(spec.desired_replicas):
         launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
@@ -141,9 +145,25 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
             # Without a snapshot volume the trainer has no default metrics path; the view needs one.
             env.setdefault(ENV_METRICS_FILE, str(run_dir / METRICS_NAME))
         argv = [torchrun, *(localize(arg, mount, snapshot_dir) for arg in launch.args)]
-        nodes.append(LocalNode(index, argv, env))
+        nodes.append(LocalNode(index, argv, env, cwd))
     metrics = nodes[0].env.get(ENV_METRICS_FILE) or str(snapshot_dir / METRICS_NAME)
     return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes, _store(spec, torchrun))
+
+
+def local_work_dir(job: str, spec: DDPJobSpec, run_dir: Path) -> Path | None:
+    """The nodes' working directory: the Pods' (render.launch.working_dir) in the run's snapshot
+    directory, else `run_dir/work` for a script job; None (the caller's) for a module job.
+
+    Each run has its own, so a script that saves relative to its working directory resumes
+    after a node failure but never picks up an earlier run's files (unless --workdir names
+    that run). The script path is made absolute first; a module keeps `python -m`'s sys.path.
+    """
+    if not spec.script:
+        return None
+    pod_dir = working_dir(job, spec)
+    if pod_dir is not None:
+        return Path(localize(pod_dir, spec.snapshot.mount_path, run_dir / "snapshots"))
+    return run_dir / WORK_DIR_NAME
 
 
 def _store(spec: DDPJobSpec, torchrun: str) -> LocalNode | None:

@@ -24,6 +24,7 @@ from .plan import LocalNode
 from .policy import container_exit_code
 
 MARKER_ENV = "DDPJOB_LOCAL_NODE"  # marks every process of one incarnation of a local node
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun sets it in each worker: its restarts so far
 STOP_GRACE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long (torchrun forwards SIGTERM to workers)
 
 
@@ -124,6 +125,13 @@ class NodeProcess:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def worker_restarts(self) -> int | None:
+        """How often torchrun restarted this node's workers: the highest TORCHELASTIC_RESTART_COUNT
+        among its live workers (one /proc scan); None while no worker runs."""
+        counts = [int(p.env[RESTART_COUNT_ENV]) for p in marked_processes(self.marker)
+                  if p.env.get(RESTART_COUNT_ENV, "").isdigit()]
+        return max(counts) if counts else None
 
     def poll(self) -> int | None:
         """The agent's exit code in the container convention (137 = SIGKILL), None while it runs."""

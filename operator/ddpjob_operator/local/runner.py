@@ -51,6 +51,9 @@ from .view import LiveView, PlainView
 
 POLL_SECONDS = 0.2  # how often nodes and metrics are checked
 REFRESH_SECONDS = 0.5  # how often the live table is redrawn
+# Code that reports no steps: torchrun's worker restarts are read from the workers' environment
+# (a /proc scan, a few ms) this often instead.
+WORKER_SCAN_SECONDS = 2.0
 FINISH_GRACE_SECONDS = 30.0  # after a node finished, others still running this long are stopped
 # (a replacement still waiting in a rendezvous that already closed would otherwise wait joinSeconds)
 
@@ -63,6 +66,7 @@ class RunOptions:
 
     kill_after: float | None = None  # SIGKILL a node this many seconds after the first training step
     kill_node: int | None = None  # which node (default: the highest index, so not node 0)
+    kill_from_start: bool = False  # count kill_after from the run's start: the code reports no steps
     live: bool = False  # live table (a TTY) instead of plain lines
     finish_grace: float = FINISH_GRACE_SECONDS
 
@@ -96,6 +100,8 @@ class Runner:
         self.snapshot: dict | None = None  # newest complete snapshot in the metrics {step, epoch, time}
         self.last_step: float | None = None  # run clock of the latest step event read
         self.failed_at: float | None = None  # run clock of the latest node failure (a replacement came due)
+        self.worker_restarts: dict[tuple[int, int], int] = {}  # (node, start) -> torchrun restarts seen
+        self.scanned = -WORKER_SCAN_SECONDS
         self.holding = False
         self.killed = False
         self.finished_at: float | None = None
@@ -129,6 +135,7 @@ class Runner:
         last_refresh = -REFRESH_SECONDS
         while True:
             self._read_metrics()
+            self._scan_workers()
             self._maybe_kill()
             self._reap_store()
             self._reap()
@@ -162,18 +169,32 @@ class Runner:
             if all(n.state == "running" for n in self.state.nodes.values() if n.index in self.procs):
                 self._set_phase("Running")
 
+    def _scan_workers(self) -> None:
+        """torchrun restarts of code that reports no steps (the trainer's `start` events count them otherwise)."""
+        if self.state.starts_seen or self.clock() - self.scanned < WORKER_SCAN_SECONDS:
+            return
+        self.scanned = self.clock()
+        for index, proc in self.procs.items():
+            count, key = proc.worker_restarts(), (index, self.state.nodes[index].starts)
+            if count is not None and count > self.worker_restarts.get(key, 0):
+                self.worker_restarts[key] = count
+                self.view.log(self.clock(), f"node {index}: torchrun restarted its workers (restart {count})")
+        self.state.torchrun_restarts = sum(self.worker_restarts.values())
+
     def _maybe_kill(self) -> None:
         opts = self.options
-        if opts.kill_after is None or self.killed or self.first_step is None:
+        origin = 0.0 if opts.kill_from_start else self.first_step
+        if opts.kill_after is None or self.killed or origin is None:
             return
-        if self.clock() < self.first_step + opts.kill_after:
+        if self.clock() < origin + opts.kill_after:
             return
         index = opts.kill_node if opts.kill_node is not None else len(self.plan.nodes) - 1
         proc = self.procs.get(index)
         if proc is None:
             return  # not running right now (backoff): try again on the next pass
         self.killed = True
-        self._event("killed", node=index, pid=proc.pid, why=f"--kill-node-after {opts.kill_after:g}")
+        since = "the start (no training step is reported)" if opts.kill_from_start else "the first training step"
+        self._event("killed", node=index, pid=proc.pid, why=f"--kill-node-after {opts.kill_after:g} s after {since}")
         proc.kill()
 
     def _reap(self) -> None:
@@ -285,14 +306,16 @@ class Runner:
         node = self.plan.nodes[index]
         if self.generation:
             env = {**node.env, "PET_RDZV_ID": rdzv_id(self.plan.rdzv_id, self.generation)}
-            node = LocalNode(node.index, node.argv, env)
+            node = LocalNode(node.index, node.argv, env, node.cwd)
         start = self.state.nodes[index].starts + 1
         log_path = self.run_dir / "logs" / f"node-{index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"=== ddpjob run: node {index}, start {start}: {' '.join(node.argv)}\n")
         marker = f"{self.plan.rdzv_id}.node-{index}.{start}"
-        proc = NodeProcess.start(node, self.base_env, log_path, marker)
+        if node.cwd is not None:
+            node.cwd.mkdir(parents=True, exist_ok=True)
+        proc = NodeProcess.start(node, self.base_env, log_path, marker, cwd=node.cwd)
         self.procs[index] = proc
         self._event("started", node=index, pid=proc.pid, start=start, rdzv_id=node.env["PET_RDZV_ID"])
 
@@ -326,6 +349,7 @@ class Runner:
             self.view.log(record["t"], line)
 
     def _write_launch(self) -> None:
-        nodes = [{"node": n.index, "argv": n.argv, "env": n.env} for n in self.plan.nodes]
+        nodes = [{"node": n.index, "argv": n.argv, "env": n.env, "cwd": str(n.cwd) if n.cwd else None}
+                 for n in self.plan.nodes]
         (self.run_dir / "launch.json").write_text(json.dumps(
             {"job": self.plan.job, "rdzv_id": self.plan.rdzv_id, "nodes": nodes}, indent=2) + "\n")

@@ -11,19 +11,30 @@ from __future__ import annotations
 import shutil
 from typing import TextIO
 
-from .state import BACKOFF, RunState, fmt_number
+from .state import BACKOFF, RUNNING, STARTING, RunState, fmt_number
 
 PLAIN_PROGRESS_SECONDS = 10.0  # a progress line this often in plain output
 COLUMNS = ("NODE", "STATE", "PID", "STARTS", "LAST EXIT")
 
 
-def progress(state: RunState) -> str:
-    """'mlp  Running  world size 2  epoch 1  step 87  loss 0.0973'."""
+def progress(state: RunState, now: float | None = None) -> str:
+    """'mlp  Running  world size 2  epoch 1  step 87  loss 0.0973', or, for code that reports
+    no steps, what the runner knows itself: 'tut  Started  nodes 2/2 up  41 s since start  ...'."""
+    if state.step is None and now is not None and any(n.pid is not None for n in state.nodes.values()):
+        return without_progress(state, now)
     return "  ".join([state.job, state.phase,
                       f"world size {state.world_size if state.world_size is not None else '-'}",
                       f"epoch {state.epoch if state.epoch is not None else '-'}",
                       f"step {state.step if state.step is not None else '-'}",
                       f"loss {fmt_number(state.loss)}"])
+
+
+def without_progress(state: RunState, now: float) -> str:
+    """The progress line of a run whose code reports no training step (see docs/byo.md)."""
+    up = sum(1 for n in state.nodes.values() if n.state in (STARTING, RUNNING) and n.pid is not None)
+    phase = "Started" if state.phase == "Pending" else state.phase
+    return "  ".join([state.job, phase, f"nodes {up}/{len(state.nodes)} up", f"{now:.0f} s since start",
+                      "no training progress reported (ddpjob_trainer.Job reports it)"])
 
 
 def recovery(state: RunState) -> str:
@@ -35,9 +46,9 @@ def recovery(state: RunState) -> str:
     return "  ".join(parts)
 
 
-def headline(state: RunState) -> str:
+def headline(state: RunState, now: float | None = None) -> str:
     """progress and recovery on one line (the plain view's progress line)."""
-    return f"{progress(state)}  {recovery(state)}"
+    return f"{progress(state, now)}  {recovery(state)}"
 
 
 def _node_state(node, now: float) -> str:
@@ -53,7 +64,7 @@ def render(state: RunState, now: float) -> list[str]:
         rows.append((str(node.index), _node_state(node, now), str(node.pid or "-"), str(node.starts),
                      "-" if node.last_exit is None else str(node.last_exit)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = [progress(state), recovery(state)]
+    lines = [progress(state, now), recovery(state)]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     if state.message:
         lines.append(f"last decision: {state.message}")
@@ -78,7 +89,7 @@ class PlainView:
     def refresh(self, state: RunState, now: float) -> None:
         if now >= self.next_progress:
             self.next_progress = now + PLAIN_PROGRESS_SECONDS
-            self.log(now, headline(state))
+            self.log(now, headline(state, now))
 
     def close(self, state: RunState, now: float) -> None:
         for line in render(state, now):

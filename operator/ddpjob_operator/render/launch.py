@@ -39,6 +39,25 @@ def torchrun_args(spec: DDPJobSpec) -> list[str]:
     return [*head, *spec.args]
 
 
+WORK_DIR_NAME = "work"  # <snapshot mountPath>/work/<job>: the working directory of script jobs
+
+
+def working_dir(job: str, spec: DDPJobSpec) -> str | None:
+    """The node container's working directory: `<spec.snapshot.mountPath>/work/<job>`, or None
+    (the image's own) for a job without a snapshot volume, a `module:` job or a relative `script:`.
+
+    Scripts such as the PyTorch DDP tutorial's save `snapshot.pt` relative to their working
+    directory; in the image's it would live and die with the container, so a replaced pod would
+    train from epoch 0. On the snapshot volume every node and every replacement sees it. Keyed
+    by job name, not uid: re-applying a job of the same name resumes from its files, as it does
+    from the snapshots. Only an absolute `script:` moves: a relative one (and `python -m`'s
+    sys.path) is resolved against the image's working directory, which a render cannot know.
+    """
+    if spec.snapshot is None or not spec.script or not spec.script.startswith("/"):
+        return None
+    return f"{spec.snapshot.mount_path.rstrip('/')}/{WORK_DIR_NAME}/{job}"
+
+
 def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None,
               is_host: bool | None = None, *, allow_insecure_credentials: bool = False) -> str:
     """PET_RDZV_CONF, with torch's key names (dynamic_rendezvous.py), plus where the

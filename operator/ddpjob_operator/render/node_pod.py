@@ -10,7 +10,7 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.kueue import kueue_metadata
-from ddpjob_operator.render.launch import NodeLaunch, launch_plan
+from ddpjob_operator.render.launch import NodeLaunch, launch_plan, working_dir
 from ddpjob_operator.api.names import (
     c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
 )
@@ -120,6 +120,8 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
         "command": launch.command,
         "args": launch.args,
         "env": _env(launch, spec),
+        # Relative saves land on the snapshot volume, shared by every node and replacement.
+        **({"workingDir": work} if (work := working_dir(ref.name, spec)) else {}),
         # The trainer keeps its last complete snapshot here (DDPJOB_TERMINATION_LOG); the kubelet
         # reports it when the container exits, so the operator learns progress and pods need no
         # API rights. Only an empty file falls back to the log tail.

@@ -1,0 +1,6 @@
+"""Integrations of :class:`ddpjob_trainer.Job` with high-level trainers, each an optional extra.
+
+    lightning   DDPJobCallback for PyTorch Lightning (``pip install 'ddpjob-trainer[lightning]'``)
+
+Each module imports its framework at import time; nothing here is imported by ``ddpjob_trainer``.
+"""

@@ -1,0 +1,245 @@
+"""Bring your own loop: resume and progress reporting for any training script, in a few lines.
+
+A script that keeps its own loop (the PyTorch DDP tutorial's, a research codebase's) adopts
+ddpjob's guarantees with one object::
+
+    from ddpjob_trainer import Job
+
+    with Job() as job:                          # the snapshot dir from $DDPJOB_SNAPSHOT_DIR
+        state = job.load(map_location=device)   # newest complete snapshot, or None
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        model = DDP(model)
+        for epoch in range(job.epoch, epochs):  # job.epoch: where the snapshot resumes (0 fresh)
+            for batch in loader:
+                ...
+                job.step(loss=loss.item())      # progress: status STEP, --kill-node-after, goodput
+            job.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                     epoch=epoch + 1)           # rank 0 writes, atomically; the others return
+
+What it does with the rules the operator and ``ddpjob run`` already apply to the Trainer:
+
+* **where**: ``$DDPJOB_SNAPSHOT_DIR`` (the snapshot volume the DDPJob mounts, or the run's
+  ``snapshots/`` under ``ddpjob run``), else the ``snapshot_dir`` given;
+* **save**: :class:`~ddpjob_trainer.snapshot.SnapshotStore` (temp file, fsync, rename,
+  sha256 manifest, ``progress.json``); only global rank 0 writes, every other rank returns
+  at once, so ``job.save`` may be called on every rank (it needs no collective);
+* **load**: the newest snapshot that verifies. With a process group every rank loads the
+  one rank 0 chose (one broadcast); without one each rank reads the newest itself;
+* **progress**: each node's local-rank-0 worker keeps the progress record the operator polls
+  (progress_report.py), so failures after progress are not charged to the restart budget;
+  rank 0 appends ``start``/``step``/``snapshot``/``done`` lines to the metrics file
+  (``$DDPJOB_METRICS_FILE``, else ``<snapshot dir>/metrics.jsonl``) that ``ddpjob run`` follows;
+* **failure**: an exception leaving the ``with`` block is recorded in the progress record;
+  a :class:`~ddpjob_trainer.errors.DoNotRetry` fails the job at once instead of retrying.
+
+Torch is the only dependency: the state is anything ``torch.save`` writes and
+``torch.load(weights_only=True)`` reads back (see SnapshotStore for the allowed types).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch.distributed as torch_dist
+
+from .metrics import MetricsWriter
+from .errors import DoNotRetry
+from .progress_report import ProgressReport, default_path, give_up, progress_port
+from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_DIR_ENV = "DDPJOB_SNAPSHOT_DIR"  # set by the operator and `ddpjob run` (ddpjob_operator.api.constants)
+METRICS_FILE_ENV = "DDPJOB_METRICS_FILE"  # where `ddpjob run` reads metrics (default <snapshot dir>/metrics.jsonl)
+NODE_INDEX_ENV = "DDPJOB_NODE_INDEX"
+METRICS_NAME = "metrics.jsonl"
+
+
+def resolve_snapshot_dir(default: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """Where snapshots go: ``$DDPJOB_SNAPSHOT_DIR``, else ``default``.
+
+    Raises:
+        ValueError: neither is set.
+    """
+    environ = os.environ if environ is None else environ
+    found = environ.get(SNAPSHOT_DIR_ENV) or (os.fspath(default) if default is not None else None)
+    if not found:
+        raise ValueError(f"no snapshot directory: {SNAPSHOT_DIR_ENV} is not set (a DDPJob without spec.snapshot, or "
+                         "a script started outside ddpjob); pass Job(snapshot_dir=...)")
+    return found
+
+
+def load_agreed(store: SnapshotStore, rank: int, map_location: Any = None
+                ) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:
+    """The newest readable snapshot, as rank 0 chose it, on every rank.
+
+    With a process group rank 0 loads and broadcasts which file, so every rank loads the same
+    one even if a shared volume shows new files late, and rank 0's verdict that none can be
+    read is raised on every rank alike (none waits in a collective). Without a process group
+    (or a world of one) each rank reads the newest itself.
+
+    Raises:
+        SnapshotsUnreadableError: snapshots exist but none can be read (spec.snapshot.onUnreadable: Fail).
+    """
+    if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
+        found = store.load_latest(map_location=map_location)
+        return (found[0], found[1]) if found else (None, None)
+    found, verdict = None, None
+    if rank == 0:
+        try:
+            found = store.load_latest(map_location=map_location)
+        except SnapshotsUnreadableError as error:
+            verdict = str(error)
+    chosen = [(found[0] if found else None, verdict)]
+    torch_dist.broadcast_object_list(chosen, src=0)
+    info, verdict = chosen[0]
+    if verdict is not None:
+        raise SnapshotsUnreadableError(verdict)
+    if info is None:
+        return None, None
+    return info, found[1] if found else store.load(info, map_location=map_location)
+
+
+def node_report(directory: str | None, local_rank: int) -> ProgressReport:
+    """This worker's progress record: written and served by local rank 0 only (the kubelet keeps
+    one termination message per container, and the operator polls one port per pod)."""
+    progress = os.path.join(directory, PROGRESS_FILE) if directory else None
+    first = local_rank == 0
+    return ProgressReport(default_path() if first else None, progress, node=os.environ.get(NODE_INDEX_ENV, ""),
+                          port=progress_port() if first else None)
+
+
+class Job:
+    """Snapshots and progress for a training loop of your own (see the module docstring).
+
+    Args:
+        snapshot_dir: used when ``$DDPJOB_SNAPSHOT_DIR`` is not set (a plain torchrun run).
+        keep: complete snapshots kept.
+        metrics_file: rank 0's metrics; default ``$DDPJOB_METRICS_FILE``, else
+            ``<snapshot dir>/metrics.jsonl``; ``""`` turns them off.
+        environ: where to read RANK, LOCAL_RANK, WORLD_SIZE and the snapshot and metrics paths
+            (default the process environment; without torchrun: rank 0 of 1). The progress
+            record's settings (termination message, port, node index) always come from the
+            process environment, as the pod sets them.
+
+    Attributes:
+        epoch: the epoch to start at: the loaded snapshot's ``epoch``, else 0.
+        global_step: steps done so far (restored from the snapshot, counted by :meth:`step`).
+        resumed_from: the SnapshotInfo loaded, None on a fresh start.
+    """
+
+    def __init__(self, snapshot_dir: str | os.PathLike | None = None, *, keep: int = 2,
+                 metrics_file: str | None = None, environ: Mapping[str, str] | None = None):
+        environ = os.environ if environ is None else environ
+        self.rank = int(environ.get("RANK", "0"))
+        self.local_rank = int(environ.get("LOCAL_RANK", "0"))
+        self.world_size = int(environ.get("WORLD_SIZE", "1"))
+        self.restart_count = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.directory = resolve_snapshot_dir(snapshot_dir, environ)
+        self.store = SnapshotStore(self.directory, keep=keep, rank=self.rank, on_saved=self._saved)
+        if metrics_file is None:
+            metrics_file = environ.get(METRICS_FILE_ENV) or os.path.join(self.directory, METRICS_NAME)
+        self.metrics = MetricsWriter(metrics_file if self.rank == 0 and metrics_file else None)
+        self.report = node_report(self.directory, self.local_rank)
+        self.epoch = 0
+        self.global_step = 0
+        self.resumed_from: SnapshotInfo | None = None
+        self._started = False
+
+    def load(self, map_location: Any = None) -> dict[str, Any] | None:
+        """The state of the newest complete snapshot (as saved), or None on a fresh start.
+
+        Sets :attr:`epoch`, :attr:`global_step` and :attr:`resumed_from`. Call it before
+        wrapping the model in DDP, on every rank.
+
+        Raises:
+            SnapshotsUnreadableError: snapshots exist but none can be read (a DoNotRetry).
+        """
+        info, state = load_agreed(self.store, self.rank, map_location)
+        if info is not None:
+            self.epoch, self.global_step, self.resumed_from = info.epoch, info.step, info
+            if self.rank == 0:
+                log.info("resuming from %s: epoch %d, step %d", info.path, info.epoch, info.step)
+        self._start()
+        return state
+
+    def step(self, loss: float | None = None, epoch: int | None = None) -> None:
+        """Reports one optimizer step (call it on every rank after ``optimizer.step()``).
+
+        Args:
+            loss: shown by ``ddpjob run``; None when you do not want to sync it.
+            epoch: the epoch the step belongs to (default: :attr:`epoch`).
+        """
+        self._start()
+        self.global_step += 1
+        fields = {"epoch": self.epoch if epoch is None else epoch, "step": self.global_step,
+                  "world_size": self.world_size}
+        if loss is not None:
+            fields["loss"] = float(loss)
+        self.metrics.write("step", **fields)
+        self.report.stepped()
+
+    def save(self, state: dict[str, Any], *, epoch: int, step: int | None = None) -> None:
+        """Stores ``state`` atomically as the snapshot to resume at ``epoch`` (rank 0; others return).
+
+        Args:
+            state: anything ``torch.load(weights_only=True)`` reads back (state dicts, tensors, numbers).
+            epoch: the epoch a resume starts at, i.e. epochs completed (``epoch + 1`` after epoch ``epoch``).
+            step: the global step (default :attr:`global_step`).
+
+        Raises:
+            SnapshotError: the state holds objects a safe load would refuse.
+        """
+        self.epoch = epoch
+        self.store.save(state, epoch=epoch, step=self.global_step if step is None else step)
+
+    def close(self) -> None:
+        """Waits for the snapshot being written and closes the metrics and the progress endpoint."""
+        try:
+            self.store.close()
+        finally:
+            self.metrics.close()
+            self.report.close()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if error is None:
+            self.finish()
+        else:
+            self.fail(error)
+
+    def finish(self) -> None:
+        """Training is over: waits for the last snapshot, writes ``done`` and closes."""
+        self.store.close()
+        self.metrics.write("done", epoch=max(self.epoch - 1, 0), step=self.global_step)
+        self.close()
+
+    def fail(self, error: BaseException) -> None:
+        """Training raised ``error``: the operator sees why (a DoNotRetry fails the job), then closes."""
+        self.report.failed(error)
+        try:
+            self.close()
+        except Exception:  # keep the training error on top
+            log.exception("closing the job after a training error failed")
+        if isinstance(error, DoNotRetry):  # fail the pod now, not after torchrun's restarts (docs/hangs.md)
+            give_up(error, written=self.report.enabled)
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        info = self.resumed_from
+        self.report.resumed(info.step if info else None, info.time if info else None)
+        self.metrics.write("start", world_size=self.world_size, restart_count=self.restart_count,
+                           resume_epoch=self.epoch, resume_step=self.global_step)
+
+    def _saved(self, info: SnapshotInfo) -> None:
+        self.report.refresh(force=True)  # progress.json is complete now
+        self.metrics.write("snapshot", epoch=info.epoch, step=info.step, path=info.path,
+                           samples_consumed=info.samples_consumed)
