@@ -27,6 +27,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "events.k8s.io": ("/apis/events.k8s.io/v1", True),
     "ddpjobs": ("/apis/ddpjob.io/v1alpha1", True),
     "networkpolicies": ("/apis/networking.k8s.io/v1", True),
+    "poddisruptionbudgets": ("/apis/policy/v1", True),
     "customresourcedefinitions": ("/apis/apiextensions.k8s.io/v1", False),
     "kopfpeerings": ("/apis/kopf.dev/v1", True),
 }

@@ -51,6 +51,7 @@ NAMESPACED_GRANTS = {
     ("", "services"): {"get", "create"},
     ("", "events"): {"create"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create"},  # spec.networkPolicy, one per job
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},  # runPolicy.podDisruptionBudget, one per job
 }  # Secrets only with rbac.readSecrets (tests/charts/test_rbac_docs.py)
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NODE_READ = {("", "nodes"): {"get"}}  # a stuck terminating pod's node: NotReady or gone -> force delete

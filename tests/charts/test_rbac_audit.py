@@ -117,6 +117,19 @@ def run_stuck_pod(cluster, k8s, process, may_read_nodes: bool) -> None:  # noqa:
     cluster.emulator.graceful_pod_deletion = False
 
 
+def run_disruption_budget(k8s) -> None:
+    """A job's PodDisruptionBudget: created, patched when the job grows, deleted when turned off."""
+    k8s.create("ddpjobs", make_manifest(name="pdb", replicas=1, elasticPolicy={"minReplicas": 1, "maxReplicas": 3}))
+    k8s.wait_for(lambda: k8s.find("poddisruptionbudgets", "pdb"), timeout=20, what="the job's budget")
+    k8s.patch("ddpjobs", "pdb", {"spec": {"replicas": 2}})
+    k8s.wait_for(lambda: k8s.get("poddisruptionbudgets", "pdb")["spec"]["minAvailable"] == 2, timeout=20,
+                 what="the budget patched after the scale")
+    k8s.patch("ddpjobs", "pdb", {"spec": {"runPolicy": {"podDisruptionBudget": False}}})
+    k8s.wait_for(lambda: k8s.find("poddisruptionbudgets", "pdb") is None, timeout=20,
+                 what="the budget deleted when turned off")
+    k8s.delete("ddpjobs", "pdb")
+
+
 def run_job_lifecycle(k8s) -> None:
     """Jobs that exercise every operator write: create, replace, scale, succeed, clean up, expire.
 
@@ -189,6 +202,7 @@ def test_the_operator_works_with_exactly_the_chart_rbac_and_uses_every_grant(mod
     with process:
         try:
             run_job_lifecycle(k8s)
+            run_disruption_budget(k8s)
             run_stuck_pod(cluster, k8s, process, may_read_nodes)
             with running_etcd() as etcd:
                 run_etcd_job(k8s, etcd.endpoint, may_read_secrets)

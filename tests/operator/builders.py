@@ -14,7 +14,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import JobRef, parse_spec
-from ddpjob_operator.decide.observed import Observed, ObservedEtcd, view_pods
+from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, view_pods
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)  # the fixed clock of the tests
 
@@ -73,6 +73,7 @@ def running_pods(body: dict[str, Any], count: int | None = None) -> list[dict[st
 
 
 def observe(pods=(), *, service_exists: bool = True, live_progress=(), managed_etcd: ObservedEtcd | None = None,
-            nodes=None) -> Observed:
+            nodes=None, disruption_budget: ObservedBudget | None = None) -> Observed:
     """What a pass observes when the API returns these pod dicts (as controller/handlers.py builds it)."""
-    return Observed(view_pods(pods), service_exists, tuple(live_progress), managed_etcd, nodes or {})
+    return Observed(view_pods(pods), service_exists, tuple(live_progress), managed_etcd, nodes or {},
+                    disruption_budget=disruption_budget)

@@ -28,9 +28,10 @@ IO_ONLY = ("kopf", "aiohttp", "prometheus_client", "kubernetes", "kubernetes_asy
 # Inside a room: shared modules (types and rules every policy may use), then the policies
 # (which never import one another), then the modules that compose policies into one pass.
 ROOM_TIERS = {
-    "render": [{"common", "launch", "kueue"}, {"node_pod", "store_pod", "etcd_pod", "network_policy"}],
+    "render": [{"common", "launch", "kueue", "preflight"}, {"node_pod", "store_pod", "etcd_pod", "network_policy", "pdb"}],
     "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation"},
-               {"capacity", "topology", "progress", "stuck", "managed_etcd", "last_valid", "hang", "straggler"},
+               {"capacity", "topology", "progress", "stuck", "managed_etcd", "last_valid", "avoided_nodes", "hang",
+                "straggler"},
                {"plan", "status"}, {"reconcile"}],
 }
 LONGEST_CHAIN_ALLOWED = 9  # modules on the longest import chain inside the package (14 before the rooms)

@@ -130,6 +130,9 @@ RDZV_STORE_MODULE = "ddpjob_trainer.store_server"  # python -m entry point of th
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue: the LocalQueue that admits the pod
 LABEL_KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"  # Kueue: pods admitted as one workload
 ANNOTATION_KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"  # Kueue: pods in that workload
+# Kueue's FailureRecoveryPolicy force-deletes a pod stuck terminating on an unreachable node
+# only when the pod carries this annotation set to "true" (decide/stuck.py steps aside for it).
+ANNOTATION_KUEUE_SAFE_TO_FORCE_DELETE = "kueue.x-k8s.io/safe-to-forcefully-delete"
 
 COND_NODES_UNSCHEDULABLE = "NodesUnschedulable"  # True while node pods wait for capacity past the timeout
 REASON_GROUP_RESTART = "GroupRestart"  # the rendezvous store was lost: every node restarts together
@@ -165,7 +168,8 @@ CAUSE_DISRUPTED = "Disrupted"  # evicted, preempted or drained (DisruptionTarget
 CAUSE_NODE_LOST = "NodeLost"  # lost with its node (taint manager, pod GC, node shutdown); free
 CAUSE_IMAGE_PULL = "ImagePull"  # the image cannot be pulled (fails the job after a bounded wait)
 CAUSE_HANG = "Hang"  # no training step for failurePolicy.hangTimeoutSeconds: group restart, charged by progress
-CAUSE_STRAGGLER = "Straggler"  # replaced for being slow (stragglerPolicy Replace): free; its node is avoided
+CAUSE_PREFLIGHT = "PreflightFailed"  # the pre-flight init container failed (render/preflight.py; retryable, counts)
+CAUSE_STRAGGLER = "Straggler"  # a slow node replaced under stragglerPolicy.action Replace (free; its node is avoided)
 
 # --- Hangs and stragglers (decide/hang.py, decide/straggler.py, docs/hangs.md) ---------------
 ENV_COLLECTIVE_TIMEOUT = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"  # the process group's timeout (failurePolicy)
@@ -198,11 +202,34 @@ MSG_INVALID_PROGRESS_RECORD = ("node pod {pod}: ignored the progress record in i
 MSG_DO_NOT_RETRY = "{what}; its trainer raised DoNotRetry ({reason}): not retried"  # the trainer's own reason
 MSG_LOG_TAIL_HIDDEN = ("the trainer's log tail is not copied here (spec.failurePolicy.includeLogTail "  # a failure message
                        "is false): see the pod's logs")
+PREFLIGHT_CONTAINER = "preflight"  # the pre-flight init container of a node pod (spec.preflight)
+PREFLIGHT_EXIT_CODE = 86  # its exit code on a failed check: outside 1-2 (errors), 126-127 (shell) and 128+N (signals)
+
+# --- Bad nodes stay bad (decide/avoided_nodes.py, docs/cluster.md) ---------------------------
+# status.avoidedNodes keeps this many nodes, oldest dropped first. Each becomes one value of a
+# NotIn expression on every replacement pod: 16 is well above the handful of bad nodes a job
+# meets (a job losing more than that has a cluster problem no anti-affinity solves), and keeps
+# a pod's affinity small while a long job never fences itself out of a small node pool forever.
+MAX_AVOIDED_NODES = 16
+# Error or OOMKilled exits on one node count against it only when no other node failed within
+# budget.INCIDENT_WINDOW_SECONDS (a crash on every node is the code's fault, not a node's).
+AVOID_AFTER_FAILURES = 2  # such lone failures on one node before it is avoided
+CAUSE_REPEATED_FAILURES = "RepeatedFailures"  # status.avoidedNodes[].cause of a node that killed AVOID_AFTER_FAILURES pods
+REASON_NODE_AVOIDED = "NodeAvoided"  # a node was added to status.avoidedNodes
+MSG_NODE_AVOIDED = ("node {node} is avoided for the rest of the job ({cause}): replacement pods carry "  # REASON_NODE_AVOIDED
+                    "a required anti-affinity to it")
+# A Kueue-queued job's pods carry ANNOTATION_KUEUE_SAFE_TO_FORCE_DELETE, so Kueue's
+# FailureRecoveryPolicy may force-delete them; DDPJob's own force-delete waits this much longer
+# so Kueue acts first where its (alpha) policy is on, and DDPJob is the fallback where it is off.
+KUEUE_FORCE_DELETE_HEAD_START_SECONDS = 300
+MSG_KUEUE_HEAD_START = " plus {seconds}s left to Kueue's FailureRecoveryPolicy (spec.scheduling.queueName is set)"
 MSG_FORCE_DELETED = ("node pod {pod} was stuck terminating for {seconds:.0f}s on node {node} ({node_state}); "  # REASON_FORCE_DELETED
-                     "force-deleted after spec.failurePolicy.forceDeleteTerminatingAfterSeconds ({timeout}s)")
+                     "force-deleted after spec.failurePolicy.forceDeleteTerminatingAfterSeconds ({timeout}s){kueue}")
 
 # --- Rendezvous isolation (render/network_policy.py, docs/security.md) ---------------------
 NETWORKING_API_VERSION = "networking.k8s.io/v1"  # apiVersion of the job's NetworkPolicy
+POLICY_API_VERSION = "policy/v1"  # apiVersion of the job's PodDisruptionBudget (render/pdb.py)
+LABEL_HOSTNAME = "kubernetes.io/hostname"  # the node label that avoided nodes' anti-affinity matches
 # The chart's app.kubernetes.io/name on the operator's pods: the default of --operator-pod-selector,
 # which picks who may read the trainers' progress port through the job's NetworkPolicy.
 OPERATOR_APP_NAME = "ddpjob-operator"

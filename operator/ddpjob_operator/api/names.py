@@ -80,3 +80,8 @@ def managed_etcd_host(job: str, namespace: str, domain: str = CLUSTER_DOMAIN) ->
 def network_policy_name(job: str) -> str:
     """The job's NetworkPolicy: the job's own name (a kind of its own, so it clashes with nothing)."""
     return job
+
+
+def disruption_budget_name(job: str) -> str:
+    """The job's PodDisruptionBudget: the job's own name (a kind of its own, so it clashes with nothing)."""
+    return job

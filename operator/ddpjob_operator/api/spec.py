@@ -431,6 +431,17 @@ class NetworkIsolation(_Model):
         "that exists (kubectl delete networkpolicy <job>)."))
 
 
+class Preflight(_Model):
+    """An optional check in every node pod before it joins the rendezvous (render/preflight.py)."""
+
+    enabled: bool = Field(False, description=(
+        "Run init container `preflight` (the trainer image, python, no torch) in every node pod: it fails "
+        "the pod within a second when the snapshot volume is not writable or fewer GPUs are visible than "
+        "resources.limits[\"nvidia.com/gpu\"], before any other node waits for it in the rendezvous. The "
+        "failure is listed with cause PreflightFailed (it counts against failurePolicy.maxRestarts) and a node "
+        "that failed it alone is kept off for the rest of the job (status.avoidedNodes)."))
+
+
 class Snapshot(_Model):
     """Where the trainer keeps snapshots; a shared volume lets a replaced node resume."""
 
@@ -483,7 +494,9 @@ class FailurePolicy(_Model):
         "this long after it was created; InvalidImageName fails it at once."))
     force_delete_terminating_after_seconds: int | None = Field(60, ge=0, description=(
         "Force-delete (grace period 0) a node pod still terminating this long after its deletion "
-        "deadline when its node is NotReady or gone, so its replacement can start; null: never."))
+        "deadline when its node is NotReady or gone, so its replacement can start; null: never. A job "
+        f"queued through Kueue (scheduling.queueName) waits {C.KUEUE_FORCE_DELETE_HEAD_START_SECONDS} s more, so "
+        "Kueue's own force-delete acts first."))
     # Off by default: a log tail may hold secrets, and readers of DDPJobs need not be allowed pods/log.
     include_log_tail: bool = Field(False, description=(
         "Copy the end of a failed trainer's log (its termination message under FallbackToLogsOnError, "
@@ -525,6 +538,34 @@ class RunPolicy(_Model):
         "Delete the finished job (and by ownership its pods) this long after it finished."))
     clean_pod_policy: Literal["None", "Running", "All"] = Field("Running", description=(
         "Pods deleted when the job finishes: None, Running (those still running) or All."))
+    pod_disruption_budget: bool = Field(True, description=(
+        "Keep a PodDisruptionBudget <job> (policy/v1, owned by the job) over the node pods and the "
+        "rendezvous store pod, so a drain shrinks the job to elasticPolicy.minReplicas but no further, "
+        "and a job at its minimum (every job whose minReplicas equals replicas) loses one pod at a "
+        "time, each replaced before the next goes (docs/cluster.md). false: no budget; one that "
+        "exists is deleted."))
+
+
+MAX_SPREAD_CONSTRAINTS = 8  # most scheduling.topologySpreadConstraints (a bound for the CRD's cost estimate)
+
+
+class TopologySpreadConstraint(_Model):
+    """A core/v1 TopologySpreadConstraint, declared field by field so the CRD checks it at `kubectl apply`."""
+
+    max_skew: int = Field(ge=1, description="Most the number of matching pods may differ between two domains.")
+    topology_key: str = Field(min_length=1, max_length=317, description=(
+        "Node label whose values are the domains, e.g. topology.kubernetes.io/zone or kubernetes.io/hostname."))
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(description=(
+        "DoNotSchedule (a hard rule: the pod waits) or ScheduleAnyway (a preference)."))
+    label_selector: KubeObject | None = Field(None, description=(
+        "Pods counted (a metav1 LabelSelector). Default: this job's node pods."))
+    match_label_keys: list[str] = Field(default_factory=list, max_length=16, description=(
+        "Label keys whose values, taken from the incoming pod, narrow labelSelector."))
+    min_domains: int | None = Field(None, ge=1, description="Fewest eligible domains (DoNotSchedule only).")
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = Field(None, description=(
+        "Whether the pod's nodeAffinity/nodeSelector limit the domains counted."))
+    node_taints_policy: Literal["Honor", "Ignore"] | None = Field(None, description=(
+        "Whether node taints limit the domains counted."))
 
 
 class Scheduling(_Model):
@@ -532,7 +573,15 @@ class Scheduling(_Model):
 
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
-    affinity: KubeObject = Field(default_factory=dict, description="Pod affinity.")
+    affinity: KubeObject = Field(default_factory=dict, description=(
+        "Pod affinity. The operator adds a required node anti-affinity to nodes listed in "
+        "status.avoidedNodes (docs/cluster.md)."))
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list, max_length=MAX_SPREAD_CONSTRAINTS, description=(
+            "Pod topologySpreadConstraints of the node pods, e.g. spread over zones or hosts; "
+            "each pair of topologyKey and whenUnsatisfiable at most once (the API server's rule). "
+            "An entry without labelSelector counts this job's node pods."),
+        json_schema_extra=list_map("topologyKey", "whenUnsatisfiable"))
     priority_class_name: str = Field("", description="Pod priorityClassName.")
     scheduler_name: str = Field("", description="Pod schedulerName (e.g. a gang scheduler).")
     pending_timeout_seconds: int = Field(120, ge=1, description=(
@@ -542,8 +591,9 @@ class Scheduling(_Model):
         "scheduled."))
     queue_name: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN, description=(
         "Kueue LocalQueue that admits the node pods as one workload (Kueue's plain pod-group "
-        "integration): sets the kueue.x-k8s.io/queue-name and pod-group-name labels and the "
-        "pod-group-total-count annotation (= replicas) on every node pod."))
+        "integration): sets the kueue.x-k8s.io/queue-name and pod-group-name labels, the "
+        "pod-group-total-count annotation (= replicas) and safe-to-forcefully-delete: \"true\" (Kueue may "
+        "force-delete a pod stuck on an unreachable node) on every node pod."))
 
 
 # --- Pod security and /dev/shm (render/common.py holds the defaults these merge over) ------
@@ -788,6 +838,7 @@ class DDPJobSpec(_Model):
     pod_overrides: PodOverrides = _object(PodOverrides, "Extra pod settings.")
     # --- rendezvous isolation (docs/security.md) ---
     network_policy: NetworkIsolation = _object(NetworkIsolation, "Network isolation of the job's pods.")
+    preflight: Preflight = _object(Preflight, "Pre-flight check of every node pod (docs/cluster.md).")
 
     @model_validator(mode="after")
     def _defaults_and_rules(self, info: ValidationInfo) -> DDPJobSpec:
@@ -1321,14 +1372,16 @@ class NodeFailure(_Model):
     index: int | None = Field(None, description="Node index of the pod.")
     pod: str | None = Field(None, description="Pod name.")
     pod_uid: str | None = Field(None, alias="podUID", description="Pod uid (each pod is listed once).")
+    node: str | None = Field(None, description=(
+        "The Kubernetes node the pod ran on (absent when it was never scheduled); see status.avoidedNodes."))
     cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost",
-                   "ImagePull", "Hang", "Straggler"] | None = Field(
+                   "ImagePull", "Hang", "Straggler", "PreflightFailed"] | None = Field(
         None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
                            "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
                            "reason is in `reason`), Disrupted or NodeLost (free), ImagePull, Hang (no step for "
                            "failurePolicy.hangTimeoutSeconds: the group restarted, charged by the progress rule), "
-                           "Straggler (replaced under stragglerPolicy Replace; free)."))
-    node_name: str | None = Field(None, description="The Kubernetes node the pod ran on, when known.")
+                           "Straggler (a slow node replaced under stragglerPolicy.action Replace; free), PreflightFailed "
+                           "(spec.preflight)."))
     step: int | None = Field(None, description="Hang: the last training step reached.")
     stalled_nodes: list[str] = Field(default_factory=list, description=(
         "Hang: the node indexes whose progress stopped first (every node when all stopped together)."))
@@ -1340,6 +1393,17 @@ class NodeFailure(_Model):
         "failurePolicy.includeLogTail is true, shortened."))
     time: str | None = Field(None, description="When the container finished (or the failure was seen).",
                              json_schema_extra={"format": "date-time"})
+
+
+class AvoidedNode(_Model):
+    """A node the job's new pods keep off (status.avoidedNodes, docs/cluster.md)."""
+
+    node: str | None = Field(None, description="The Kubernetes node's name (its kubernetes.io/hostname label).")
+    cause: str | None = Field(None, description=(
+        "NodeLost or Straggler (one failure), RepeatedFailures (two pods on it exited with Error or "
+        "OOMKilled while no other node failed)."))
+    since: str | None = Field(None, description="When the failure that put it here happened.",
+                              json_schema_extra={"format": "date-time"})
 
 
 class SnapshotMark(_Model):
@@ -1427,6 +1491,9 @@ class DDPJobStatus(_Model):
     recovery: Recovery | None = Field(None, description="Time to recover, time lost, and budget bookkeeping.")
     progress: TrainingProgress | None = Field(None, description=(
         "Live step, step time and the slowest node, from the trainers' heartbeats."))
+    avoided_nodes: list[AvoidedNode] = Field(default_factory=list, description=(
+        "Nodes that lost a pod to a node-caused failure: every node pod created afterwards carries a "
+        "required node anti-affinity to them, for the rest of the job; at most 16, oldest dropped first."))
     invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
         "Progress records the contract refused, one per pod and field (each reported once in an "
         "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))

@@ -15,7 +15,8 @@ A pass only observes and applies; every decision is made by the pure ``decide.re
 After a pass that left an etcd-v3 job finished, its rendezvous keys are deleted (etcd_cleanup);
 etcd-v3 jobs also carry a kopf finalizer that deletes them on deletion, bounded so it never
 blocks the deletion. A job's managed etcd (managed_etcd) is observed in the pass like its Service,
-and so is its NetworkPolicy (render/network_policy.py), unless the job turned it off.
+and so is its NetworkPolicy (render/network_policy.py), unless the job turned it off, and its
+PodDisruptionBudget (render/pdb.py).
 
 Passes of one job never overlap (one lock per job), and pod events are coalesced so that a
 job creating 8 pods is reconciled a couple of times, not 8. kopf cannot retry watch-event
@@ -39,10 +40,13 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metrics
 from ddpjob_operator.controller.backoff import Backoff, CreateRetries
 from ddpjob_operator.decide import managed_etcd, stuck
-from ddpjob_operator.api.names import managed_etcd_name, network_policy_name
-from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod, Requeue
+from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name
+from ddpjob_operator.decide.actions import (
+    CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
+    DeletePod, PatchDisruptionBudget, Requeue
+)
 from ddpjob_operator.decide.creation import CreateFailure
-from ddpjob_operator.decide.observed import Observed, ObservedEtcd, PodView, claimed, view_pods
+from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, PodView, claimed, view_pods
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render.etcd_pod import etcd_selector
 from ddpjob_operator.render.common import job_selector
@@ -175,7 +179,8 @@ async def run_pass(api: kube.Kube, key: JobKey,
         now = datetime.datetime.now(datetime.timezone.utc)
         observed = Observed(pods, service_exists, tuple(live), await _observe_managed_etcd(api, namespace, name, job),
                             await _observe_nodes(api, stuck.nodes_to_read(pods, now)),
-                            await _observe_network_policy(api, namespace, name, job))
+                            await _observe_network_policy(api, namespace, name, job),
+                            await _observe_disruption_budget(api, namespace, name, job))
         result = reconcile(job, observed, now, operator=settings.operator, create_failure=creates.last(key),
                            max_replicas=settings.max_replicas)
         await _write_status(api, job, result)
@@ -216,6 +221,48 @@ async def _observe_network_policy(api: kube.Kube, namespace: str, name: str, job
             raise
         _warn_no_network_policy_grant(namespace, e)
         return None
+
+
+async def _observe_disruption_budget(api: kube.Kube, namespace: str, name: str, job: dict) -> ObservedBudget | None:
+    """The job's PodDisruptionBudget (render/pdb.py); None once the job finished, or when the operator
+    may not read PodDisruptionBudgets (403: the job then runs without one, and the log says so)."""
+    if (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
+        return None
+    try:
+        budget = await api.get_or_none("PodDisruptionBudget", namespace, disruption_budget_name(name))
+        return ObservedBudget.of(budget, job["metadata"].get("uid", ""))
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        _warn_no_budget_grant(namespace, e)
+        return None
+
+
+async def _write_disruption_budget(api: kube.Kube, namespace: str, action: CreateDisruptionBudget
+                                   | PatchDisruptionBudget | DeleteDisruptionBudget) -> None:
+    """Create-or-skip, patch-or-skip or delete-or-skip the budget; without the grant (403) the job runs without one."""
+    try:
+        if isinstance(action, CreateDisruptionBudget):
+            await api.create_or_skip(action.body, namespace)
+        elif isinstance(action, PatchDisruptionBudget):
+            await api.patch_or_skip("PodDisruptionBudget", namespace, action.name, action.patch)
+        else:
+            await api.delete_or_skip("PodDisruptionBudget", namespace, action.name)
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        _warn_no_budget_grant(namespace, e)
+
+
+_NO_BUDGET_GRANT: set[str] = set()  # namespaces already warned about (one log line each)
+
+
+def _warn_no_budget_grant(namespace: str, error: kube.ApiError) -> None:
+    if namespace not in _NO_BUDGET_GRANT:
+        _NO_BUDGET_GRANT.add(namespace)
+        logger.warning("Cannot manage PodDisruptionBudgets in %s (%s): its jobs run without one, so a drain may "
+                       "evict all of a job's pods at once; grant get, create, patch and delete on policy "
+                       "poddisruptionbudgets (the chart does)", namespace, error)
 
 
 async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> None:
@@ -291,6 +338,8 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
     for action in result.actions:
         if isinstance(action, CreateNetworkPolicy):
             writes.append(_create_network_policy(api, action.body, namespace))
+        elif isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
+            writes.append(_write_disruption_budget(api, namespace, action))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
             writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name),

@@ -23,14 +23,17 @@ from typing import Any
 import aiohttp
 import kopf
 
-from ddpjob_operator.api.constants import API_VERSION, GROUP, MANAGED_BY, NETWORKING_API_VERSION, PLURAL, VERSION
+from ddpjob_operator.api.constants import (
+    API_VERSION, GROUP, MANAGED_BY, NETWORKING_API_VERSION, PLURAL, POLICY_API_VERSION, VERSION
+)
 
 RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
 REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a reconcile forever
 
 # Kinds the operator writes; all core/v1 except those in _API_VERSIONS.
-_PLURALS = {"Pod": "pods", "Service": "services", "Event": "events", "NetworkPolicy": "networkpolicies"}
-_API_VERSIONS = {"NetworkPolicy": NETWORKING_API_VERSION}
+_PLURALS = {"Pod": "pods", "Service": "services", "Event": "events", "NetworkPolicy": "networkpolicies",
+            "PodDisruptionBudget": "poddisruptionbudgets"}
+_API_VERSIONS = {"NetworkPolicy": NETWORKING_API_VERSION, "PodDisruptionBudget": POLICY_API_VERSION}
 
 
 class ApiError(Exception):
@@ -180,6 +183,21 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    async def get_or_none(self, kind: str, namespace: str, name: str) -> dict | None:
+        """One object of a kind the operator writes; None when it does not exist."""
+        return await self._get_or_none(object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name))
+
+    async def patch_or_skip(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """One merge-patch of an object; False (not an error) when it is gone (404)."""
+        try:
+            await self.request("PATCH", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name),
+                               dict(patch), content_type="application/merge-patch+json")
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         try:

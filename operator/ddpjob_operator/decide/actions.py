@@ -42,6 +42,28 @@ class CreateNetworkPolicy:
 
 
 @dataclass(frozen=True)
+class CreateDisruptionBudget:
+    """Create the job's PodDisruptionBudget (render/pdb.py)."""
+
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchDisruptionBudget:
+    """Merge-patch the job's PodDisruptionBudget (its spec after a scale)."""
+
+    name: str
+    patch: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteDisruptionBudget:
+    """Delete the job's PodDisruptionBudget (spec.runPolicy.podDisruptionBudget turned off)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class DeletePod:
     """Delete one pod; `reason` is for logs and Events."""
 
@@ -64,7 +86,8 @@ class Requeue:
     after: float
 
 
-Action = Union[CreateService, CreatePod, CreateNetworkPolicy, DeletePod, DeleteJob, Requeue]
+Action = Union[CreateService, CreatePod, CreateNetworkPolicy, CreateDisruptionBudget, PatchDisruptionBudget,
+               DeleteDisruptionBudget, DeletePod, DeleteJob, Requeue]
 
 
 def with_one_requeue(actions: list[Action], *afters: float | None) -> list[Action]:

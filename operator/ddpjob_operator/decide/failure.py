@@ -108,6 +108,8 @@ def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = (), *,
         return None
     if pod.fatal is not None:
         return Diagnosis(outcome, C.CAUSE_DO_NOT_RETRY, pod.exit_code, pod.fatal["reason"], pod.fatal["message"])
+    if pod.preflight_failure is not None:  # the trainer never started: the node failed the check
+        return Diagnosis(outcome, C.CAUSE_PREFLIGHT, pod.exit_code, C.CAUSE_PREFLIGHT, _shortened(pod.preflight_failure))
     disruption = pod.disruption
     reason = (disruption or {}).get("reason") or pod.reason or ""
     if outcome == Outcome.DISRUPTION:
@@ -145,6 +147,10 @@ def _failure_message(pod: PodView, disruption: Mapping[str, Any] | None, include
         tail = C.MSG_LOG_TAIL_HIDDEN
     text = ((disruption or {}).get("message") or record.get("error")
             or tail or pod.status_message or "")
+    return _shortened(text)
+
+
+def _shortened(text: str) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= MESSAGE_CHARS else "..." + text[-(MESSAGE_CHARS - 3):]  # a log tail ends well
 

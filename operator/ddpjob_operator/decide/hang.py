@@ -139,7 +139,7 @@ def _failure(hang: Hang, pods: tuple[PodView, ...], now: datetime) -> dict[str, 
     by_index = {str(p.index): p for p in pods if p.index is not None}
     pod = next((by_index[n] for n in hang.nodes if n in by_index), None)
     entry = {"index": pod.index if pod else None, "pod": pod.name if pod else None, "podUID": pod.uid if pod else None,
-             "nodeName": pod.node_name if pod and pod.node_name else None, "cause": C.CAUSE_HANG,
+             "node": pod.node_name if pod and pod.node_name else None, "cause": C.CAUSE_HANG,
              "reason": C.REASON_HANG, "step": hang.step, "stalledNodes": list(hang.nodes),
              "message": message, "time": format_time(now)}
     return {k: v for k, v in entry.items() if v is not None}

@@ -57,6 +57,7 @@ class PodView:
     record_problems: tuple[progress_record.Invalid, ...] = ()  # records there that the contract refused
     termination_holds_record: bool = False  # the current termination message is a record (valid or not)
     record: Mapping[str, Any] = field(default_factory=dict)  # the current termination's valid record ({}: none)
+    preflight_failure: str | None = None  # the pre-flight init container failed: its message (render/preflight.py)
 
     @property
     def fatal(self) -> Mapping[str, str] | None:
@@ -118,8 +119,18 @@ def view_pod(pod: Pod) -> PodView:
         status_reason=status.get("reason"), status_message=status.get("message") or "",
         exit_code=int(code) if code is not None else None, finished_at=parse_time(terminated.get("finishedAt")),
         termination_reason=terminated.get("reason"), termination_message=terminated.get("message") or "",
-        waiting=(container.get("state") or {}).get("waiting") or {}, **_records(container),
+        waiting=(container.get("state") or {}).get("waiting") or {}, preflight_failure=_preflight_failure(status),
+        **_records(container),
     )
+
+
+def _preflight_failure(status: Mapping[str, Any]) -> str | None:
+    """What the failed pre-flight init container said ('exit code N' when it said nothing); None when it passed or runs."""
+    found = next((s for s in status.get("initContainerStatuses") or [] if s.get("name") == C.PREFLIGHT_CONTAINER), {})
+    terminated = (found.get("state") or {}).get("terminated") or {}
+    if not terminated or terminated.get("exitCode") in (None, 0):
+        return None
+    return (terminated.get("message") or "").strip() or f"exit code {terminated['exitCode']}"
 
 
 def view_pods(pods: Iterable[Pod]) -> tuple[PodView, ...]:
@@ -258,6 +269,23 @@ class ObservedEtcd:
 
 
 @dataclass(frozen=True)
+class ObservedBudget:
+    """The job's PodDisruptionBudget as read this pass: `spec` None when it does not exist."""
+
+    spec: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, budget: Mapping[str, Any] | None, owner_uid: str) -> ObservedBudget | None:
+        """The budget as read (None: absent); None when one of that name belongs to someone else,
+        who keeps it: the job then goes without one rather than take over a budget it did not make."""
+        if budget is None:
+            return cls(None)
+        if _controller_uid(budget.get("metadata") or {}) != owner_uid:
+            return None
+        return cls(dict(budget.get("spec") or {}))
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one pass observed, sorted once; every decision reads this.
 
@@ -270,6 +298,8 @@ class Observed:
             left out is unknown, and its pods are not force-deleted.
         network_policy_exists: the job's NetworkPolicy exists; None when it was not looked for
             (turned off, the job finished, or the operator may not read NetworkPolicies).
+        disruption_budget: the job's PodDisruptionBudget; None when it was not looked for (the
+            job finished, or the operator may not read PodDisruptionBudgets).
     """
 
     pods: tuple[PodView, ...] = ()
@@ -278,6 +308,7 @@ class Observed:
     managed_etcd: ObservedEtcd | None = None
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
     network_policy_exists: bool | None = None
+    disruption_budget: ObservedBudget | None = None
 
     @cached_property
     def liveness(self) -> Liveness | None:

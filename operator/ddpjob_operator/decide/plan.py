@@ -9,12 +9,14 @@ Rules, in order:
     delete the job runPolicy.ttlSecondsAfterFinished after completionTime;
   * suspended: delete every pod;
   * otherwise: create the Service when missing, and the NetworkPolicy when
-    spec.networkPolicy.enabled and it is missing; delete pods with index >= replicas
+    spec.networkPolicy.enabled and it is missing; keep the PodDisruptionBudget (render/pdb.py)
+    created and its spec current (patched on scale), or delete it when
+    spec.runPolicy.podDisruptionBudget is off; delete pods with index >= replicas
     (scale-down removes the highest indexes, never node 0, the store host with rdzvStore: node); delete
     failed pods and re-create them under the same name once the backoff after the
     current failure incident has elapsed and the old pod is gone; create the
     missing indexes, at most creation.MAX_CREATES_PER_PASS per pass (the rest in the next
-    passes); create nothing once a node succeeded (training is over and
+    passes), each kept off status.avoidedNodes (avoided_nodes.py); create nothing once a node succeeded (training is over and
     torchrun cannot rejoin a closed rendezvous).
 Rendezvous topology (topology.py): node pods of an older rendezvous generation are deleted
 and no node pod is created while one of them is still there, so the groups never mix; with
@@ -34,16 +36,20 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time, seconds_between
 from ddpjob_operator.api.names import pod_name
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
-from ddpjob_operator.decide import capacity, creation, straggler, topology
+from ddpjob_operator.api.names import disruption_budget_name
+from ddpjob_operator.decide import avoided_nodes, capacity, creation, straggler, topology
 from ddpjob_operator.decide.actions import (
-    Action, CreateNetworkPolicy, CreatePod, CreateService, DeleteJob, DeletePod, Requeue, with_one_requeue
+    Action, CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
+    DeletePod, PatchDisruptionBudget, Requeue, with_one_requeue
 )
 from ddpjob_operator.decide.budget import replacement_delay
-from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
+from ddpjob_operator.decide.observed import NodeGroups, Observed, ObservedBudget, PodView
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.render.pdb import budget_spec, render_disruption_budget
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 
+BUDGET_COMPARED = ("minAvailable", "selector")  # the budget's fields whose drift is patched back
 DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted name terminates
 
 
@@ -70,6 +76,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
         return [DeletePod(p.name, "the job is suspended") for p in observed.pods if not p.deleting]
     actions: list[Action] = [] if observed.service_exists else [CreateService(render_service(ref, spec))]
     actions += _network_policy(ref, spec, observed.network_policy_exists, operator)
+    actions += _disruption_budget(ref, spec, observed.disruption_budget)
     generation = topology.generation_of(status)
     groups = observed.of_generation(generation, spec.desired_replicas)
     actions += [DeletePod(p.name, f"a whole-group restart began rendezvous generation {generation}")
@@ -91,6 +98,24 @@ def _network_policy(ref: JobRef, spec: DDPJobSpec, exists: bool | None, operator
     if exists is None or exists or not spec.network_policy.enabled:
         return []
     return [CreateNetworkPolicy(render_network_policy(ref, operator))]
+
+
+def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: ObservedBudget | None) -> list[Action]:
+    """Create the job's PodDisruptionBudget, patch its spec when replicas changed (or anyone
+    edited it), delete it when spec.runPolicy.podDisruptionBudget is off; nothing when unread."""
+    if observed is None:
+        return []
+    name = disruption_budget_name(ref.name)
+    if not spec.run_policy.pod_disruption_budget:
+        return [DeleteDisruptionBudget(name)] if observed.spec is not None else []
+    if observed.spec is None:
+        return [CreateDisruptionBudget(render_disruption_budget(ref, spec))]
+    wanted = budget_spec(ref, spec)
+    # Only the fields every server keeps: one before Kubernetes 1.26 drops unhealthyPodEvictionPolicy,
+    # and comparing it would patch the budget on every pass.
+    if any(observed.spec.get(k) != wanted[k] for k in BUDGET_COMPARED):
+        return [PatchDisruptionBudget(name, {"spec": wanted})]
+    return []
 
 
 def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: Iterable[PodView],
@@ -137,7 +162,8 @@ def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
         return [Requeue(delay)]
     generation = topology.generation_of(status)
     batch = missing[:creation.MAX_CREATES_PER_PASS]  # rendered only when created: memory stays bounded
-    actions: list[Action] = [CreatePod(render_pod(ref, spec, i, generation)) for i in batch]
+    avoid = avoided_nodes.names(status)  # bad nodes stay bad: every new pod keeps off them
+    actions: list[Action] = [CreatePod(render_pod(ref, spec, i, generation, avoid)) for i in batch]
     if len(batch) < len(missing):
         actions.append(Requeue(creation.BATCH_REQUEUE_SECONDS))
     if waiting_for_deletion:

@@ -136,7 +136,9 @@ def with_failure(failures: Iterable[Mapping[str, Any]] | None, pod: PodView, dia
 
 
 def failure_entry(pod: PodView, diagnosis: Diagnosis, now: datetime) -> dict[str, Any]:
-    entry = {"index": pod.index, "pod": pod.name, "podUID": pod.uid, "cause": diagnosis.cause,
+    # The node (spec.nodeName; absent when never scheduled): avoided_nodes.py keeps bad ones out.
+    entry = {"index": pod.index, "pod": pod.name, "podUID": pod.uid, "node": pod.node_name or None,
+             "cause": diagnosis.cause,
              "exitCode": diagnosis.exit_code, "reason": diagnosis.reason or None,
              "message": diagnosis.message or None, "time": format_time(pod.finished_at or now)}
     return {k: v for k, v in entry.items() if v is not None}

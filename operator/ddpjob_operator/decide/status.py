@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
-from ddpjob_operator.decide import capacity, creation, progress, topology
+from ddpjob_operator.decide import avoided_nodes, capacity, creation, progress, topology
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.conditions import condition_of, set_condition  # set_condition: callers import it here too
 from ddpjob_operator.decide.budget import (
@@ -96,6 +96,9 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         verdict, groups = _active_pass(ref, spec, observed, status, now, prev.get("phase"))
     if spec is not None and not errors:
         status.update(_capacity_counts(spec, groups))
+        status["avoidedNodes"], avoided = avoided_nodes.updated(prev.get("failures"), status.get("failures"),
+                                                                prev.get("avoidedNodes"))
+        verdict.events.extend(avoided)
     update = _finish(status, prev, verdict, now, invalid=bool(errors) or spec is None)
     update.events.extend(ingested.events)
     if spec is not None and not errors and status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
@@ -129,7 +132,7 @@ def _active_pass(ref: JobRef, spec: DDPJobSpec, observed: Observed, status: dict
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
             "completionTime", "rendezvousGeneration", "restartsWithProgress", "restartsWithoutProgress",
-            "failures", "recovery", "invalidProgressRecords", "progress")
+            "failures", "recovery", "invalidProgressRecords", "progress", "avoidedNodes")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -465,7 +468,8 @@ _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector
           "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
           "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
           "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
-          "runningReplicas", "rendezvousReplicas", "unschedulable", "progress", "invalidProgressRecords")
+          "runningReplicas", "rendezvousReplicas", "unschedulable", "progress", "invalidProgressRecords",
+          "avoidedNodes")
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:

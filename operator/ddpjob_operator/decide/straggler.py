@@ -98,7 +98,7 @@ def judge(policy: StragglerPolicy, progress: Mapping[str, Any], live: Liveness |
 
 
 def _failure(pod: PodView, message: str, now: datetime) -> dict[str, Any]:
-    entry = {"index": pod.index, "pod": pod.name, "podUID": pod.uid, "nodeName": pod.node_name or None,
+    entry = {"index": pod.index, "pod": pod.name, "podUID": pod.uid, "node": pod.node_name or None,
              "cause": C.CAUSE_STRAGGLER, "reason": C.REASON_STRAGGLER, "message": message, "time": format_time(now)}
     return {k: v for k, v in entry.items() if v is not None}
 

@@ -9,6 +9,14 @@ pod's node is NotReady, Unknown or gone, the operator deletes it with grace peri
 ``kubectl delete --force --grace-period=0`` would. On a Ready node the kubelet will finish
 the deletion itself, so the pod is left alone however long it takes.
 
+Kueue-queued jobs (spec.scheduling.queueName): their node pods carry Kueue's
+``safe-to-forcefully-delete`` annotation, so Kueue's FailureRecoveryPolicy may force-delete
+them itself. DDPJob steps aside by waiting ``C.KUEUE_FORCE_DELETE_HEAD_START_SECONDS`` more,
+so the policy that admitted the pods acts first where it is on; DDPJob stays the fallback
+where it is off (it is alpha, off by default), since a pod stuck forever would block its
+replacement forever. Both acting is harmless: a delete names the pod's uid and a pod already
+gone is skipped.
+
 The risk that makes Kubernetes itself wait is a partitioned node whose containers still run.
 Its workers cannot pass a collective without the rest of the group, so they stop training; at
 worst an old rank 0 finishes a snapshot it was writing (atomically, under its own name). The
@@ -81,9 +89,15 @@ def stuck_pods(pods: Iterable[PodView], nodes: Mapping[str, Node | None], now: d
     return due, wait
 
 
-def message(pod: StuckPod, timeout_seconds: float) -> str:
+def message(pod: StuckPod, timeout_seconds: float, head_start: int = 0) -> str:
+    kueue = C.MSG_KUEUE_HEAD_START.format(seconds=head_start) if head_start else ""
     return C.MSG_FORCE_DELETED.format(pod=pod.name, seconds=pod.seconds, node=pod.node, node_state=pod.node_state,
-                                      timeout=timeout_seconds)
+                                      timeout=timeout_seconds, kueue=kueue)
+
+
+def kueue_head_start(spec: DDPJobSpec) -> int:
+    """Seconds DDPJob's force-delete waits on top of its own timeout so Kueue's acts first (0: not queued)."""
+    return C.KUEUE_FORCE_DELETE_HEAD_START_SECONDS if spec.scheduling.queue_name else 0
 
 
 def with_force_deletions(spec: DDPJobSpec | None, pods: Iterable[PodView], nodes: Mapping[str, Node | None],
@@ -92,9 +106,10 @@ def with_force_deletions(spec: DDPJobSpec | None, pods: Iterable[PodView], nodes
     same pod), with the Requeue moved earlier when a pod will be due sooner; and their Events."""
     if spec is None:
         return actions, []
-    timeout = spec.failure_policy.force_delete_terminating_after_seconds
-    due, wait = stuck_pods(pods, nodes, now, timeout)
+    timeout, head_start = spec.failure_policy.force_delete_terminating_after_seconds, kueue_head_start(spec)
+    due, wait = stuck_pods(pods, nodes, now, None if timeout is None else timeout + head_start)
     forced = {p.name for p in due}
     result: list[Action] = [a for a in actions if not (isinstance(a, DeletePod) and a.name in forced)]
-    result += [DeletePod(p.name, message(p, timeout), grace_period_seconds=0) for p in due]
-    return with_one_requeue(result, wait), [Event(C.EVENT_WARNING, C.REASON_FORCE_DELETED, message(p, timeout)) for p in due]
+    said = [message(p, timeout, head_start) for p in due]
+    result += [DeletePod(p.name, text, grace_period_seconds=0) for p, text in zip(due, said)]
+    return with_one_requeue(result, wait), [Event(C.EVENT_WARNING, C.REASON_FORCE_DELETED, text) for text in said]

@@ -13,6 +13,11 @@ def kueue_metadata(ref: JobRef, spec: DDPJobSpec) -> tuple[dict[str, str], dict[
     for pod-group-total-count of them; a replacement pod keeps the group name, so Kueue
     counts it against the same admitted workload.
 
+    The safe-to-forcefully-delete annotation lets Kueue's FailureRecoveryPolicy force-delete
+    a node pod stuck terminating on an unreachable node: safe for DDPJob's pods, whose
+    replacement joins a new rendezvous round and whose old workers, cut off from the group,
+    cannot pass a collective (decide/stuck.py waits longer for such jobs, so Kueue acts first).
+
     Returns:
         ({} , {}) when spec.scheduling.queueName is unset.
     """
@@ -20,4 +25,5 @@ def kueue_metadata(ref: JobRef, spec: DDPJobSpec) -> tuple[dict[str, str], dict[
     if not queue:
         return {}, {}
     labels = {C.LABEL_KUEUE_QUEUE: queue, C.LABEL_KUEUE_POD_GROUP: ref.name}
-    return labels, {C.ANNOTATION_KUEUE_GROUP_COUNT: str(spec.desired_replicas)}
+    return labels, {C.ANNOTATION_KUEUE_GROUP_COUNT: str(spec.desired_replicas),
+                    C.ANNOTATION_KUEUE_SAFE_TO_FORCE_DELETE: "true"}

@@ -6,11 +6,12 @@ golden YAML files.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.kueue import kueue_metadata
 from ddpjob_operator.render.launch import NodeLaunch, launch_plan, working_dir
+from ddpjob_operator.render.preflight import preflight_container
 from ddpjob_operator.api.names import (
     c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
 )
@@ -72,9 +73,11 @@ def node_launch(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) 
     )
 
 
-def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
+def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
+               avoid: Sequence[str] = ()) -> dict[str, Any]:
     """Node pod `index` (same name after every replacement, so its DNS name is stable) of
-    rendezvous generation `generation` (status.rendezvousGeneration)."""
+    rendezvous generation `generation` (status.rendezvousGeneration), kept off the nodes
+    `avoid` (status.avoidedNodes) by a required node anti-affinity."""
     po = spec.pod_overrides
     queue_labels, queue_annotations = kueue_metadata(ref, spec)
     annotations = {**po.annotations, **queue_annotations}
@@ -88,11 +91,13 @@ def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
             **({"annotations": annotations} if annotations else {}),
             "ownerReferences": [owner_reference(ref)],
         },
-        "spec": _pod_spec(ref, spec, index, generation),
+        "spec": _pod_spec(ref, spec, index, generation, avoid),
     }
 
 
-def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
+def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
+              avoid: Sequence[str] = ()) -> dict[str, Any]:
+    container = _container(ref, spec, index, generation)
     body: dict[str, Any] = {
         # hostname + subdomain = the headless Service give <pod>.<job>.<ns>.svc DNS names.
         "hostname": pod_hostname(ref.name, index),
@@ -103,12 +108,14 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) ->
         # Service links would inject *_PORT variables; a Service named "master" sets
         # MASTER_PORT=tcp://... and breaks torch.distributed.
         "enableServiceLinks": False,
-        "containers": [_container(ref, spec, index, generation)],
+        "containers": [container],
         "volumes": _volumes(spec),
         "securityContext": trainer_pod_security(spec),
         **service_account(spec),
     }
-    return {**body, **_scheduling(spec), **_pod_overrides(spec)}
+    if spec.preflight.enabled:  # first: a bad node fails the pod before it joins the rendezvous
+        body["initContainers"] = [preflight_container(spec, container["volumeMounts"], container["securityContext"])]
+    return {**body, **_scheduling(ref, spec, avoid), **_pod_overrides(spec)}
 
 
 def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -> dict[str, Any]:
@@ -191,16 +198,50 @@ def _volume_mounts(spec: DDPJobSpec) -> list[dict[str, Any]]:
     return mounts + [dict(m) for m in spec.pod_overrides.volume_mounts]
 
 
-def _scheduling(spec: DDPJobSpec) -> dict[str, Any]:
+def _scheduling(ref: JobRef, spec: DDPJobSpec, avoid: Sequence[str] = ()) -> dict[str, Any]:
     s = spec.scheduling
     fields = {
         "nodeSelector": dict(s.node_selector),
         "tolerations": [dict(t) for t in s.tolerations],
-        "affinity": dict(s.affinity),
+        "affinity": avoiding_nodes(s.affinity, avoid),
+        "topologySpreadConstraints": _spread_constraints(ref, spec),
         "priorityClassName": s.priority_class_name,
         "schedulerName": s.scheduler_name,
     }
     return {k: v for k, v in fields.items() if v}  # unset: leave the cluster's defaults
+
+
+def _spread_constraints(ref: JobRef, spec: DDPJobSpec) -> list[dict[str, Any]]:
+    """spec.scheduling.topologySpreadConstraints; one without labelSelector counts this job's
+    node pods (without a selector the scheduler would count no pod at all)."""
+    constraints = []
+    for c in spec.scheduling.topology_spread_constraints:
+        rendered = c.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+        rendered.setdefault("labelSelector", {"matchLabels": selector_labels(ref.name)})
+        constraints.append(rendered)
+    return constraints
+
+
+def avoiding_nodes(affinity: dict[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
+    """`affinity` (spec.scheduling.affinity) with a required anti-affinity to `nodes`.
+
+    nodeSelectorTerms are ORed and the expressions inside one term ANDed, so the NotIn
+    expression goes into every term the user gave (or into a term of its own): a pod may then
+    land wherever the user allowed, except on an avoided node.
+    """
+    affinity = dict(affinity)
+    if not nodes:
+        return affinity
+    avoid = {"key": C.LABEL_HOSTNAME, "operator": "NotIn", "values": sorted(nodes)}
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or []] or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), avoid]
+    required["nodeSelectorTerms"] = terms
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node_affinity
+    return affinity
 
 
 def _pod_overrides(spec: DDPJobSpec) -> dict[str, Any]:

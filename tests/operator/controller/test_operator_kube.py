@@ -50,6 +50,20 @@ def test_delete_or_skip_skips_missing_pods_and_newer_pods_of_the_same_name(k8s):
     assert k8s.find("pods", "p0") is not None, "the newer pod must survive a delete aimed at the old uid"
 
 
+def test_a_budget_is_read_patched_and_a_missing_one_is_none_or_skipped(k8s):
+    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "mlp"},
+              "spec": {"minAvailable": 1, "selector": {"matchLabels": {"ddpjob.io/job-name": "mlp"}}}}
+
+    async def scenario(api):
+        missing = await api.get_or_none("PodDisruptionBudget", k8s.namespace, "mlp")
+        skipped = await api.patch_or_skip("PodDisruptionBudget", k8s.namespace, "mlp", {"spec": {"minAvailable": 2}})
+        await api.create_or_skip(budget, k8s.namespace)
+        patched = await api.patch_or_skip("PodDisruptionBudget", k8s.namespace, "mlp", {"spec": {"minAvailable": 3}})
+        read = await api.get_or_none("PodDisruptionBudget", k8s.namespace, "mlp")
+        return missing, skipped, patched, read["spec"]
+    assert run(k8s.url, scenario) == (None, False, True, {**budget["spec"], "minAvailable": 3})
+
+
 def test_status_patch_writes_only_the_status_and_skips_a_deleted_job(k8s):
     k8s.create("ddpjobs", make_manifest())
 

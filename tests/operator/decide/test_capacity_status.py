@@ -118,13 +118,15 @@ def test_a_queue_name_puts_kueue_pod_group_labels_and_count_on_every_node_pod():
         meta = render_pod(ref, spec, index)["metadata"]
         assert {k: meta["labels"][k] for k in (C.LABEL_KUEUE_QUEUE, C.LABEL_KUEUE_POD_GROUP)} == {
             "kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/pod-group-name": "mlp"}
-        assert meta["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "3"}  # replicas, not max
+        assert meta["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "3",  # replicas, not max
+                                       "kueue.x-k8s.io/safe-to-forcefully-delete": "true"}
 
 
 def test_user_annotations_are_kept_next_to_the_kueue_count():
     job = make_ddpjob(replicas=2, scheduling={"queueName": "q"}, podOverrides={"annotations": {"team": "x"}})
     meta = render_pod(job_ref(job), parse_spec(job["spec"]), 0)["metadata"]
-    assert meta["annotations"] == {"team": "x", "kueue.x-k8s.io/pod-group-total-count": "2"}
+    assert meta["annotations"] == {"team": "x", "kueue.x-k8s.io/pod-group-total-count": "2",
+                                   "kueue.x-k8s.io/safe-to-forcefully-delete": "true"}
 
 
 def test_without_a_queue_name_pods_carry_no_kueue_metadata():

@@ -61,8 +61,8 @@ def test_a_step_that_stands_still_for_the_timeout_restarts_the_group_as_one_hang
     assert sorted(a.name for a in result.actions if isinstance(a, DeletePod)) == ["mlp-node-0", "mlp-node-1",
                                                                                   "mlp-node-2"]
     failure = status["failures"][-1]
-    assert {k: failure[k] for k in ("cause", "step", "stalledNodes", "pod", "nodeName", "message")} == {
-        "cause": "Hang", "step": 40, "stalledNodes": ["1"], "pod": "mlp-node-1", "nodeName": "gpu-1",
+    assert {k: failure[k] for k in ("cause", "step", "stalledNodes", "pod", "node", "message")} == {
+        "cause": "Hang", "step": 40, "stalledNodes": ["1"], "pod": "mlp-node-1", "node": "gpu-1",
         "message": "no training step for 61s (hang timeout 60s)"}
     event = next(e for e in result.events if e.reason == C.REASON_HANG)
     assert event.message.startswith("no training step for 61s (hang timeout 60s, "

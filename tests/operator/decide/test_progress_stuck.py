@@ -62,3 +62,17 @@ def test_a_forced_delete_replaces_the_plain_one_and_keeps_the_earliest_requeue()
     assert events[0].reason == "ForceDeleted" and events[0].message == (
         "node pod mlp-node-1 was stuck terminating for 70s on node gpu-a (NotReady); force-deleted after "
         "spec.failurePolicy.forceDeleteTerminatingAfterSeconds (60s)")
+
+
+def test_a_kueue_queued_job_leaves_kueue_the_first_force_delete_and_acts_as_the_fallback():
+    spec = parse_spec(make_ddpjob(replicas=2, scheduling={"queueName": "q"},
+                                  failurePolicy={"forceDeleteTerminatingAfterSeconds": 60})["spec"])
+    stuck, down = terminating(1, deleted_at=0), {"gpu-a": node("False")}
+    waiting, none = with_force_deletions(spec, [stuck], down, at(70), [])
+    assert (waiting, none) == ([Requeue(290.0)], [])  # 60 s + Kueue's 300 s head start, 70 s gone
+    actions, events = with_force_deletions(spec, [stuck], down, at(360), [])
+    assert actions == [DeletePod("mlp-node-1", events[0].message, grace_period_seconds=0)]
+    assert events[0].message == (
+        "node pod mlp-node-1 was stuck terminating for 360s on node gpu-a (NotReady); force-deleted after "
+        "spec.failurePolicy.forceDeleteTerminatingAfterSeconds (60s) plus 300s left to Kueue's "
+        "FailureRecoveryPolicy (spec.scheduling.queueName is set)")

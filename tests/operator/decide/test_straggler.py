@@ -90,11 +90,14 @@ def test_replace_deletes_the_straggler_and_lists_it_free_with_its_kubernetes_nod
     result = step(body, 30, [slow])
     assert [a.name for a in result.actions if isinstance(a, DeletePod)] == ["mlp-node-2"]
     failure = result.status["failures"][-1]
-    assert {k: failure[k] for k in ("cause", "pod", "nodeName", "index")} == {
-        "cause": "Straggler", "pod": "mlp-node-2", "nodeName": "gpu-2", "index": 2}
+    assert {k: failure[k] for k in ("cause", "pod", "node", "index")} == {
+        "cause": "Straggler", "pod": "mlp-node-2", "node": "gpu-2", "index": 2}
     assert result.status["restarts"] == 0, "a replacement is not charged to the budget"
-    assert [e.reason for e in result.events if e.reason.startswith("Straggler")] == [C.REASON_STRAGGLER_REPLACED]
-    assert result.events[-1].message.endswith("; replacing its pod (not charged to the restart budget)")
+    replaced = [e for e in result.events if e.reason.startswith("Straggler")]
+    assert [e.reason for e in replaced] == [C.REASON_STRAGGLER_REPLACED]
+    assert replaced[0].message.endswith("; replacing its pod (not charged to the restart budget)")
+    # Bad nodes stay bad (avoided_nodes.py): its replacement is kept off that Kubernetes node.
+    assert [(n["node"], n["cause"]) for n in result.status["avoidedNodes"]] == [("gpu-2", "Straggler")]
 
 
 def test_ignore_shows_the_slowest_node_but_never_warns():

@@ -1,0 +1,62 @@
+"""The job's PodDisruptionBudget (pure): a drain shrinks the job to its minimum, one restart at a time below it.
+
+Why: a drain (`kubectl drain`, a node upgrade, the cluster autoscaler) evicts through the
+Eviction API, which honours budgets. Without one it may take every node of a job at once;
+with one that allows nothing it blocks the drain forever. The budget ``<job>`` (owned by the
+job, so garbage collection deletes it with the job) selects the node pods and the c10d store
+pod and keeps ``minAvailable`` of them healthy:
+
+  * node pods: ``min(minReplicas, replicas - 1)``. An elastic job (minReplicas < replicas)
+    may be drained down to minReplicas, which torchrun re-forms without a restart budget
+    charge (an eviction is a disruption). A job at its minimum (the default: minReplicas
+    defaults to replicas) may still lose one pod at a time: the operator replaces it and the
+    group restarts from the last snapshot, and only once the replacement is Ready may the
+    next go. Budget ``minAvailable: replicas`` would keep the job whole but block every drain
+    forever, which a cluster admin then overrides by deleting pods, with no pacing at all;
+  * the store pod (rdzvStore: pod) counts as one more: losing it restarts the group like
+    losing a node, so it is paced in the same budget rather than in one of its own (a budget
+    over one pod either blocks forever or protects nothing).
+
+``unhealthyPodEvictionPolicy: AlwaysAllow`` lets a drain take pods that are not Ready (still
+starting, or waiting in a rendezvous) whatever the budget: they hold no training to protect,
+and a job that cannot become Ready must not hold a node hostage. The managed etcd pod is not
+covered: it is one pod, and its loss is repaired like the store's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.names import disruption_budget_name
+from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.render.common import common_labels, companion_metadata
+
+
+def min_available(spec: DDPJobSpec) -> int:
+    """Pods of the job a voluntary eviction must leave healthy (see the module docstring)."""
+    nodes = min(spec.min_replicas, spec.desired_replicas - 1)
+    return nodes + (1 if spec.elastic_policy.store_on_pod else 0)
+
+
+def budget_spec(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
+    """The budget's spec: what plan.py compares with the observed one and patches on scale."""
+    return {
+        "minAvailable": min_available(spec),
+        "selector": {
+            "matchLabels": {C.LABEL_JOB_NAME: ref.name},
+            "matchExpressions": [{"key": C.LABEL_COMPONENT, "operator": "In",
+                                  "values": [C.COMPONENT_NODE, C.COMPONENT_RDZV_STORE]}],
+        },
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+
+
+def render_disruption_budget(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
+    """PodDisruptionBudget <job> over the job's node pods and store pod, owned by the job."""
+    return {
+        "apiVersion": C.POLICY_API_VERSION,
+        "kind": "PodDisruptionBudget",
+        "metadata": companion_metadata(ref, disruption_budget_name(ref.name), common_labels(ref.name)),
+        "spec": budget_spec(ref, spec),
+    }
