@@ -20,6 +20,11 @@ Figures, with one definition each, reused rather than restated here:
   * redone steps: steps in the raw metrics minus steps in the effective history
     (ddpjob_trainer.metrics.read_metrics / read_raw_metrics).
 Wall time is the local run's own clock: its first events.jsonl record to `phase Succeeded`.
+
+Next to the clean and the 1-kill run, the same job runs as two bare torchrun agents (the local
+plan's command, environment and rendezvous settings, torch's c10d backend, fresh Python workers),
+clean and with the same kill, node 1 started again by hand after the spec's backoff; the
+wall time lost per kill (1-kill wall minus clean wall) is compared between the two.
 """
 from __future__ import annotations
 
@@ -33,18 +38,29 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import time
+
+import yaml
+
 from bench._recovery import event_time, first_step_after, wait_for
+from ddpjob_operator.api.spec import parse_job
+from ddpjob_operator.local.plan import local_plan
+from ddpjob_sandbox.metrics import MetricsWatcher, is_event
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
 from ddpjob_sandbox.examples import C10D_EXAMPLE
 from ddpjob_sandbox.pod_status import observed_pod, progress_message, terminated_status
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import metrics as operator_metrics
 from ddpjob_operator.decide import progress
+from ddpjob_operator.decide.observed import view_pods
 from ddpjob_trainer.metrics import read_metrics, read_raw_metrics
 
 KILL_AFTER = 5.0  # seconds after the first step (and after full size again, for the second kill)
 RUN_TIMEOUT = 400.0  # one run, kills and recoveries included
 DDPJOB = Path(sys.executable).parent / "ddpjob"
 NODES = 2  # the example's replicas
+PAUSE = 1.0  # a gap between two steps longer than this is a pause of training
 
 
 @dataclass(frozen=True)
@@ -59,15 +75,57 @@ class RunFigures:
     full_size: list[float]  # per kill: kill -> first step with every node back
     lost: float
     goodput: float
+    pauses: list[float]  # gaps of over PAUSE s between consecutive steps after the first kill
 
 
 def main() -> None:
-    rows = []
+    rows, bare = [], {}
     for kills in (0, 1, 2):
         with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
             rows.append(measure(Path(tmp), kills))
         print(f"run with {kills} kill(s): {rows[-1]}", flush=True)
+        if kills < 2:
+            with tempfile.TemporaryDirectory(prefix="bench-goodput-torchrun-") as tmp:
+                bare[kills] = torchrun_wall(Path(tmp), kills)
+            print(f"bare torchrun with {kills} kill(s): wall {bare[kills]:.1f} s", flush=True)
     _print_table(rows)
+    _print_lost_per_kill(rows, bare)
+
+
+def torchrun_wall(workdir: Path, kills: int) -> float:
+    """Wall seconds of the same job as two bare torchrun agents (the local plan's argv, env and
+    rendezvous settings, node 0 hosting the store); with a kill, node 1's tree is SIGKILLed
+    KILL_AFTER s after the first step and a new node-1 agent started after the spec's backoff,
+    as a perfect supervisor without an API server would."""
+    job = yaml.safe_load(C10D_EXAMPLE.read_text())
+    ref, spec = parse_job(job)
+    plan = local_plan(ref.name, spec, rdzv_id=unique_run_id(), run_dir=workdir / "run", torchrun="torchrun",
+                      port=free_port(), early_rendezvous=False, zygote=False)
+    env = plan.nodes[0].env
+    conf = dict(item.split("=", 1) for item in env["PET_RDZV_CONF"].split(",") if not item.startswith("is_host"))
+    rdzv = Rendezvous("c10d", env["PET_RDZV_ENDPOINT"], plan.rdzv_id, env["PET_NNODES"], conf)
+    extra = {k: v for k, v in env.items() if k.startswith("DDPJOB_")}
+    started = time.monotonic()
+    with AgentGroup(workdir, rdzv, plan.nodes[0].argv[1:], env=extra, max_restarts=int(env["PET_MAX_RESTARTS"])) as group:
+        group.start("node0", rdzv_conf_extra={"is_host": True})
+        victim = group.start("node1", rdzv_conf_extra={"is_host": False})
+        if kills:
+            MetricsWatcher(plan.metrics_file, group).wait(is_event("step"), RUN_TIMEOUT, "the first step")
+            time.sleep(KILL_AFTER)
+            victim.kill()
+            time.sleep(spec.failure_policy.backoff_seconds)
+            group.start("node1-replacement", rdzv_conf_extra={"is_host": False})
+        codes = group.wait_all(RUN_TIMEOUT)
+    if codes.get("node0") != 0:
+        raise RuntimeError(f"bare torchrun with {kills} kill(s): node 0 exited {codes}; see {workdir}")
+    return time.monotonic() - started
+
+
+def _print_lost_per_kill(rows: list[RunFigures], bare: dict[int, float]) -> None:
+    ddpjob, torchrun = rows[1].wall - rows[0].wall, bare[1] - bare[0]
+    print(f"\nwall time lost per node SIGKILL (1-kill run minus clean run): ddpjob run {ddpjob:.1f} s, "
+          f"bare torchrun agents (replaced by hand after the backoff) {torchrun:.1f} s: {ddpjob / torchrun:.2f}x "
+          f"(target <= 0.3x); clean runs {rows[0].wall:.1f} s and {bare[0]:.1f} s")
 
 
 def measure(workdir: Path, kills: int) -> RunFigures:
@@ -115,16 +173,25 @@ def _figures(run_dir: Path, kill_times: list[float]) -> RunFigures:
     recover = [event_time(first_step_after(metrics, t)) - t for t in kill_times]
     full = [event_time(first_step_after(metrics, t, NODES)) - t for t in kill_times]
     status = {"startTime": start, "completionTime": end}
+    pods = view_pods(_reports(raw))
     for moment in kill_times:  # as the operator: one incident at a time, the resumes seen after it
         status["lastFailureTime"] = _text(moment)
-        progress.ingest(_reports(raw), status)
-    progress.ingest(_reports(raw), status)
+        status.update(progress.ingest(pods, status).changes)
+    status.update(progress.ingest(pods, status).changes)
     completed = datetime.datetime.fromisoformat(end.replace("Z", "+00:00"))
     return RunFigures(kills=len(kill_times), wall=round(event_time({"time": end}) - event_time({"time": start}), 1),
                       steps=steps, redone=sum(1 for e in raw if e["event"] == "step") - steps,
                       recover=[round(x, 1) for x in recover], full_size=[round(x, 1) for x in full],
                       lost=float(status["recovery"]["lostSeconds"]),
-                      goodput=round(operator_metrics.goodput(status, completed), 3))
+                      goodput=round(operator_metrics.goodput(status, completed), 3),
+                      pauses=_pauses(raw, kill_times[0]) if kill_times else [])
+
+
+def _pauses(raw: list[dict], since: float) -> list[float]:
+    """How long training stood still each time after `since`: one gap per incident when the
+    replacement joins in the survivors' round, two when the survivors restart again for it."""
+    times = [event_time(e) for e in raw if e["event"] == "step" and event_time(e) > since]
+    return [round(b - a, 1) for a, b in zip([since, *times], times) if b - a > PAUSE]
 
 
 def _reports(raw: list[dict]) -> list[dict]:

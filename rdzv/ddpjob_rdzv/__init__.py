@@ -17,6 +17,9 @@ The distribution keeps its name, ``ddpjob-rdzv``; its one dependency is etcd3.
 from __future__ import annotations
 
 BACKEND_NAME = "etcd-v3"  # torchrun --rdzv_backend value of ddpjob's backend
+# torchrun --rdzv_backend value of torch's c10d backend with ddpjob's early re-rendezvous
+# (ddpjob_trainer.rendezvous.early); `ddpjob run` uses it for rdzvBackend: c10d.
+C10D_BACKEND_NAME = "ddpjob-c10d"
 
 
 def delete_rendezvous(endpoints, run_id: str, *, namespace: str = "", **options) -> int:

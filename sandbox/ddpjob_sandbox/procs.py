@@ -17,9 +17,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ddpjob_operator.local.procs import free_port, marked_pids, marked_processes, signal_all
+from ddpjob_operator.local.procs import free_port, kill_marked_until_gone, marked_pids, marked_processes, signal_all
 
-__all__ = ["free_port", "holds_socket", "kill_marked", "kill_process_group", "listening_socket_inodes",
+__all__ = ["free_port", "holds_socket", "kill_marked", "kill_marked_until_gone", "kill_process_group", "listening_socket_inodes",
            "marked_pids", "marked_processes", "signal_all", "start_in_own_group", "stop_process_group"]
 
 

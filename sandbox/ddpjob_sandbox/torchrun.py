@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpjob_sandbox.procs import (
-    free_port, kill_process_group, marked_pids, marked_processes, signal_all, start_in_own_group, stop_process_group,
+    free_port, kill_marked_until_gone, kill_process_group, marked_processes, start_in_own_group, stop_process_group,
 )
 
 # Environment variable that marks every process of one agent (agent and workers).
@@ -152,10 +152,10 @@ class Agent:
         return chosen[0]
 
     def kill(self) -> None:
-        """Simulates the death of this node: SIGKILL the agent's group, then its workers' groups."""
-        workers = marked_pids(self.marker, key=MARKER_ENV)
+        """Simulates the death of this node: SIGKILL the agent's group, then its workers' groups,
+        until none is left (a worker forked meanwhile, or one still dying, would write on)."""
         kill_process_group(self.process, signal.SIGKILL)
-        signal_all(workers, signal.SIGKILL)
+        kill_marked_until_gone(self.marker, key=MARKER_ENV)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 
@@ -171,7 +171,7 @@ class Agent:
     def stop(self) -> None:
         """Stops the agent gracefully if it still runs, then kills anything left with its marker."""
         stop_process_group(self.process)
-        signal_all(marked_pids(self.marker, key=MARKER_ENV), signal.SIGKILL)
+        kill_marked_until_gone(self.marker, key=MARKER_ENV)
 
     def log_tail(self, chars: int = 3000) -> str:
         with contextlib.suppress(OSError):

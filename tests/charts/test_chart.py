@@ -44,14 +44,14 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 
 # What the operator does in a namespace (handlers, kube module, kopf's own writes).
 NAMESPACED_GRANTS = {
-    ("ddpjob.io", "ddpjobs"): {"get", "list", "watch", "patch", "delete"},
+    ("ddpjob.io", "ddpjobs"): {"list", "watch", "patch", "delete"},
     ("ddpjob.io", "ddpjobs/status"): {"patch"},
     ("ddpjob.io", "ddpjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "delete"},
-    ("", "services"): {"get", "create"},
+    ("", "services"): {"list", "watch", "create"},
     ("", "events"): {"create"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "create"},  # spec.networkPolicy, one per job
-    ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},  # runPolicy.podDisruptionBudget, one per job
+    ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create"},  # spec.networkPolicy, one per job
+    ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},  # runPolicy.podDisruptionBudget
 }  # Secrets only with rbac.readSecrets (tests/charts/test_rbac_docs.py)
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NODE_READ = {("", "nodes"): {"get"}}  # a stuck terminating pod's node: NotReady or gone -> force delete
@@ -87,7 +87,8 @@ def test_default_install_runs_standalone_cluster_wide_without_metrics():
     assert main["args"] == ["--standalone", "--liveness-port=8080", f"--operator-namespace={NAMESPACE}",
                             f"--operator-pod-selector=app.kubernetes.io/name=ddpjob-operator,"
                             f"app.kubernetes.io/instance={RELEASE}", "--metrics-port=0", "--max-replicas=500",
-                            "--progress-poll-seconds=30"]
+                            "--progress-poll-seconds=30", "--kube-api-qps=20", "--kube-api-burst=30",
+                            "--max-concurrent-passes=16"]
     assert main["image"] == "ghcr.io/ddpjob/operator:0.1.0"
 
 

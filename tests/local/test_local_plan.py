@@ -4,7 +4,9 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError
-from ddpjob_operator.local.plan import FAST_RDZV_TIMEOUTS, inherited_env, local_plan, local_spec, localize
+from ddpjob_operator.local.plan import (
+    FAST_RDZV_TIMEOUTS, early_rendezvous_installed, inherited_env, local_plan, local_spec, localize,
+)
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import JobRef, parse_spec
 from ddpjob_sandbox.jobs import make_spec
@@ -50,11 +52,26 @@ def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
         # Pod-only variables (the kubelet's termination log) are fine; a torchrun flag missing locally is not.
         assert not [k for k in set(pod_env) - set(node.env) if k.startswith("PET_")]
         assert differ == {"PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_NPROC_PER_NODE",
-                          "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE"}
+                          "PET_RDZV_BACKEND", "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE", "DDPJOB_ZYGOTE_SOCKET"}
         assert node.env["PET_RDZV_ENDPOINT"] == "127.0.0.1:29555"
         assert node.env["PET_RDZV_ID"] == "mlp-run-1"
         assert node.env["DDPJOB_SNAPSHOT_DIR"] == str(SNAP)
         assert node.env["DDPJOB_NODE_INDEX"] == str(index) and node.env["FOO"] == "bar"
+
+
+@pytest.mark.parametrize("backend, early, expected", [
+    ("c10d", True, "ddpjob-c10d"),  # torch's c10d backend, re-rendezvous without waiting a last call
+    ("c10d", False, "c10d"),  # ddpjob-trainer (its torchrun entry point) not installed beside ddpjob
+    ("etcd-v3", True, "etcd-v3"),  # completes early by itself
+])
+def test_a_c10d_run_uses_the_early_rendezvous_where_it_is_installed(backend, early, expected):
+    fields = {"elasticPolicy": {"rdzvBackend": backend, "rdzvEndpoints": ["e1:2379"]}} if backend != "c10d" else {}
+    plan = plan_of(spec_of(replicas=2, **fields), early_rendezvous=early)
+    assert [node.env["PET_RDZV_BACKEND"] for node in plan.nodes] == [expected] * 2
+
+
+def test_the_early_rendezvous_is_installed_in_this_environment():
+    assert early_rendezvous_installed(), "pip install -e trainer registers the ddpjob-c10d torchrun handler"
 
 
 def test_by_default_a_store_process_hosts_the_c10d_store_and_every_node_joins_it():
@@ -73,9 +90,17 @@ def test_with_rdzv_store_node_node_0_hosts_the_c10d_store_as_in_a_cluster():
 
 def test_the_command_is_the_pods_args_behind_the_local_torchrun_with_mount_paths_rewritten():
     spec = spec_of(args=["--epochs", "2", "--metrics-file", "/snapshots/m.jsonl"])
-    node = plan_of(spec).nodes[0]
+    node = plan_of(spec, zygote=False).nodes[0]
     assert node.argv == ["/venv/bin/torchrun", "-m", "ddpjob_trainer.examples.mlp",
                          "--epochs", "2", "--metrics-file", str(SNAP / "m.jsonl")]
+
+
+def test_with_the_zygote_each_node_forks_its_workers_from_its_own_server():
+    plan = plan_of(spec_of(replicas=2, args=["--epochs", "2"]), zygote=True)
+    assert [node.argv for node in plan.nodes] == [
+        ["/venv/bin/torchrun", "-m", "ddpjob_trainer.zygote", "ddpjob_trainer.examples.mlp", "--epochs", "2"]] * 2
+    assert [node.env["DDPJOB_ZYGOTE_SOCKET"] for node in plan.nodes] == [
+        "@ddpjob-zygote-mlp-run-1-0", "@ddpjob-zygote-mlp-run-1-1"]
 
 
 def test_env_values_under_the_mount_path_point_into_the_run_directory():

@@ -12,6 +12,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from ddpjob_rdzv import delete_rendezvous, keys
 from ddpjob_rdzv.client import EtcdConnection
@@ -219,13 +220,14 @@ def test_a_call_made_while_etcd_is_down_succeeds_once_it_is_back(etcd):
     assert time.monotonic() - started >= 1.5
 
 
-def test_create_rdzv_handler_builds_torchs_dynamic_handler_on_etcd_v3(etcd):
+def test_create_rdzv_handler_builds_torchs_dynamic_handler_on_etcd_v3_completing_early(etcd):
     params = RendezvousParameters("etcd-v3", etcd.endpoint, unique_run_id(), 1, 2, keep_alive_interval=2)
 
     handler = rendezvous_handler_registry.create_handler(params)
 
     assert handler.get_backend() == "etcd-v3"
-    assert type(handler).__name__ == "DynamicRendezvousHandler"
+    # torch's handler, whose re-rendezvous completes once every known node joined (rendezvous/early.py)
+    assert type(handler).__name__ == "EarlyRendezvousHandler" and isinstance(handler, DynamicRendezvousHandler)
     assert handler.num_nodes_waiting() == 0
 
 

@@ -322,3 +322,29 @@ def test_watch_from_a_resource_version_older_than_the_log_is_410_gone(k8s, monke
     watch = Watch(k8s, "pods", seconds=0.5, resourceVersion=first)
     watch.thread.join(timeout=30)
     assert [(e["type"], e["object"].get("code")) for e in watch.events] == [("ERROR", 410)]
+
+
+def test_requests_are_counted_by_client_and_verb_as_the_audit_log_names_them(cluster, k8s):
+    created = k8s.create("pods", pod("p0"))
+    k8s.get("pods", "p0")
+    k8s.list("pods")
+    k8s.list("pods", label_selector="a=b")
+    k8s.patch("pods", "p0", {"metadata": {"labels": {"a": "b"}}})
+    Watch(k8s, "pods", seconds=0.1, resourceVersion=created["metadata"]["resourceVersion"]).result()
+    k8s.delete("pods", "p0")
+    counts = cluster.emulator.request_counts(("Python-urllib",), "pods")
+    assert {verb: counts[verb] for verb in ("POST", "GET", "LIST", "PATCH", "WATCH", "DELETE")} == {
+        "POST": 1, "GET": 1, "LIST": 2, "PATCH": 1, "WATCH": 1, "DELETE": 1}
+    assert cluster.emulator.request_counts(("kubectl",))["LIST"] == 0, "only the named clients' requests"
+
+
+def test_an_expired_watch_ends_with_410_gone_and_cannot_resume_from_before_it(cluster, k8s):
+    since = k8s.create("pods", pod("p0"))["metadata"]["resourceVersion"]
+    watch = Watch(k8s, "pods", seconds=5, resourceVersion=since)
+    k8s.create("pods", pod("p1"))
+    cluster.emulator.expire("pods")
+    watch.thread.join(timeout=10)
+    assert [(e["type"], e["object"].get("code")) for e in watch.events] == [("ADDED", None), ("ERROR", 410)]
+    late = Watch(k8s, "pods", seconds=0.5, resourceVersion=since)
+    late.thread.join(timeout=10)
+    assert [(e["type"], e["object"]["code"], e["object"]["reason"]) for e in late.events] == [("ERROR", 410, "Expired")]

@@ -21,9 +21,11 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.distributed as torch_dist
 
+from . import marks
 from .env import DistEnv, dist_env
 
 log = logging.getLogger(__name__)
+marks.mark_imports_done()  # a worker imports this module right after torch (bench/recovery.py)
 
 # Long enough for a slow snapshot write on rank 0 while the others wait in a
 # collective; short enough that a hung peer fails the round instead of
@@ -95,6 +97,7 @@ def distributed(env: DistEnv | None = None, timeout: datetime.timedelta | None =
         device_id=device_id,
     )
     log.debug("rank %d/%d joined the %s process group", env.rank, env.world_size, backend)
+    marks.mark("process_group")
     try:
         yield env
         # Ranks leave the last collective at different moments; one tearing

@@ -3,8 +3,9 @@
 A pass only observes and applies; every decision is made by the pure ``decide.reconcile``
 (observed state -> status, Events and actions) and every API call goes through ``kube``. A pass:
 
-1. reads the job, its pods and whether its Service exists (fresh, not kopf's cached body, so
-   the failure bookkeeping in the status is never older than our own last write);
+1. reads the job, its pods and whether its Service exists from the cache (cache.py: fed by
+   watches, never older than our own last status write), so a steady-state pass makes no
+   LIST and no GET;
 2. writes the status once, when it changed, *before* acting, so a failure that is about to be
    replaced is counted durably even if the operator dies right after;
 3. executes the actions (create-or-skip, delete-or-skip); creates go in waves of 1, 2, 4, ...
@@ -18,8 +19,9 @@ blocks the deletion. A job's managed etcd (managed_etcd) is observed in the pass
 and so is its NetworkPolicy (render/network_policy.py), unless the job turned it off, and its
 PodDisruptionBudget (render/pdb.py).
 
-Passes of one job never overlap (one lock per job), and pod events are coalesced so that a
-job creating 8 pods is reconciled a couple of times, not 8. kopf cannot retry watch-event
+Passes of one job never overlap (one lock per job), at most --max-concurrent-passes run at
+once, and pod events (from the cache's watch) are coalesced so that a job creating 8 pods is
+reconciled a couple of times, not 8. kopf cannot retry watch-event
 handlers, so a planned requeue (backoff end, deadline, TTL) is an in-memory timer; a restarted
 operator re-plans every job from its ``@kopf.on.resume`` handler, so nothing is lost with it.
 A failed pass is retried after a delay that doubles per failure in a row, per job
@@ -39,6 +41,7 @@ import kopf
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metrics
 from ddpjob_operator.controller.backoff import Backoff, CreateRetries
+from ddpjob_operator.controller.cache import DISRUPTION_BUDGETS, NETWORK_POLICIES, SERVICES, ClusterCache
 from ddpjob_operator.decide import managed_etcd, stuck
 from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name
 from ddpjob_operator.decide.actions import (
@@ -46,10 +49,8 @@ from ddpjob_operator.decide.actions import (
     DeletePod, PatchDisruptionBudget, Requeue
 )
 from ddpjob_operator.decide.creation import CreateFailure
-from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, PodView, claimed, view_pods
+from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, PodView, claimed
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
-from ddpjob_operator.render.etcd_pod import etcd_selector
-from ddpjob_operator.render.common import job_selector
 from ddpjob_operator.render import network_policy
 
 logger = logging.getLogger("ddpjob_operator")
@@ -79,24 +80,34 @@ class PassSettings:
 
 
 class JobPasses:
-    """Serialises, coalesces and schedules the passes of each job."""
+    """Serialises, coalesces and schedules the passes of each job, at most ``limit`` at once.
 
-    def __init__(self, run: Callable[[JobKey], Awaitable[PassOutcome]], errors: Backoff | None = None):
+    The limit is a first-come, first-served semaphore and a job waits in it at most once
+    (pokes while it waits share its pass), so a busy job cannot starve the others and a
+    burst of 1,000 new jobs runs ``limit`` passes at a time instead of 1,000.
+    """
+
+    def __init__(self, run: Callable[[JobKey], Awaitable[PassOutcome]], errors: Backoff | None = None,
+                 limit: int = kube.DEFAULT_CONCURRENT_PASSES):
         self._run = run
         self.errors = errors or Backoff()  # failed passes in a row, per job
+        self._slots = asyncio.Semaphore(limit)
         self._locks: dict[JobKey, asyncio.Lock] = {}
         self._queued: set[JobKey] = set()
         self._timers: dict[JobKey, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    async def run_now(self, key: JobKey) -> PassOutcome:
-        """One pass, awaited, so that kopf sees its errors.
+    async def run_now(self, key: JobKey, on_start: Callable[[], None] | None = None) -> PassOutcome:
+        """One pass, awaited, so that kopf sees its errors; ``on_start`` is called when it has its
+        turn (the job's lock and a slot).
 
         Raises:
             kopf.TemporaryError: the pass failed; its delay doubles with each failure in a row
                 of this job (and honours a Retry-After), so kopf's retry backs off.
         """
-        async with self._locks.setdefault(key, asyncio.Lock()):
+        async with self._locks.setdefault(key, asyncio.Lock()), self._slots:
+            if on_start is not None:
+                on_start()
             try:
                 outcome = await self._run(key)
             except Exception as e:
@@ -141,22 +152,25 @@ class JobPasses:
 
     async def _poked(self, key: JobKey) -> None:
         await asyncio.sleep(COALESCE_SECONDS)
-        self._queued.discard(key)
         waiting = self.errors.remaining(key)
         if waiting > 0:  # the job's last pass failed: events meanwhile wait for its retry
+            self._queued.discard(key)
             self.schedule(key, waiting)
             return
         try:
-            await self.run_now(key)
+            # Pokes share this pass until it starts (waiting for a slot included); a poke
+            # after that is an event the pass may have missed, and queues the next one.
+            await self.run_now(key, on_start=lambda: self._queued.discard(key))
         except kopf.TemporaryError as e:  # nobody awaits a poked pass: log it and try again later
             logger.warning("Reconciling %s/%s failed: %s", *key, e)
             self.schedule(key, e.delay)
 
 
-async def run_pass(api: kube.Kube, key: JobKey,
+async def run_pass(api: kube.Kube, cache: ClusterCache, key: JobKey,
                    cleaner: etcd_cleanup.RendezvousCleaner | None = None,
                    settings: PassSettings = PassSettings(), creates: CreateRetries | None = None) -> PassOutcome:
-    """One pass over one job; a finished etcd-v3 job's rendezvous keys are deleted after it.
+    """One pass over one job, observed from ``cache``; a finished etcd-v3 job's rendezvous keys
+    are deleted after it.
 
     While the job runs, the pass reads one node's progress endpoint (live_progress) and
     comes back every ``settings.progress_poll`` seconds (0: never) to read it again.
@@ -165,25 +179,18 @@ async def run_pass(api: kube.Kube, key: JobKey,
     namespace, name = key
     creates = creates if creates is not None else CreateRetries()
     progress_poll = settings.progress_poll
+    await cache.synced()
     with metrics.timed_pass():
-        job = await api.get_job(namespace, name)
+        job = cache.job(namespace, name)
         if job is None:
             metrics.observe_job(namespace, name, None)
             creates.forget(key)
             return PassOutcome(gone=True)
-        # Read once, for every decision; only pods the job controls (a copied label claims nothing).
-        pods = claimed(view_pods(await api.list_pods(namespace, job_selector(name))), job["metadata"].get("uid", ""))
-        service_exists = await api.exists("Service", namespace, name)
-        polled = bool(progress_poll) and (job.get("status") or {}).get("phase") in POLLED_PHASES
-        live = await live_progress.read_live_progress(pods) if polled else []
-        now = datetime.datetime.now(datetime.timezone.utc)
-        observed = Observed(pods, service_exists, tuple(live), await _observe_managed_etcd(api, namespace, name, job),
-                            await _observe_nodes(api, stuck.nodes_to_read(pods, now)),
-                            await _observe_network_policy(api, namespace, name, job),
-                            await _observe_disruption_budget(api, namespace, name, job))
+        observed = await _observe(api, cache, job, progress_poll)
+        pods, now = observed.pods, datetime.datetime.now(datetime.timezone.utc)
         result = reconcile(job, observed, now, operator=settings.operator, create_failure=creates.last(key),
                            max_replicas=settings.max_replicas)
-        await _write_status(api, job, result)
+        await _write_status(api, cache, job, result)
         requeue = await _apply(api, job, pods, result, creates)
         await _record(api, job, result)
         if progress_poll and result.status.get("phase") in POLLED_PHASES:
@@ -195,47 +202,61 @@ async def run_pass(api: kube.Kube, key: JobKey,
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
 
 
-async def _observe_managed_etcd(api: kube.Kube, namespace: str, name: str,
-                                job: dict) -> ObservedEtcd | None:
+async def _observe(api: kube.Kube, cache: ClusterCache, job: dict, progress_poll: float) -> Observed:
+    """Everything the pass decides on: the cache's pods (only those the job controls: a copied
+    label claims nothing), Service, etcd and NetworkPolicy; the progress endpoint of a running
+    job; the Nodes of pods stuck terminating (read from the API: rare, and not worth watching
+    every Node of the cluster for)."""
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    owned = claimed(cache.pods(namespace, name), job["metadata"].get("uid", ""))
+    pods = tuple(p for p in owned if p.component != C.COMPONENT_ETCD)
+    polled = bool(progress_poll) and (job.get("status") or {}).get("phase") in POLLED_PHASES
+    live = await live_progress.read_live_progress(pods) if polled else []
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return Observed(pods, bool(cache.exists(SERVICES, namespace, name)), tuple(live),
+                    _observe_managed_etcd(cache, job, owned),
+                    await _observe_nodes(api, stuck.nodes_to_read(pods, now)), _observe_network_policy(cache, job),
+                    _observe_disruption_budget(cache, job))
+
+
+def _observe_managed_etcd(cache: ClusterCache, job: dict, owned: tuple[PodView, ...]) -> ObservedEtcd | None:
     """The job's own etcd pod and Service, when the job asks for one (see managed_etcd)."""
     if not managed_etcd.requested(job):
         return None
-    pods = claimed(view_pods(await api.list_pods(namespace, etcd_selector(name))), job["metadata"].get("uid", ""))
-    return ObservedEtcd(
-        pod=pods[0] if pods else None,
-        service_exists=await api.exists("Service", namespace, managed_etcd_name(name)))
+    pod = next((p for p in owned if p.component == C.COMPONENT_ETCD), None)
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    return ObservedEtcd(pod=pod, service_exists=bool(cache.exists(SERVICES, namespace, managed_etcd_name(name))))
 
 
 _NO_NETWORK_POLICY_GRANT: set[str] = set()  # namespaces already warned about (one log line each)
 
 
-async def _observe_network_policy(api: kube.Kube, namespace: str, name: str, job: dict) -> bool | None:
+def _observe_network_policy(cache: ClusterCache, job: dict) -> bool | None:
     """Whether the job's NetworkPolicy exists; None when it is not wanted (turned off, job finished)
-    or the operator may not read NetworkPolicies (403: the job then runs without one, and the log says so)."""
+    or the operator may not list NetworkPolicies (403: the job then runs without one, and the
+    cache's log says so)."""
     if not network_policy.requested(job) or (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
         return None
-    try:
-        return await api.exists("NetworkPolicy", namespace, network_policy_name(name))
-    except kube.ApiError as e:
-        if e.status != 403:
-            raise
-        _warn_no_network_policy_grant(namespace, e)
-        return None
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    exists = cache.exists(NETWORK_POLICIES, namespace, network_policy_name(name))
+    if exists is None:
+        _warn_no_network_policy_grant(namespace, cache.refusal(NETWORK_POLICIES, namespace))
+    return exists
 
 
-async def _observe_disruption_budget(api: kube.Kube, namespace: str, name: str, job: dict) -> ObservedBudget | None:
-    """The job's PodDisruptionBudget (render/pdb.py); None once the job finished, or when the operator
-    may not read PodDisruptionBudgets (403: the job then runs without one, and the log says so)."""
+def _observe_disruption_budget(cache: ClusterCache, job: dict) -> ObservedBudget | None:
+    """The job's PodDisruptionBudget (render/pdb.py), from the cache; None once the job finished, or
+    when the operator may not list PodDisruptionBudgets (403: the job then runs without one, and
+    the log says so)."""
     if (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
         return None
-    try:
-        budget = await api.get_or_none("PodDisruptionBudget", namespace, disruption_budget_name(name))
-        return ObservedBudget.of(budget, job["metadata"].get("uid", ""))
-    except kube.ApiError as e:
-        if e.status != 403:
-            raise
-        _warn_no_budget_grant(namespace, e)
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    budget_name = disruption_budget_name(name)
+    if cache.exists(DISRUPTION_BUDGETS, namespace, budget_name) is None:
+        _warn_no_budget_grant(namespace, cache.refusal(DISRUPTION_BUDGETS, namespace))
         return None
+    budget = cache.get(DISRUPTION_BUDGETS, namespace, budget_name)
+    return ObservedBudget.of(budget, job["metadata"].get("uid", ""))
 
 
 async def _write_disruption_budget(api: kube.Kube, namespace: str, action: CreateDisruptionBudget
@@ -257,12 +278,12 @@ async def _write_disruption_budget(api: kube.Kube, namespace: str, action: Creat
 _NO_BUDGET_GRANT: set[str] = set()  # namespaces already warned about (one log line each)
 
 
-def _warn_no_budget_grant(namespace: str, error: kube.ApiError) -> None:
+def _warn_no_budget_grant(namespace: str, error: Exception | None) -> None:
     if namespace not in _NO_BUDGET_GRANT:
         _NO_BUDGET_GRANT.add(namespace)
         logger.warning("Cannot manage PodDisruptionBudgets in %s (%s): its jobs run without one, so a drain may "
-                       "evict all of a job's pods at once; grant get, create, patch and delete on policy "
-                       "poddisruptionbudgets (the chart does)", namespace, error)
+                       "evict all of a job's pods at once; grant list, watch, create, patch and delete on "
+                       "policy poddisruptionbudgets (the chart does)", namespace, error)
 
 
 async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> None:
@@ -275,12 +296,12 @@ async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> 
         _warn_no_network_policy_grant(namespace, e)
 
 
-def _warn_no_network_policy_grant(namespace: str, error: kube.ApiError) -> None:
+def _warn_no_network_policy_grant(namespace: str, error: Exception | None) -> None:
     if namespace not in _NO_NETWORK_POLICY_GRANT:
         _NO_NETWORK_POLICY_GRANT.add(namespace)
         logger.warning("Cannot manage NetworkPolicies in %s (%s): its jobs run without one, so anything that "
-                       "reaches their rendezvous store can run code in them; grant get and create on "
-                       "networking.k8s.io networkpolicies (the chart does)", namespace, error)
+                       "reaches their rendezvous store can run code in them; grant list, watch and "
+                       "create on networking.k8s.io networkpolicies (the chart does)", namespace, error)
 
 
 async def _observe_nodes(api: kube.Kube, names: list[str]) -> dict[str, dict | None]:
@@ -297,11 +318,16 @@ async def _observe_nodes(api: kube.Kube, names: list[str]) -> dict[str, dict | N
     return nodes
 
 
-async def _write_status(api: kube.Kube, job: dict, result: Reconciliation) -> None:
+async def _write_status(api: kube.Kube, cache: ClusterCache, job: dict, result: Reconciliation) -> None:
+    """One status PATCH when the status changed (none when it did not). Its answer goes into the
+    cache at once, so the next pass counts from it even before the watch brings it."""
     old = job.get("status") or {}
     if result.status == old:
         return
-    await api.patch_job_status(job["metadata"]["namespace"], job["metadata"]["name"], merge_patch(old, result.status))
+    patched = await api.patch_job_status(job["metadata"]["namespace"], job["metadata"]["name"],
+                                         merge_patch(old, result.status))
+    if patched:
+        cache.offer(patched)
     metrics.observe_restarts(int(old.get("restarts") or 0), int(result.status.get("restarts") or 0))
     metrics.observe_status_change(old, result.status)
 
@@ -413,29 +439,39 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
     info = kube.login(logger=logger, **kwargs)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig was found")
-    memo.api = kube.Kube(info)
+    memo.api = kube.Kube(info, kube.RateLimit(memo.get("kube_api_qps", kube.DEFAULT_QPS),
+                                              memo.get("kube_api_burst", kube.DEFAULT_BURST)))
     memo.cleaner = etcd_cleanup.RendezvousCleaner(memo.api)
     settings = PassSettings(memo.get("progress_poll_seconds", C.PROGRESS_POLL_SECONDS),
                             memo.get("operator_peer", network_policy.OperatorPeer()),
                             memo.get("max_replicas", C.DEFAULT_MAX_REPLICAS))
     memo.creates = CreateRetries()
-    memo.passes = JobPasses(lambda key: run_pass(memo.api, key, memo.cleaner, settings, memo.creates))
+    memo.passes = JobPasses(lambda key: run_pass(memo.api, memo.cache, key, memo.cleaner, settings, memo.creates),
+                            limit=memo.get("max_concurrent_passes", kube.DEFAULT_CONCURRENT_PASSES))
+    # Pod, Service and NetworkPolicy events reach the job's passes through the cache's watches.
+    memo.cache = ClusterCache(memo.api, memo.get("watched_namespaces", ()), poke=memo.passes.poke)
+    memo.cache.start()
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
+    await memo.cache.stop()
     await memo.api.close()
 
 
 @kopf.on.resume(C.GROUP, C.VERSION, C.PLURAL)
 @kopf.on.create(C.GROUP, C.VERSION, C.PLURAL)
 @kopf.on.update(C.GROUP, C.VERSION, C.PLURAL)
-async def job_changed(namespace: str, name: str, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
+async def job_changed(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, retry: int = 0,
+                      **_: Any) -> None:
     """A job appeared, changed its spec (replicas, suspend, ...) or was found at start-up.
 
-    A change may fix what a refused create complained of (resources, a quota-sized request):
-    its creates are tried at once, not after their backoff (kopf's own retries do wait).
+    kopf's copy of the job goes into the cache (when newer), which the job's own watch may not
+    have brought yet. A change may fix what a refused create complained of (resources, a
+    quota-sized request): its creates are tried at once, not after their backoff (kopf's own
+    retries do wait).
     """
+    memo.cache.offer(dict(body))
     if retry == 0 and getattr(memo, "creates", None) is not None:
         memo.creates.retry_now((namespace, name))
     outcome = await memo.passes.run_now((namespace, name))
@@ -447,15 +483,3 @@ async def job_changed(namespace: str, name: str, memo: kopf.Memo, retry: int = 0
 async def job_deleted(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
     """An etcd-v3 job is being deleted: delete its rendezvous keys (bounded; see etcd_cleanup)."""
     await memo.cleaner.on_delete(body, retry)
-
-
-@kopf.on.event("", "v1", "pods", labels={C.LABEL_MANAGED_BY: C.MANAGED_BY, C.LABEL_JOB_NAME: kopf.PRESENT})
-async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    """A node pod was created, changed phase or went away: its job needs a look."""
-    memo.passes.poke((namespace, labels[C.LABEL_JOB_NAME]))
-
-
-@kopf.on.event("", "v1", "pods", labels={C.LABEL_MANAGED_BY: C.MANAGED_BY, C.LABEL_COMPONENT: C.COMPONENT_ETCD})
-async def etcd_pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    """A job's managed etcd pod changed (it lacks the job-name label; its instance label names the job)."""
-    memo.passes.poke((namespace, labels[C.LABEL_INSTANCE]))

@@ -13,11 +13,13 @@ kubeconfig), so the operator and kopf always talk to the same server with the sa
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import socket
 import ssl
-from collections.abc import Mapping
+import time
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -29,6 +31,16 @@ from ddpjob_operator.api.constants import (
 
 RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
 REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a reconcile forever
+# The client's rate, as client-go's --kube-api-qps/--kube-api-burst: the defaults of Kubeflow's
+# training-operator and kube-controller-manager. A burst of 30 covers one job's pods, Service,
+# status and Event at once; 1,000 jobs created together are spread out instead of opening
+# 1,000 connections. Watches are not counted: each is one long request.
+DEFAULT_QPS = 20.0
+DEFAULT_BURST = 30
+# Reconcile passes running at once (--max-concurrent-passes; handlers.JobPasses). A pass mostly
+# waits on the API, so a few overlap well; more only queue at the rate limit and hold memory.
+DEFAULT_CONCURRENT_PASSES = 16
+WATCH_LINE_BYTES = 3 * 2**20  # one watch event is one line: room for an object near etcd's 1.5 MiB cap
 
 # Kinds the operator writes; all core/v1 except those in _API_VERSIONS.
 _PLURALS = {"Pod": "pods", "Service": "services", "Event": "events", "NetworkPolicy": "networkpolicies",
@@ -92,37 +104,73 @@ def job_path(namespace: str, name: str | None = None, subresource: str | None = 
     return object_path(API_VERSION, PLURAL, namespace, name, subresource)
 
 
+class RateLimit:
+    """A token bucket: ``burst`` requests at once, then ``qps`` a second (qps 0: no limit).
+
+    Tokens are reserved in arrival order (the count may go below zero), so waiters are
+    served first come, first served, each sleeping only as long as its own turn needs.
+    """
+
+    def __init__(self, qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST):
+        self.qps, self.burst = qps, max(1, burst)
+        self._tokens, self._at = float(self.burst), time.monotonic()
+
+    async def wait(self) -> None:
+        if self.qps <= 0:
+            return
+        now = time.monotonic()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps) - 1
+        self._at = now
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / self.qps)
+
+
 class Kube:
     """An aiohttp session to the API server with the operator's few verbs."""
 
-    def __init__(self, info: kopf.ConnectionInfo):
+    def __init__(self, info: kopf.ConnectionInfo, rate: RateLimit | None = None):
         self._info = info
+        self.rate = rate or RateLimit()
         self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+        self._session = self._watch_session = None
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            info = self._info
-            headers = {"User-Agent": f"{MANAGED_BY}/{GROUP}"}
-            auth = None
-            if info.token:
-                headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-            elif info.username:
-                auth = aiohttp.BasicAuth(info.username, info.password or "")
-            self._session = aiohttp.ClientSession(
-                base_url=info.server.rstrip("/") + "/", headers=headers, auth=auth,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
-                connector=aiohttp.TCPConnector(ssl=_ssl_context(info), limit=64))
+            self._session = self._new_session(aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS), limit=64)
         return self._session
+
+    def _open_watches(self) -> aiohttp.ClientSession:
+        """Watches stay open for minutes and would hold the request pool's connections: their own pool."""
+        if self._watch_session is None or self._watch_session.closed:
+            self._watch_session = self._new_session(
+                aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_SECONDS), limit=0,
+                read_bufsize=WATCH_LINE_BYTES)
+        return self._watch_session
+
+    def _new_session(self, timeout: aiohttp.ClientTimeout, limit: int,
+                     read_bufsize: int = 2**16) -> aiohttp.ClientSession:
+        info = self._info
+        headers = {"User-Agent": f"{MANAGED_BY}/{GROUP}"}
+        auth = None
+        if info.token:
+            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        elif info.username:
+            auth = aiohttp.BasicAuth(info.username, info.password or "")
+        return aiohttp.ClientSession(
+            base_url=info.server.rstrip("/") + "/", headers=headers, auth=auth, timeout=timeout,
+            connector=aiohttp.TCPConnector(ssl=_ssl_context(info), limit=limit), read_bufsize=read_bufsize)
 
     async def request(self, method: str, path: str, body: Any = None, *,
                       content_type: str = "application/json", params: Mapping[str, str] | None = None) -> Any:
         """One API call; returns the decoded JSON. Raises ApiError, or RetryableError where a retry may help."""
         what = f"{method} {path}"
+        await self.rate.wait()
         try:
             async with self._open().request(method, path.lstrip("/"), json=body, params=params,
                                             headers={"Content-Type": content_type}) as response:
@@ -185,7 +233,8 @@ class Kube:
             raise
 
     async def get_or_none(self, kind: str, namespace: str, name: str) -> dict | None:
-        """One object of a kind the operator writes; None when it does not exist."""
+        """One object of a kind the operator writes; None when it does not exist. (Passes read these
+        from the cache, controller/cache.py; this is for a one-off look.)"""
         return await self._get_or_none(object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name))
 
     async def patch_or_skip(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
@@ -193,15 +242,6 @@ class Kube:
         try:
             await self.request("PATCH", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name),
                                dict(patch), content_type="application/merge-patch+json")
-        except ApiError as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
-
-    async def exists(self, kind: str, namespace: str, name: str) -> bool:
-        try:
-            await self.request("GET", object_path(_API_VERSIONS.get(kind, "v1"), _PLURALS[kind], namespace, name))
         except ApiError as e:
             if e.status == 404:
                 return False
@@ -216,13 +256,42 @@ class Kube:
         """A Node (cluster-scoped); None when it does not exist. Raises ApiError 403 without the grant."""
         return await self._get_or_none(object_path("v1", "nodes", None, name))
 
-    async def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
-        result = await self.request("GET", object_path("v1", "pods", namespace),
-                                    params={"labelSelector": label_selector})
-        return list(result.get("items", []))
+    async def list_objects(self, api_version: str, plural: str, namespace: str | None,
+                           label_selector: str = "") -> tuple[list[dict], str]:
+        """Every object of a kind (in ``namespace``; None: all) and the list's resourceVersion,
+        where a watch of the same kind starts."""
+        params = {"labelSelector": label_selector} if label_selector else None
+        result = await self.request("GET", object_path(api_version, plural, namespace), params=params)
+        return list(result.get("items") or []), str((result.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def get_job(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(job_path(namespace, name))
+    async def watch(self, api_version: str, plural: str, namespace: str | None, label_selector: str,
+                    resource_version: str, seconds: int) -> AsyncIterator[dict]:
+        """The watch events after ``resource_version``, one dict each, until the server ends the
+        watch (after ``seconds``). An ERROR event (410 Gone, ...) is yielded like the others.
+
+        Raises:
+            ApiError, RetryableError: the watch request itself was refused or the connection broke.
+        """
+        params = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(seconds),
+                  "allowWatchBookmarks": "true"}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        path = object_path(api_version, plural, namespace)
+        await self.rate.wait()
+        try:
+            async with self._open_watches().get(path.lstrip("/"), params=params) as response:
+                if response.status >= 400:
+                    payload = _decode(await response.text())
+                    reason = payload.get("reason", "") if isinstance(payload, dict) else ""
+                    message = payload.get("message", "") if isinstance(payload, dict) else str(payload)
+                    if response.status == 429 or response.status >= 500:
+                        raise RetryableError(f"WATCH {path}", response.status, reason, message)
+                    raise ApiError(response.status, reason, message, f"WATCH {path}")
+                async for line in response.content:
+                    if line.strip():
+                        yield json.loads(line)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise RetryableError(f"WATCH {path}", message=repr(e)) from e
 
     async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict | None:
         """One merge-patch of the status subresource; None when the job was deleted meanwhile."""

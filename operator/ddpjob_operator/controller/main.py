@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import kopf
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import MAX_REPLICAS
-from ddpjob_operator.controller import metrics
+from ddpjob_operator.controller import kube, metrics
 from ddpjob_operator.render.network_policy import OperatorPeer
 
 DEFAULT_LIVENESS_PORT = 8080  # kubelet probes GET /healthz here
@@ -34,6 +36,10 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 # Milliseconds since the epoch stay below this until the year 2286; the
 # difference keeps priorities positive and higher for older processes.
 _PRIORITY_EPOCH_MS = 10**13
+# Environment variables that set the defaults of the scaling flags (charts/ddpjob-operator sets them).
+ENV_QPS = "DDPJOB_KUBE_API_QPS"
+ENV_BURST = "DDPJOB_KUBE_API_BURST"
+ENV_CONCURRENCY = "DDPJOB_MAX_CONCURRENT_PASSES"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,10 +71,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-replicas", type=int, default=C.DEFAULT_MAX_REPLICAS, metavar="N",
                         help="refuse DDPJobs whose replicas, minReplicas or maxReplicas exceed N (condition "
                              "InvalidSpec): each pass holds all of a job's pods in memory (default: %(default)s)")
+    parser.add_argument("--kube-api-qps", type=float, default=_env_number(ENV_QPS, kube.DEFAULT_QPS), metavar="Q",
+                        help=f"API requests per second, after a burst (0: no limit; env {ENV_QPS}; "
+                             "default: %(default)s, as Kubeflow's and kube-controller-manager's)")
+    parser.add_argument("--kube-api-burst", type=int, default=_env_number(ENV_BURST, kube.DEFAULT_BURST), metavar="N",
+                        help=f"API requests allowed at once before --kube-api-qps applies (env {ENV_BURST}; "
+                             "default: %(default)s)")
+    parser.add_argument("--max-concurrent-passes", type=int, metavar="N",
+                        default=_env_number(ENV_CONCURRENCY, kube.DEFAULT_CONCURRENT_PASSES),
+                        help=f"reconcile passes running at once, over all jobs (env {ENV_CONCURRENCY}; "
+                             "default: %(default)s); see docs/scaling.md")
     parser.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler")
     args = parser.parse_args(argv)
     if args.progress_poll_seconds < 0:
         parser.error(f"--progress-poll-seconds ({args.progress_poll_seconds}) must be 0 (off) or more")
+    if args.kube_api_qps < 0:
+        parser.error(f"--kube-api-qps ({args.kube_api_qps:g}) must be 0 (no limit) or more")
+    if args.kube_api_burst < 1:
+        parser.error(f"--kube-api-burst ({args.kube_api_burst}) must be 1 or more")
+    if args.max_concurrent_passes < 1:
+        parser.error(f"--max-concurrent-passes ({args.max_concurrent_passes}) must be 1 or more")
     if not 1 <= args.max_replicas <= MAX_REPLICAS:
         parser.error(f"--max-replicas ({args.max_replicas}) must be 1..{MAX_REPLICAS}, the CRD's own maximum")
     if args.priority is not None and args.peering is None:
@@ -81,6 +103,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as e:
         parser.error(str(e))
     return args
+
+
+def _env_number(name: str, default: float) -> Any:
+    """A flag's default from the environment (the chart sets these), else ``default``; the
+    flag's own check reports a bad value."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return type(default)(raw)
+    except ValueError:
+        raise SystemExit(f"ddpjob-operator: error: {name} ({raw!r}) must be a number") from None
+
+
+def watched_namespaces(namespaces: list[str]) -> tuple[str, ...]:
+    """The namespaces the cache watches one by one: the exact ones given. None given, or any
+    kopf pattern among them ('team-*'): () watches across all namespaces, as kopf does."""
+    if not namespaces or any(set(ns) & set("*?[!") for ns in namespaces):
+        return ()
+    return tuple(namespaces)
 
 
 def operator_peer(selector: str, namespace: str | None) -> OperatorPeer:
@@ -127,21 +169,11 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     return settings
 
 
-class QuietPodEvents(logging.Filter):
-    """Drops kopf's INFO line for each pod event handled ("Handler 'pod_changed' succeeded."):
-    a job of 8 nodes produces dozens and they bury the lines that matter; --verbose keeps them."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno <= logging.INFO and record.getMessage().startswith("Handler 'pod_changed'"))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import ddpjob_operator.controller.handlers  # noqa: F401  (registers the handlers with kopf)
 
     kopf.configure(verbose=args.verbose, debug=args.verbose)
-    if not args.verbose:
-        logging.getLogger("kopf.objects").addFilter(QuietPodEvents())
     metrics.serve(args.metrics_port)
     settings = settings_for(args)
     if args.peering is not None:
@@ -151,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     kopf.run(
         settings=settings,
         memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds, operator_peer=args.operator_peer,
-                       max_replicas=args.max_replicas),
+                       max_replicas=args.max_replicas, kube_api_qps=args.kube_api_qps,
+                       kube_api_burst=args.kube_api_burst, max_concurrent_passes=args.max_concurrent_passes,
+                       watched_namespaces=watched_namespaces(args.namespace)),
         standalone=args.peering is None,
         peering_name=args.peering,
         clusterwide=not args.namespace,

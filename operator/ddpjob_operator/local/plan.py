@@ -16,7 +16,11 @@ listening on loopback) and every agent is a client, as in the Pods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import importlib.util
+from importlib.metadata import entry_points
 from pathlib import Path
+
+from ddpjob_rdzv import C10D_BACKEND_NAME
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import WORK_DIR_NAME, launch_plan, merged_env, working_dir
@@ -25,6 +29,9 @@ from ddpjob_operator.api.spec import DDPJobSpec
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
 ENV_METRICS_FILE = "DDPJOB_METRICS_FILE"  # the trainer's metrics path (default: <snapshot dir>/metrics.jsonl)
 METRICS_NAME = "metrics.jsonl"  # the trainer's default metrics file name in the snapshot dir
+
+ZYGOTE_MODULE = "ddpjob_trainer.zygote"  # the worker fork server (torch-free to name here)
+ZYGOTE_SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"  # its socket, one per node ("@": an abstract Unix name)
 
 # Rendezvous timeouts for local runs. Agents on one machine start together and
 # talk over loopback, so waiting 30 s in last call for stragglers (torch's
@@ -115,7 +122,8 @@ def _camel(name: str) -> str:
 
 
 def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torchrun: str,
-               port: int | None = None, fast_rendezvous: bool = True) -> LocalPlan:
+               port: int | None = None, fast_rendezvous: bool = True,
+               early_rendezvous: bool | None = None, zygote: bool | None = None) -> LocalPlan:
     """One LocalNode per desired replica, from the Pods' launch plan.
 
     Args:
@@ -126,11 +134,22 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         torchrun: path of the torchrun executable that replaces the Pods' `torchrun`.
         port: see local_spec.
         fast_rendezvous: see local_spec.
+        early_rendezvous: rdzvBackend c10d runs as ``ddpjob-c10d`` (torch's c10d backend whose
+            re-rendezvous completes once every known node joined, ddpjob_trainer.rendezvous.early);
+            None: when that backend is installed beside `ddpjob` (the nodes' torchrun shares its
+            environment).
+        zygote: a spec.module job's workers start from a fork server that imported torch once
+            per node (``-m ddpjob_trainer.zygote MODULE``) instead of a fresh Python each;
+            None: when ddpjob-trainer is installed beside `ddpjob`.
 
     Raises:
         launch.UnsupportedLocalEnvError: a spec.env entry uses valueFrom.
     """
     spec, notes = local_spec(spec, port=port, fast_rendezvous=fast_rendezvous)
+    if early_rendezvous is None:
+        early_rendezvous = early_rendezvous_installed()
+    if zygote is None:
+        zygote = importlib.util.find_spec("ddpjob_trainer") is not None
     if spec.script:  # before the working directory changes (see local_work_dir)
         spec = spec.model_copy(update={"script": str(Path(spec.script).resolve())})
     mount = spec.snapshot.mount_path if spec.snapshot else None
@@ -144,10 +163,21 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         if snapshot_dir is None:
             # Without a snapshot volume the trainer has no default metrics path; the view needs one.
             env.setdefault(ENV_METRICS_FILE, str(run_dir / METRICS_NAME))
-        argv = [torchrun, *(localize(arg, mount, snapshot_dir) for arg in launch.args)]
-        nodes.append(LocalNode(index, argv, env, cwd))
+        if spec.elastic_policy.rdzv_backend == "c10d" and early_rendezvous:
+            env["PET_RDZV_BACKEND"] = C10D_BACKEND_NAME  # torch's c10d, re-rendezvous without a last call
+        args = [localize(arg, mount, snapshot_dir) for arg in launch.args]
+        if spec.module and zygote:
+            # Workers forked from a per-node server that imported torch once (ddpjob_trainer.zygote).
+            args = ["-m", ZYGOTE_MODULE, *args[1:]]
+            env[ZYGOTE_SOCKET_ENV] = f"@ddpjob-zygote-{rdzv_id}-{index}"
+        nodes.append(LocalNode(index, [torchrun, *args], env, cwd))
     metrics = nodes[0].env.get(ENV_METRICS_FILE) or str(snapshot_dir / METRICS_NAME)
     return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes, _store(spec, torchrun))
+
+
+def early_rendezvous_installed() -> bool:
+    """Whether torchrun in this environment knows --rdzv_backend=ddpjob-c10d (ddpjob-trainer's entry point)."""
+    return bool(entry_points(group="torchrun.handlers", name=C10D_BACKEND_NAME))
 
 
 def local_work_dir(job: str, spec: DDPJobSpec, run_dir: Path) -> Path | None:

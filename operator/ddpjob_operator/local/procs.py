@@ -26,6 +26,7 @@ from .policy import container_exit_code
 MARKER_ENV = "DDPJOB_LOCAL_NODE"  # marks every process of one incarnation of a local node
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun sets it in each worker: its restarts so far
 STOP_GRACE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long (torchrun forwards SIGTERM to workers)
+KILL_WAIT_SECONDS = 10.0  # how long kill() waits for every marked process to be gone
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -91,6 +92,23 @@ def marked_pids(marker: str, *, key: str = MARKER_ENV, prefix: bool = False) -> 
     return [process.pid for process in marked_processes(marker, key=key, prefix=prefix)]
 
 
+def kill_marked_until_gone(marker: str, *, key: str = MARKER_ENV, prefix: bool = False,
+                           timeout: float = KILL_WAIT_SECONDS) -> list[int]:
+    """SIGKILLs every process marked key=marker (with prefix: key=marker...), and the groups they
+    lead, until none is alive.
+
+    Rescans after each round: a process forked between a scan and the signal carries the
+    marker too and is caught by the next scan. Returns the pids still alive at the timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = marked_pids(marker, key=key, prefix=prefix)
+        if not pids or time.monotonic() >= deadline:
+            return pids
+        signal_all(pids, signal.SIGKILL)
+        time.sleep(0.02)
+
+
 def signal_all(pids: list[int], sig: int) -> None:
     """Sends `sig` to each process and to the group it leads (torchrun workers lead their own)."""
     for pid in pids:
@@ -139,14 +157,17 @@ class NodeProcess:
         return None if code is None else container_exit_code(code)
 
     def kill(self) -> None:
-        """SIGKILL the whole node at once, as when its machine dies: agent group, then workers."""
-        workers = marked_pids(self.marker)
+        """SIGKILL the whole node at once, as when its machine dies: agent group, then workers.
+
+        Returns once no process of the node is left (or after KILL_WAIT_SECONDS): a worker the
+        agent forked after a scan, or one still dying, would otherwise go on writing into the
+        run's snapshot directory after the run ended (bench.local_run failed removing it).
+        """
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
-        signal_all(workers, signal.SIGKILL)
-        signal_all(marked_pids(self.marker), signal.SIGKILL)  # anything spawned meanwhile
+        kill_marked_until_gone(self.marker)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=KILL_WAIT_SECONDS)
 
     def terminate(self) -> None:
         """SIGTERM the agent's group: torchrun then stops its workers itself."""

@@ -44,7 +44,7 @@ from ddpjob_operator.render.launch import rdzv_id
 from .journal import Journal, MetricsFollower
 from .plan import LocalNode, LocalPlan, inherited_env
 from .policy import Action, Decision, FailureBudget, hold_replacements
-from .procs import NodeProcess, stop_all
+from .procs import NodeProcess, kill_marked_until_gone, stop_all
 from .state import RunState, apply_metric, apply_node_event
 from .summary import Summary, summarize
 from .view import LiveView, PlainView
@@ -334,6 +334,10 @@ class Runner:
                 stop_all([self.store])
                 self._event("store_stopped", why="the run ended")
                 self.store = None
+            # Every incarnation's marker starts with the run's id: this also ends a node that a
+            # Ctrl-C caught between its start and its entry in self.procs. Nothing the run
+            # started may write into the run directory after the run ended.
+            kill_marked_until_gone(f"{self.plan.rdzv_id}.", prefix=True)
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)

@@ -79,6 +79,8 @@ class Reads:
                     async for event in bus.stream(since=marker):
                         if self._event_matches(request, event, selector, fields):
                             yield event
+                        if event["type"] == "ERROR":  # expire_watches(): this watch is over
+                            return
             except TimeoutError:
                 return
         finally:
@@ -90,11 +92,24 @@ class Reads:
             return [{"type": "ADDED", "object": copy.deepcopy(obj.raw)}
                     for (res, _, _), obj in self.objects.items() if res == request.resource and not obj.deleted]
         log = self._log[request.resource]
-        if len(log) == log.maxlen and log[0][0] > int(since) + 1:
-            return [{"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
-                                                 "code": 410, "reason": "Expired",
-                                                 "message": f"too old resource version: {since}"}}]
+        if (len(log) == log.maxlen and log[0][0] > int(since) + 1) or int(since) < self._compacted.get(
+                request.resource, 0):
+            return [_gone(f"too old resource version: {since}")]
         return [copy.deepcopy(event) for revision, event in log if revision > int(since)]
+
+    def expire(self, plural: str) -> None:
+        """``expire_watches`` from another thread (a test's): waits until it is done."""
+        asyncio.run_coroutine_threadsafe(self.expire_watches(plural), self._serving_loop).result(timeout=10)
+
+    async def expire_watches(self, plural: str) -> None:
+        """Ends every open watch of ``plural`` with 410 Gone and forgets the events they could resume
+        from, as an API server does after etcd compacts the revisions a watcher still needed: the
+        client must list again. Call on the emulator's event loop."""
+        async with self._lock:
+            for res in [r for r in {*self._log, *self._buses} if r.plural == plural]:
+                self._log[res].clear()
+                self._compacted[res] = self._revision  # a list made now resumes from here
+                await self._buses[res].put(_gone(f"the watch of {plural} expired: the server compacted its events"))
 
     @staticmethod
     def _event_matches(request: rendering.Request, event: dict, selector: Any, fields: Any) -> bool:
@@ -107,3 +122,9 @@ class Reads:
         if request.name is not None and meta.get("name") != request.name:
             return False
         return selector(body) and fields(body)
+
+
+def _gone(message: str) -> dict:
+    """The ERROR event that tells a watcher its resourceVersion is no longer served (410 Gone)."""
+    return {"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                        "code": 410, "reason": "Expired", "message": message}}

@@ -6,6 +6,7 @@ import collections
 import copy
 import json
 import re
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -34,6 +35,8 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
     _revision: int = attrs.field(default=0, init=False)
     _log: dict[Any, collections.deque] = attrs.field(
         factory=lambda: collections.defaultdict(lambda: collections.deque(maxlen=WATCH_LOG_SIZE)), init=False)
+    _compacted: dict[Any, int] = attrs.field(factory=dict, init=False)  # expire_watches(): resume from here on
+    _serving_loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)  # for expire()
     _scales: dict[Any, ScalePaths] = attrs.field(factory=dict, init=False)
     _background: set[asyncio.Task] = attrs.field(factory=set, init=False)
     _pending: list[tuple[Any, dict]] = attrs.field(factory=list, init=False)
@@ -57,6 +60,11 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
     # Creates per (plural, namespace), refused ones included; and the refusals tests asked for.
     create_attempts: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     _refusals: dict[tuple[str, str | None], Refusal] = attrs.field(factory=dict, init=False)
+    # Resource requests by (client, verb, plural): client is the User-Agent's product ("ddpjob-operator",
+    # "kopf", "Python-urllib"), verb LIST/GET/WATCH/POST/PUT/PATCH/DELETE as the API server's audit
+    # log names them. Read through request_counts(), from any thread (benchmarks read it while serving).
+    _requests_by_verb: collections.Counter = attrs.field(factory=collections.Counter, init=False)
+    _counts_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -87,6 +95,31 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
             if refusal.retry_after is not None:
                 details["retryAfterSeconds"] = refusal.retry_after
             raise api_error(refusal.status, refusal.reason, refusal.message.format(name=name), **details)
+
+    async def __aenter__(self) -> "KubeEmulator":
+        self._serving_loop = asyncio.get_running_loop()
+        return await super().__aenter__()
+
+    # ----------------------------------------------------------------- request counts
+
+    def _count(self, request: rendering.Request) -> None:
+        method = request.method.value.upper()
+        if method == "GET":
+            method = "WATCH" if request.action == kmock.action.WATCH else ("GET" if request.name else "LIST")
+        agent = (request.headers.get("User-Agent") or "").split("/", 1)[0].split(" ", 1)[0] or "unknown"
+        with self._counts_lock:
+            self._requests_by_verb[(agent, method, request.resource.plural)] += 1
+
+    def request_counts(self, agents: tuple[str, ...] | None = None, plural: str | None = None) -> collections.Counter:
+        """Resource requests so far by verb, of the clients whose User-Agent product is in ``agents``
+        (None: all) and of one resource (None: all)."""
+        with self._counts_lock:
+            counted = list(self._requests_by_verb.items())
+        counts: collections.Counter = collections.Counter()
+        for (agent, verb, res), n in counted:
+            if (agents is None or agent in agents) and (plural is None or res == plural):
+                counts[verb] += n
+        return counts
 
     # ----------------------------------------------------------------- registration
 
@@ -156,6 +189,7 @@ class KubeEmulator(Reads, Writes, kmock.KubernetesEmulator):
         res = request.resource
         if res is None or res.plural is None:  # discovery and non-Kubernetes paths
             return await kmock.KubernetesScaffold._handle(self, request)
+        self._count(request)
         if self.authorize is not None and (denial := self.authorize(request)) is not None:
             raise api_error(403, "Forbidden", denial)
         method = request.method.value.upper()

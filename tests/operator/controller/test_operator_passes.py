@@ -8,6 +8,7 @@ import pytest
 
 from ddpjob_operator.controller import handlers, kube
 from ddpjob_operator.controller.backoff import Backoff
+from ddpjob_operator.controller.cache import ClusterCache
 from ddpjob_operator.controller.handlers import JobPasses, PassOutcome
 
 KEY = ("ns", "mlp")
@@ -17,10 +18,11 @@ class Recorder:
     """A fake pass that records calls and overlap, returning scripted outcomes."""
 
     def __init__(self, *outcomes, duration=0.0):
-        self.calls, self.running, self.max_running = [], 0, 0
+        self.calls, self.keys, self.running, self.max_running = [], [], 0, 0
         self.outcomes, self.duration = list(outcomes), duration
 
     async def __call__(self, key):
+        self.keys.append(key)
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         self.calls.append(asyncio.get_running_loop().time())
@@ -168,11 +170,15 @@ def test_the_job_handler_refuses_to_retry_an_invalid_spec(outcome, expected):
     class Memo:
         passes = JobPasses(Recorder(outcome))
         creates = None
+        cache = ClusterCache(api=None)
+
+    body = {"metadata": {"namespace": "ns", "name": "mlp", "resourceVersion": "7"}}
 
     async def scenario():
-        await handlers.job_changed(namespace="ns", name="mlp", memo=Memo())
+        await handlers.job_changed(body=body, namespace="ns", name="mlp", memo=Memo())
     if expected is None:
         run(scenario)
+        assert Memo.cache.job("ns", "mlp") == body, "kopf's copy of the job reaches the cache"
     else:
         with pytest.raises(kopf.PermanentError, match=expected):
             run(scenario)
@@ -188,3 +194,33 @@ def test_the_job_handler_refuses_to_retry_an_invalid_spec(outcome, expected):
 ])
 def test_the_status_patch_removes_what_the_new_status_dropped_at_any_depth(old, new, patch):
     assert handlers.merge_patch(old, new) == patch
+
+
+def test_passes_of_different_jobs_run_at_most_limit_at_once_and_all_run():
+    async def scenario():
+        recorder = Recorder(duration=0.05)
+        passes = JobPasses(recorder, limit=2)
+        for i in range(6):
+            passes.poke(("ns", f"job-{i}"))
+        await until(lambda: len(recorder.calls) == 6)
+        return recorder
+    recorder = run(scenario)
+    assert (len(recorder.calls), recorder.max_running) == (6, 2)
+
+
+def test_a_busy_job_poked_while_it_waits_for_a_slot_gets_one_pass_and_does_not_starve_another():
+    busy, other = ("ns", "busy"), ("ns", "other")
+
+    async def scenario():
+        recorder = Recorder(duration=0.3)
+        passes = JobPasses(recorder, limit=1)
+        passes.poke(busy)
+        await until(lambda: recorder.running)  # "busy" holds the only slot
+        passes.poke(other)
+        for _ in range(4):  # events of "busy" while its pass runs, then while it waits
+            passes.poke(busy)
+            await asyncio.sleep(handlers.COALESCE_SECONDS * 1.5)
+        await until(lambda: len(recorder.calls) == 3, timeout=10)
+        await asyncio.sleep(0.5)  # room for a wrongly queued fourth pass
+        return recorder
+    assert run(scenario).keys == [busy, other, busy]

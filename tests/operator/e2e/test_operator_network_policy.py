@@ -1,7 +1,7 @@
 """The real operator over HTTP against the API emulator: each job gets one NetworkPolicy, owned by it.
 
 Created with the job's first pass, never created twice however many passes follow (each
-pass looks for it, like for the Service), deleted with the job by garbage collection, and
+pass looks for it in the operator's cache, fed by a watch, like the Service: no GET per pass), deleted with the job by garbage collection, and
 left alone when the job turns it off. The operator runs with the flags that say where its
 own pods are, as the chart passes them.
 """
@@ -38,12 +38,15 @@ def test_a_job_gets_one_network_policy_which_goes_with_the_job(cluster, k8s, ope
     assert policy["metadata"]["ownerReferences"] == [{**expected["metadata"]["ownerReferences"][0],
                                                       "uid": job["metadata"]["uid"]}]
 
-    # Later passes (pods starting, running) look for it and create nothing.
+    # Later passes (pods starting, running) look for it in the cache and create nothing.
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=15, what="two node pods")
     for name in pod_names(k8s):
         set_running(k8s, name)
-    k8s.wait_for(lambda: len(policy_requests(cluster, "GET")) >= 4, timeout=15, what="several passes")
+    k8s.wait_for(lambda: (k8s.get("ddpjobs", "mlp").get("status") or {}).get("phase") == C.PHASE_RUNNING,
+                 timeout=15, what="the passes that see the job running")
     assert policy_requests(cluster, "POST") == [f"/apis/networking.k8s.io/v1/namespaces/{k8s.namespace}/networkpolicies"]
+    assert policy_requests(cluster, "GET") == [  # the cache's one LIST; its watch is a GET with ?watch=true
+        f"/apis/networking.k8s.io/v1/namespaces/{k8s.namespace}/networkpolicies"] * 2
     assert len(k8s.list("networkpolicies")) == 1
 
     k8s.delete("ddpjobs", "mlp")
@@ -66,6 +69,8 @@ def test_a_job_that_turns_it_off_gets_none_and_costs_no_request(cluster, k8s, op
 @pytest.mark.parametrize("method", ["GET", "POST"])
 def test_without_the_grant_the_job_still_runs_and_the_log_says_what_is_missing(cluster, k8s, operator, method):  # noqa: F811
     cluster.emulator.forbidden.add((method, "networkpolicies"))
+    if method == "GET":  # the operator listed them before: its watch ends, and the list again is refused
+        cluster.emulator.expire("networkpolicies")
     k8s.create("ddpjobs", make_manifest(replicas=2))
     k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=15, what="two node pods")
     for name in pod_names(k8s):
@@ -76,6 +81,6 @@ def test_without_the_grant_the_job_still_runs_and_the_log_says_what_is_missing(c
     warnings = [line for line in operator.log().splitlines() if "Cannot manage NetworkPolicies" in line]
     assert len(warnings) == 1, warnings  # once per namespace, not once per pass
     assert (f"Cannot manage NetworkPolicies in {k8s.namespace} (" in warnings[0]
-            and "grant get and create on networking.k8s.io networkpolicies (the chart does)" in warnings[0])
+            and "grant list, watch and create on networking.k8s.io networkpolicies (the chart does)" in warnings[0])
     cluster.emulator.forbidden.clear()
     assert k8s.find("networkpolicies", "mlp") is None

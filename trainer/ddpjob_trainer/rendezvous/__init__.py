@@ -3,7 +3,9 @@
 torch's own etcd backends speak only etcd's v2 API, which etcd 3.6 removed.
 This backend keeps torch's dynamic rendezvous (the same join/keep-alive logic
 as c10d) and stores its state in etcd v3: :mod:`.backend` holds the
-compare-and-swap, :mod:`.store` the c10d store the agents share.
+compare-and-swap, :mod:`.store` the c10d store the agents share. Both it and
+``--rdzv_backend=ddpjob-c10d`` (torch's c10d backend) complete a re-rendezvous as soon as
+every known node has joined (:mod:`.early`).
 
 What does not need torch lives in the ``ddpjob-rdzv`` distribution
 (:mod:`ddpjob_rdzv`): the key layout, the fail-over client with TLS and auth,
@@ -24,6 +26,21 @@ def create_rdzv_handler(params):
     from ddpjob_trainer.rendezvous.handler import create_rdzv_handler as create
 
     return create(params)
+
+
+def create_c10d_handler(params):
+    """torch's c10d backend and store under the early re-rendezvous (``--rdzv_backend=ddpjob-c10d``)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+    from ddpjob_trainer.rendezvous.early import create_early_handler
+
+    backend, store = create_backend(params)
+    return create_early_handler(store, backend, params)
+
+
+def c10d_handler_factory():
+    """Target of the ``ddpjob-c10d`` ``torchrun.handlers`` entry point."""
+    return create_c10d_handler
 
 
 def torchrun_handler_factory():

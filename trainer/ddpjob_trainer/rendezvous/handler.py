@@ -6,22 +6,23 @@ See :mod:`.settings` for the ``--rdzv_conf`` keys read besides torch's own
 from __future__ import annotations
 
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from ddpjob_rdzv import keys
 from ddpjob_rdzv.client import EtcdConnection, EtcdSettings
 from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
+from ddpjob_trainer.rendezvous.early import create_early_handler
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
 
 
 def create_rdzv_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
-    """Returns torch's dynamic rendezvous handler on the etcd v3 backend (``--rdzv_backend=etcd-v3``)."""
+    """torch's dynamic rendezvous handler on the etcd v3 backend, re-rendezvous completing early (.early)."""
     connection = EtcdConnection(settings_from_params(params))
     # The operator sets DDPJOB_NAMESPACE in every node pod: the keys live under the job's namespace.
     backend = EtcdV3RendezvousBackend(connection, params.run_id, keys.namespace_from_env())
     store = EtcdV3Store(connection, backend)
-    return create_handler(store, backend, params)
+    return create_early_handler(store, backend, params)
 
 
 def settings_from_params(params: RendezvousParameters) -> EtcdSettings:

@@ -1,0 +1,111 @@
+"""A re-rendezvous completes as soon as every node the rendezvous knows has joined
+(ddpjob_trainer.rendezvous.early), instead of waiting out torch's last call."""
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from torch.distributed import HashStore
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler, RendezvousSettings, RendezvousTimeout, _Action, _NodeDesc, _RendezvousContext,
+    _RendezvousJoinOp, _RendezvousState,
+)
+
+from ddpjob_trainer.rendezvous.early import EarlyJoinOp, EarlyRendezvousHandler, everyone_known_joined
+
+SURVIVOR, DEAD, NEWCOMER = (_NodeDesc("node", pid, 0) for pid in (1, 2, 3))
+LAST_CALL = timedelta(seconds=30)
+
+
+def settings(min_nodes=1, max_nodes=4) -> RendezvousSettings:
+    return RendezvousSettings("run", min_nodes, max_nodes, RendezvousTimeout(last_call=LAST_CALL),
+                              keep_alive_interval=timedelta(seconds=2), keep_alive_max_attempt=3)
+
+
+def round_with(participants, heartbeats, *, wait_list=(), redundant=(), complete=False) -> _RendezvousState:
+    """A round as the survivor sees it after joining; the last call runs for another 30 s."""
+    state = _RendezvousState()
+    state.round, state.complete = 2, complete
+    state.participants = {node: 0 for node in participants}
+    state.wait_list, state.redundancy_list = set(wait_list), set(redundant)
+    now = datetime.now(timezone.utc)
+    state.last_heartbeats = {node: now for node in heartbeats}
+    state.deadline = now + LAST_CALL
+    return state
+
+
+def join(state, node=SURVIVOR, **kw):
+    """(torch's answer, the early join's answer) for `node` in `state`."""
+    ctx = _RendezvousContext(node, state, settings(**kw))
+    deadline = time.monotonic() + 60
+    return _RendezvousJoinOp()(ctx, deadline), EarlyJoinOp()(ctx, deadline)
+
+
+def test_the_survivor_alone_completes_at_once_once_the_dead_node_expired():
+    torch_says, early_says = join(round_with([SURVIVOR], [SURVIVOR]))
+    assert torch_says in (_Action.SYNC, _Action.KEEP_ALIVE), "torch waits out its last call"
+    assert early_says == _Action.MARK_RENDEZVOUS_COMPLETE
+
+
+@pytest.mark.parametrize("state, why", [
+    (round_with([SURVIVOR], [SURVIVOR, DEAD]), "a node whose keep-alive has not expired yet"),
+    (round_with([SURVIVOR], [SURVIVOR, NEWCOMER], wait_list=[NEWCOMER]), "a node on the wait list"),
+])
+def test_a_known_node_that_has_not_joined_yet_is_waited_for(state, why):
+    assert join(state)[1] in (_Action.SYNC, _Action.KEEP_ALIVE), why
+    assert not everyone_known_joined(_RendezvousContext(SURVIVOR, state, settings()))
+
+
+def test_a_replacement_already_known_is_taken_along_in_the_same_round():
+    state = round_with([SURVIVOR, NEWCOMER], [SURVIVOR, NEWCOMER])
+    assert join(state)[1] == _Action.MARK_RENDEZVOUS_COMPLETE
+    assert join(state, node=NEWCOMER)[1] == _Action.MARK_RENDEZVOUS_COMPLETE
+
+
+def test_redundant_nodes_beyond_max_nodes_do_not_hold_the_round():
+    state = round_with([SURVIVOR, NEWCOMER], [SURVIVOR, NEWCOMER, DEAD], redundant=[DEAD])
+    assert join(state, max_nodes=2)[1] in (_Action.MARK_RENDEZVOUS_COMPLETE, _Action.FINISH)
+
+
+@pytest.mark.parametrize("state, kw, why", [
+    (round_with([SURVIVOR], [SURVIVOR]), {"min_nodes": 2}, "fewer participants than min_nodes"),
+    (round_with([DEAD], [SURVIVOR, DEAD]), {}, "this node is not a participant"),
+    (round_with([SURVIVOR], [SURVIVOR], complete=True), {}, "the round is complete already"),
+])
+def test_the_early_join_only_completes_a_round_torch_would_complete_later(state, kw, why):
+    torch_says, early_says = join(state, **kw)
+    assert early_says == torch_says, why
+
+
+def test_a_handler_keeps_the_last_call_for_its_first_round_and_skips_it_afterwards():
+    """Through torch's own executor and the c10d backend on an in-process store: the first
+    round waits the last call (nodes still starting are unknown), the next one does not."""
+    last_call = 3.0
+    backend = C10dRendezvousBackend(HashStore(), "run")
+    plain = DynamicRendezvousHandler.from_backend("run", HashStore(), backend, 1, 4, "localhost",
+                                                  RendezvousTimeout(last_call=timedelta(seconds=last_call)))
+    handler = EarlyRendezvousHandler.like(plain)
+    seconds = []
+    for _ in range(2):
+        started = time.monotonic()
+        info = handler.next_rendezvous()
+        seconds.append(time.monotonic() - started)
+        assert (info.rank, info.world_size) == (0, 1)
+    handler.shutdown()
+    assert seconds[0] >= last_call, seconds
+    assert seconds[1] < last_call / 2, seconds
+
+
+def test_torchrun_finds_the_ddpjob_c10d_backend_through_its_registry():
+    """torchrun resolves --rdzv_backend through this registry (the torchrun.handlers entry point)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from ddpjob_sandbox.procs import free_port
+
+    params = RendezvousParameters("ddpjob-c10d", f"127.0.0.1:{free_port()}", "run", 1, 4, is_host=True)
+    handler = get_rendezvous_handler(params)
+    try:
+        assert isinstance(handler, EarlyRendezvousHandler) and handler.get_backend() == "ddpjob-c10d"
+    finally:
+        handler.shutdown()

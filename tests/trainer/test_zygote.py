@@ -1,0 +1,89 @@
+"""Workers forked from a per-node server that imported torch once (ddpjob_trainer.zygote),
+driven as torchrun drives a worker: a process per worker, its exit code, its signals."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+# A worker module: reports whether torch was already imported when it started (it was,
+# in the server), who its parent is, and exits with the code it is given (3 on SIGTERM).
+WORKER = '''
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+if sys.argv[1] == "sleep":
+    with open(sys.argv[2], "w") as out:  # complete before the line below tells the test to read it
+        out.write(str(os.getpid()))
+print("torch preloaded", "torch" in sys.modules, "parent", os.getppid(), "argv", sys.argv[1:], flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+'''
+
+
+@pytest.fixture
+def zygote(tmp_path):
+    """Runs `python -m ddpjob_trainer.zygote zy_worker ARGS` under a shell standing in for the agent."""
+    (tmp_path / "zy_worker.py").write_text(WORKER)
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": f"@test-zygote-{uuid.uuid4().hex}",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    started = []
+
+    def start(*args: str, shell: bool = True) -> subprocess.Popen:
+        """One worker per `args` list (several in turn when given lists), under one agent."""
+        runs = args if args and isinstance(args[0], list) else [list(args)]
+        argvs = [[sys.executable, "-m", "ddpjob_trainer.zygote", "zy_worker", *run] for run in runs]
+        script = "; ".join(" ".join(argv) + "; echo exit $?" for argv in argvs)
+        command = ["sh", "-c", script] if shell else argvs[0]
+        # A session of its own, as torchrun gives each worker: the group it signals.
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def facts(line: str) -> tuple[bool, int]:
+    words = line.split()
+    return words[2] == "True", int(words[4])
+
+
+def wait_gone(pid: int, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_workers_start_with_torch_already_imported_and_give_torchrun_their_exit_code(zygote):
+    agent = zygote(["7"], ["0"])  # two workers in turn, as after a restart
+    assert agent.wait(timeout=120) == 0
+    first, code1, second, code2 = agent.stdout.read().splitlines()
+    (preloaded, server), (_, server2) = facts(first), facts(second)
+    assert (code1, code2) == ("exit 7", "exit 0")
+    assert preloaded, "the server imported torch before forking the worker"
+    assert server2 == server, "one server per node, kept between workers"
+    assert wait_gone(server), "the server leaves once the agent that started it is gone"
+
+
+def test_torchruns_sigterm_reaches_the_worker_and_its_exit_code_comes_back(zygote, tmp_path):
+    client = zygote("sleep", str(tmp_path / "pid"), shell=False)
+    client.stdout.readline()
+    os.killpg(client.pid, signal.SIGTERM)  # as torchrun stops a worker: its process group
+    assert client.wait(timeout=30) == 3, "the worker's SIGTERM handler ran and its exit code came back"
+
+
+def test_a_sigkilled_client_takes_its_worker_along(zygote, tmp_path):
+    process = zygote("sleep", str(tmp_path / "pid"))
+    process.stdout.readline()
+    worker = int((tmp_path / "pid").read_text())
+    os.killpg(process.pid, signal.SIGKILL)  # the worker runs in a session of its own: only the pipe tells it
+    assert wait_gone(worker), "the worker outlived the process torchrun watches"

@@ -1,0 +1,88 @@
+"""A re-rendezvous that completes as soon as every node the rendezvous knows has joined.
+
+torch's dynamic rendezvous completes a round when ``max_nodes`` have joined, or
+``last_call_timeout`` after ``min_nodes`` had: an elastic job (max above the running size)
+pays the whole last call on every restart, although after a failure the membership is
+known. The round state lists every node that heartbeats (``last_heartbeats``: participants,
+the wait list for the next round, the redundancy list) until a silent one is dropped after
+``keep_alive_interval * keep_alive_max_attempt``. Once this node has been in a complete round,
+a later round completes when every such node is a participant (or redundant, over
+``max_nodes``): the survivors of a node loss go on as soon as the dead node has expired,
+and a replacement already waiting is taken along in the same round.
+
+The first round keeps torch's last call: nodes still starting are unknown to the state
+yet, and completing without them would cost a restart when they arrive. A node not yet
+known (a replacement still being created) joins the next round, as with torch's last call
+expired. Measured by ``python -m bench recovery`` (docs/recovery.md).
+"""
+from __future__ import annotations
+
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler, _Action, _RendezvousContext, _RendezvousJoinOp, create_handler,
+)
+
+# What torch's join op answers while this node waits in an incomplete round it takes part in.
+_WAITING = (_Action.SYNC, _Action.KEEP_ALIVE)
+
+
+def everyone_known_joined(ctx: _RendezvousContext) -> bool:
+    """Whether the round can complete now: this node takes part, the round is incomplete, the
+    participants are within [min_nodes, max_nodes] and every node with a heartbeat in the
+    state is a participant or redundant."""
+    state, settings = ctx.state, ctx.settings
+    if state.complete or state.closed or ctx.node not in state.participants:
+        return False
+    if not settings.min_nodes <= len(state.participants) <= settings.max_nodes:
+        return False
+    placed = set(state.participants) | set(state.redundancy_list)
+    return all(node in placed for node in state.last_heartbeats)
+
+
+class EarlyJoinOp(_RendezvousJoinOp):
+    """torch's join op that marks the round complete when everyone_known_joined."""
+
+    def __call__(self, ctx: _RendezvousContext, deadline: float) -> _Action:
+        action = super().__call__(ctx, deadline)
+        if action in _WAITING and everyone_known_joined(ctx):
+            return _Action.MARK_RENDEZVOUS_COMPLETE
+        return action
+
+
+class _EarlyExecutor:
+    """The handler's executor, running the join op as EarlyJoinOp once the handler has
+    completed a round (torch builds its join op inside next_rendezvous)."""
+
+    def __init__(self, inner, handler: "EarlyRendezvousHandler"):
+        self._inner, self._handler = inner, handler
+
+    def run(self, state_handler, deadline, update_deadline=None) -> None:
+        if type(state_handler) is _RendezvousJoinOp and self._handler.rounds_done:
+            state_handler = EarlyJoinOp()
+        self._inner.run(state_handler, deadline, update_deadline)
+
+
+class EarlyRendezvousHandler(DynamicRendezvousHandler):
+    """torch's handler whose re-rendezvous completes early (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rounds_done = 0
+        self._op_executor = _EarlyExecutor(self._op_executor, self)
+
+    @classmethod
+    def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None) -> "EarlyRendezvousHandler":
+        """A handler on the same node, settings, backend, store and state as torch's ``handler``
+        (built by torch's create_handler, which parses the --rdzv_conf keys), named
+        ``backend_name`` (torch's registry checks it is the --rdzv_backend asked for)."""
+        return cls(handler._this_node, handler._settings, backend_name or handler._backend_name, handler._store,
+                   handler._state_holder)
+
+    def next_rendezvous(self):
+        info = super().next_rendezvous()
+        self.rounds_done += 1
+        return info
+
+
+def create_early_handler(store, backend, params) -> EarlyRendezvousHandler:
+    """torch's ``create_handler(store, backend, params)``, completing re-rendezvous early."""
+    return EarlyRendezvousHandler.like(create_handler(store, backend, params), params.backend)
