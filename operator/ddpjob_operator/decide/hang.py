@@ -52,15 +52,24 @@ def tracked(policy: FailurePolicy, previous: Mapping[str, Any] | None, live: Liv
         return progress  # no record this pass: nothing new is known
     times = [n.step_seconds for n in live.nodes if n.step_seconds is not None]
     step_seconds = round(statistics.median(times), 4) if times else None
+    new_run = _newer(live.run, progress.get("run"))
     if not times:
         advanced = None
-    elif progress.get("run") != live.run or progress.get("step") != live.step or not progress.get("advancedTime"):
+    elif new_run or progress.get("step") != live.step or not progress.get("advancedTime"):
         advanced = format_time(now)
     else:
         advanced = progress["advancedTime"]
-    progress.update(step=live.step, stepSeconds=step_seconds, run=live.run, advancedTime=advanced,
-                    hangTimeoutSeconds=hang_timeout(policy, step_seconds))
+    progress.update(step=live.step, stepSeconds=step_seconds, run=live.run if new_run else progress.get("run"),
+                    advancedTime=advanced, hangTimeoutSeconds=hang_timeout(policy, step_seconds))
     return progress
+
+
+def _newer(run: str | None, known: str | None) -> bool:
+    """A run that started after the one known: torchrun restarted the workers. The nodes of one run
+    start seconds apart and a pass may read any of them, so an older start is the same run (or
+    an older one), not a reason to restart the clock."""
+    started, before = parse_time(run), parse_time(known)
+    return started is not None and (before is None or started > before)
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,11 @@ def test_hangs_in_a_row_without_a_newer_snapshot_fail_the_job_naming_the_hang():
     failed = next(c for c in result.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == C.REASON_NO_PROGRESS
     assert failed["message"].endswith("last: node pod mlp-node-0 (Hang): no training step for 61s (hang timeout 60s)")
+
+
+def test_reading_another_node_of_the_same_run_does_not_restart_the_clock():
+    body = job(hangTimeoutSeconds=60)
+    step(body, 0, [record(40, run=format_time(at(-100)))])
+    step(body, 30, [record(40, run=format_time(at(-102)))])  # node 0 did not answer: node 1, started earlier
+    result = step(body, 61, [record(40, run=format_time(at(-100)))])
+    assert result.status["phase"] == C.PHASE_RESTARTING and result.status["rendezvousGeneration"] == 1
