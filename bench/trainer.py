@@ -11,10 +11,18 @@ Run with ``python -m bench trainer``. In one run on the same machine:
     snapshot every epoch (sync, async) over throughput with none.
 (c) loop overhead: ddpjob's Trainer without snapshots over a hand-written
     DDP loop (``bench/_baselines/handwritten.py``), same model and data.
+(d) fast snapshot tier: throughput of the Trainer copying its whole state
+    (a ~9 M-parameter MLP + Adam: >= 100 MB) to /dev/shm after every step,
+    over the same job without it; no step sleep. The copy runs in a thread
+    beside training, so the wall-clock ratio is the figure that counts (the
+    training thread's CPU time leaves the copy out).
 
-(b) and (c) run in this process as a one-rank gloo group with one torch
-thread, so they hide the cost of the trainer's per-step loss all-reduce
-across ranks (~0.1 ms here). Throughput is samples over a whole ``train()``
+``BENCH_TRAINER_PARTS`` picks parts (e.g. ``cd``; default ``abcd``), ``BENCH_TRAINER_REPEATS``
+the rounds (default 6).
+
+(b), (c) and (d) run in this process as a one-rank gloo group with one torch
+thread. With one rank the trainer skips its per-step loss all-reduce (there
+is nothing to reduce); with more it overlaps it with the optimizer step. Throughput is samples over a whole ``train()``
 call, per second of the training thread's CPU time (less disturbed than wall
 time by other processes, yet on this VM not immune) and per wall-clock second. The
 configurations run in ``REPEATS`` rounds, shuffled within each round; ratios
@@ -48,14 +56,17 @@ from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event, read_events
 
-REPEATS = 6
+REPEATS = int(os.environ.get("BENCH_TRAINER_REPEATS", "6"))  # rounds of (b), (c), (d)
 RECOVERY_REPEATS = 4
-TARGETS = {"recovery": 1.2, "async_overhead": 0.02, "loop": 0.99}
+TARGETS = {"recovery": 1.2, "async_overhead": 0.02, "loop": 0.99, "fast_tier": 0.98}
 
 # Throughput model: ~2.4 M parameters (snapshot with Adam state ~29 MB), so
 # a snapshot is a visible cost next to an epoch of a few seconds on a CPU.
 FEATURES, HIDDEN, DEPTH, OUTPUTS = 256, 1024, 3, 16
 SAMPLES, BATCH, EPOCHS = 12288, 128, 2
+
+# (d): 256-2048x3-16 = 8.9 M parameters, 107 MB with Adam's two moments (float32).
+FAST_HIDDEN, FAST_SAMPLES, FAST_BATCH = 2048, 64 * 48, 64
 
 # Recovery job: short epochs so the first snapshot comes quickly; the
 # step sleep keeps training running while the fault is injected.
@@ -118,17 +129,17 @@ def recovery_runs() -> dict[str, list[Recovery]]:
 # -- (b) and (c) throughput ---------------------------------------------------------
 
 
-def make_model(seed: int = 0) -> torch.nn.Module:
+def make_model(seed: int = 0, hidden: int = HIDDEN) -> torch.nn.Module:
     torch.manual_seed(seed)
-    layers: list[torch.nn.Module] = [torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU()]
+    layers: list[torch.nn.Module] = [torch.nn.Linear(FEATURES, hidden), torch.nn.ReLU()]
     for _ in range(DEPTH - 1):
-        layers += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, OUTPUTS))
+        layers += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(hidden, OUTPUTS))
 
 
-def make_dataset(seed: int = 0) -> TensorDataset:
+def make_dataset(seed: int = 0, samples: int = SAMPLES) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
-    inputs = torch.randn(SAMPLES, FEATURES, generator=generator)
+    inputs = torch.randn(samples, FEATURES, generator=generator)
     return TensorDataset(inputs, inputs @ torch.randn(FEATURES, OUTPUTS, generator=generator))
 
 
@@ -147,11 +158,10 @@ class Throughput:
 
 
 @contextlib.contextmanager
-def timed(result: list[Throughput]) -> Iterator[None]:
-    """Times the block; appends its Throughput for SAMPLES x EPOCHS samples."""
+def timed(result: list[Throughput], samples: int = SAMPLES * EPOCHS) -> Iterator[None]:
+    """Times the block; appends its Throughput for ``samples`` samples."""
     wall, cpu = time.perf_counter(), time.thread_time()
     yield
-    samples = SAMPLES * EPOCHS
     result.append(Throughput(samples / (time.perf_counter() - wall), samples / (time.thread_time() - cpu)))
 
 
@@ -209,9 +219,9 @@ def one_rank_group() -> Iterator[object]:
                 os.environ[name] = value
 
 
-def throughput_runs() -> dict[str, list[Throughput]]:
+def throughput_runs(names: tuple[str, ...] = ("none", "sync", "async", "handwritten")) -> dict[str, list[Throughput]]:
     """Every run's samples/s per configuration, the configurations interleaved."""
-    runs: dict[str, list[Throughput]] = {name: [] for name in ("none", "sync", "async", "handwritten")}
+    runs: dict[str, list[Throughput]] = {name: [] for name in names}
     # The runs without a snapshot directory would warn each time that a restart starts over.
     logging.getLogger("ddpjob_trainer").setLevel(logging.ERROR)
     # One intra-op thread: the compute then runs in the training thread, whose
@@ -235,6 +245,46 @@ def throughput_runs() -> dict[str, list[Throughput]]:
     return runs
 
 
+def fast_tier_throughput(env, workdir: Path, every: int) -> Throughput:
+    """The Trainer on the >= 100 MB model, one epoch, fast tier every ``every`` steps (0 = off)."""
+    from ddpjob_trainer import Trainer, TrainerConfig
+
+    model = make_model(hidden=FAST_HIDDEN)
+    config = TrainerConfig(epochs=1, batch_size=FAST_BATCH, snapshot_dir=str(workdir / "snapshots"),
+                           snapshot_every_epochs=0, fast_snapshot_every_steps=every, progress_bar=False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    result: list[Throughput] = []
+    with timed(result, FAST_SAMPLES):
+        Trainer(model, optimizer, make_dataset(samples=FAST_SAMPLES), config, loss_fn=mse, env=env).train()
+    return result[0]
+
+
+def fast_tier_runs() -> dict[str, list[Throughput]]:
+    """Fast tier off and every step, interleaved in shuffled rounds."""
+    runs: dict[str, list[Throughput]] = {"off": [], "every step": []}
+    logging.getLogger("ddpjob_trainer").setLevel(logging.ERROR)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with one_rank_group() as env:
+        with tempfile.TemporaryDirectory(prefix="bench-fast-warmup-") as tmp:
+            fast_tier_throughput(env, Path(tmp), 1)
+        for round_ in range(REPEATS):
+            for name in random.Random(round_).sample(list(runs), len(runs)):
+                with tempfile.TemporaryDirectory(prefix="bench-fast-") as tmp:
+                    runs[name].append(fast_tier_throughput(env, Path(tmp), 1 if name == "every step" else 0))
+    torch.set_num_threads(threads)
+    return runs
+
+
+def fast_tier_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, str]]:
+    wall = paired(runs, "every step", "off", "wall")
+    ok = statistics.median(wall) >= TARGETS["fast_tier"]
+    off = statistics.median(r.wall for r in runs["off"])
+    return [("(d) fast tier every step / off, wall", ratio_cell(wall, overhead=False),
+             f"{off:.0f} samples/s off; cpu {ratio_cell(paired(runs, 'every step', 'off', 'cpu'), overhead=False)}; "
+             f"target >= {TARGETS['fast_tier']}x: {_verdict(ok)}")]
+
+
 def snapshot_blocking_seconds(async_save: bool, saves: int = 5) -> float:
     """Median seconds one ``SnapshotStore.save`` blocks the training thread (model + Adam state)."""
     from ddpjob_trainer import SnapshotStore
@@ -255,8 +305,8 @@ def snapshot_blocking_seconds(async_save: bool, saves: int = 5) -> float:
     return statistics.median(blocked)
 
 
-def snapshot_megabytes() -> float:
-    model = make_model()
+def snapshot_megabytes(hidden: int = HIDDEN) -> float:
+    model = make_model(hidden=hidden)
     parameters = sum(p.numel() for p in model.parameters())
     return parameters * 4 * 3 / 1e6  # weights + Adam's two moments, float32
 
@@ -300,6 +350,8 @@ def throughput_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, s
               for name, values in runs.items()}
     rows = []
     epoch_seconds = SAMPLES / median["none"].wall
+    if "sync" not in runs:  # part (c) alone
+        return loop_rows(runs, median)
     for name, async_save in (("sync", False), ("async", True)):
         blocked = snapshot_blocking_seconds(async_save)
         rows.append((f"(b) one {name} save blocks training", f"{blocked * 1000:.0f} ms",
@@ -314,6 +366,11 @@ def throughput_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, s
             ok = 1 - statistics.median(cpu) <= TARGETS["async_overhead"]
             note += f"; target <= {TARGETS['async_overhead']:.0%}: {_verdict(ok)}"
         rows.append((f"(b) overhead {name}", ratio_cell(cpu, overhead=True), note))
+    return rows + loop_rows(runs, median)
+
+
+def loop_rows(runs: dict[str, list[Throughput]], median: dict[str, Throughput]) -> list[tuple[str, str, str]]:
+    rows = []
     cpu = paired(runs, "none", "handwritten", "cpu")
     rows.append(("(c) ddpjob / hand-written, whole run", ratio_cell(cpu, overhead=False),
                  f"wall {ratio_cell(paired(runs, 'none', 'handwritten', 'wall'), overhead=False)}"))
@@ -327,7 +384,14 @@ def throughput_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, s
 
 def main() -> None:
     began = time.monotonic()
-    rows = recovery_rows(recovery_runs()) + throughput_rows(throughput_runs())
+    parts = os.environ.get("BENCH_TRAINER_PARTS", "abcd")
+    rows = recovery_rows(recovery_runs()) if "a" in parts else []
+    if "b" in parts:
+        rows += throughput_rows(throughput_runs())
+    elif "c" in parts:
+        rows += throughput_rows(throughput_runs(("none", "handwritten")))
+    if "d" in parts:
+        rows += fast_tier_rows(fast_tier_runs())
     width = max(len(row[0]) for row in rows)
     print(f"(a) 2 torchrun agents, c10d, fast rdzv conf, SIGKILL one worker after the first snapshot; "
           f"median of {RECOVERY_REPEATS}")
@@ -335,6 +399,8 @@ def main() -> None:
           f"{SAMPLES} samples x {EPOCHS} epochs, batch {BATCH}, 1 rank gloo, 1 torch thread; {REPEATS} rounds; "
           f"samples/s per second of training-thread CPU, wall clock beside it; "
           f"medians, ratios paired per round [min .. max]")
+    print(f"(d) {FEATURES}-{FAST_HIDDEN}x{DEPTH}-{OUTPUTS} MLP + Adam (state ~{snapshot_megabytes(FAST_HIDDEN):.0f} MB), "
+          f"{FAST_SAMPLES} samples, batch {FAST_BATCH}, no step sleep, fast tier in /dev/shm; {REPEATS} rounds")
     for label, value, note in rows:
         print(f"{label:<{width}}  {value:>18}  {note}")
     print(f"(bench took {time.monotonic() - began:.0f} s; load average {os.getloadavg()[0]:.1f} "

@@ -44,13 +44,16 @@ def test_a_preempted_node_costs_no_restart_even_before_any_snapshot(k8s, operato
     progress, _ = start_job(k8s, node_agent, tmp_path, args=args, edit=no_budget)
     progress.wait(is_event("step", step=5, world_size=2), START_TIMEOUT, "both nodes training")
     preempted = node_agent.current(VICTIM)
+    assert not [e for e in progress.events() if e["event"] == "snapshot"], "a snapshot came before the preemption"
     set_disruption_target(k8s, VICTIM, reason="PreemptionByScheduler",
                           message="Preempted in order to admit critical pod team-a/big", exit_code=None)
     k8s.delete("pods", VICTIM)  # the scheduler evicts the victim; the kubelet stops it gracefully
-    assert not [e for e in progress.events() if e["event"] == "snapshot"], "a snapshot came before the preemption"
 
+    # The victim's SIGTERM snapshots the step in flight (trainer/stop.py): nothing is trained again.
+    stop = progress.wait(is_event("stop"), 60, "the graceful stop")
     node_agent.wait_for_container(VICTIM, 60, other_than=preempted.uid)
-    progress.wait(is_event("start", world_size=2, resume_step=0), START_TIMEOUT, "the replacement training")
+    progress.wait(is_event("start", world_size=2, resume_step=lambda s: s >= stop["step"]), START_TIMEOUT,
+                  "the replacement training")
     status = progress.wait_phase(C.PHASE_SUCCEEDED, 180)
 
     raw = assert_ran_exactly_once(progress.metrics_path, epochs)

@@ -27,6 +27,7 @@ Usage (inside ``with distributed():``)::
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import math
 import os
@@ -51,6 +52,9 @@ from .sampler import ResumableSampler
 from .job import NODE_INDEX_ENV, load_agreed, node_report
 from .snapshot import SnapshotInfo, SnapshotStore
 from .progress_report import Heartbeats, ProgressReport, give_up
+from .stop import GracefulStop, PeerStopped, StopSignal
+from .fast_snapshot import FastSnapshot, fast_root
+from . import fast_resume
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,10 @@ class TrainerConfig:
             ``StartOver`` (train from scratch) when snapshots exist but none can
             be read; None reads ``DDPJOB_SNAPSHOT_ON_UNREADABLE``, which the
             operator renders from ``spec.snapshot.onUnreadable`` (default ``Fail``).
+        fast_snapshot_every_steps: also copy every rank's state to node-local shared memory
+            after every N optimizer steps (0 = off; needs snapshot_dir): a worker restart then
+            resumes from there, losing at most the step in flight (fast_snapshot.py).
+        fast_snapshot_root: where those copies live (None: $DDPJOB_FAST_SNAPSHOT_ROOT, else /dev/shm).
     """
 
     epochs: int
@@ -110,6 +118,8 @@ class TrainerConfig:
     wandb_project: str | None = None
     trust_snapshots: bool | None = None
     snapshot_on_unreadable: str | None = None
+    fast_snapshot_every_steps: int = 0
+    fast_snapshot_root: str | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -128,6 +138,7 @@ _RULES = {
     "accumulation_steps": ">= 1",
     "snapshot_every_epochs": ">= 0",
     "snapshot_every_steps": ">= 0",
+    "fast_snapshot_every_steps": ">= 0",
     "snapshot_keep": ">= 1",
     "bucket_cap_mb": "> 0",
     "num_workers": ">= 0",
@@ -209,9 +220,13 @@ class Trainer:
         self.on_step = on_step
         self.scaler = torch.amp.GradScaler("cuda") if config.amp and self.device.type == "cuda" else None
         self.position = Position()
+        self.stop = StopSignal()  # installed while train() runs (stop.py)
+        self.stop_agreed = False  # some rank was told to stop: this step is the last (every rank agrees)
         # The data order's seed; a resumed job keeps the snapshot's.
         self.sampler_seed = config.seed
         self.store = self._make_store()
+        self.fast = self._make_fast()
+        self.incarnation = 0  # which resume round writes the fast copies (fast_resume.py)
         self.resumed_from = self._resume()
         self.report = self._make_report()
         self.heartbeats = self._make_heartbeats()
@@ -238,6 +253,15 @@ class Trainer:
             trusted=self.config.trust_snapshots,
             on_unreadable=self.config.snapshot_on_unreadable,
         )
+
+    def _make_fast(self) -> FastSnapshot | None:
+        if not self.config.fast_snapshot_every_steps:
+            return None
+        if not self.config.snapshot_dir:
+            log.warning("fast_snapshot_every_steps needs snapshot_dir: the fast tier is off")
+            return None
+        directory = fast_root(self.config.snapshot_dir, self.config.fast_snapshot_root)
+        return FastSnapshot(directory, self.env.local_rank)
 
     def _make_report(self) -> ProgressReport:
         report = node_report(self.config.snapshot_dir, self.env.local_rank)
@@ -269,6 +293,9 @@ class Trainer:
         seed_everything(self.config.seed + self.env.rank)
         if self.store is None:
             return None
+        fast = self._resume_fast()
+        if fast is not None:
+            return fast
         info, state = self._choose_snapshot()
         if info is None:
             return None
@@ -281,6 +308,25 @@ class Trainer:
                 info.path, info.epoch, info.step, info.samples_consumed, state["world_size"], self.env.world_size,
             )
         return info
+
+    def _resume_fast(self) -> SnapshotInfo | None:
+        """Resumes from the fast tier when the group agrees it holds a newer step than the volume
+        (fast_resume.py; a collective whenever the fast tier is on, so every rank takes part)."""
+        if self.fast is None:  # the same on every rank: off everywhere
+            return None
+        complete = self.store.complete() if self.env.is_rank0 else []
+        volume_step = complete[-1].step if complete else -1
+        choice, meta, self.incarnation = fast_resume.agree(self.fast, volume_step, self.env.rank,
+                                                            self.env.world_size, self.device)
+        if choice is None:
+            return None
+        state = fast_resume.load(choice, self.fast, meta, self.env.rank, self.device)
+        self._restore(state)
+        if self.env.is_rank0:
+            log.info("resumed from the fast tier at step %d (%s)", choice.step,
+                     "each rank's own copy" if choice.source < 0 else f"broadcast from rank {choice.source}")
+        return SnapshotInfo(path=str(self.fast.directory), epoch=state["epoch"], step=state["step"],
+                            samples_consumed=state["samples_consumed"], time=state["time"])
 
     def _choose_snapshot(self) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:
         """The snapshot rank 0 chose, on every rank (one rule with the bring-your-own-loop Job)."""
@@ -311,15 +357,21 @@ class Trainer:
         )
         loss, val_loss = math.nan, None
         try:
-            for epoch in range(self.position.epoch, cfg.epochs):
-                loss = self._run_epoch(epoch)
-                with self.heartbeats.collective():  # snapshot and validation wait for the other ranks
-                    val_loss = self._end_epoch(epoch, loss)
+            with self.stop:
+                for epoch in range(self.position.epoch, cfg.epochs):
+                    loss = self._run_epoch(epoch)
+                    with self.heartbeats.collective():  # snapshot and validation wait for the other ranks
+                        val_loss = self._end_epoch(epoch, loss)
+                        if self.stop_agreed and epoch + 1 < cfg.epochs:  # after the last epoch: done anyway
+                            self._stop_here(None)  # _end_epoch saved the snapshot already
             if self.store is not None:
                 self.store.wait()  # the final snapshot is complete before "done"
+            if self.fast is not None:
+                self.fast.remove()  # finished: nothing will resume from memory
             self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
         except BaseException as error:
-            self.report.failed(error)
+            if not isinstance(error, (GracefulStop, PeerStopped)):
+                self.report.failed(error)
             self._close(quiet=True)
             if isinstance(error, DoNotRetry):
                 self._give_up(error)
@@ -354,7 +406,11 @@ class Trainer:
             self._after_step(epoch, loss, group_samples * self.env.world_size / (now - last_time), bar)
             losses.append(loss)
             with self.heartbeats.collective():  # a snapshot gathers every rank's RNG state
+                if self.stop_agreed and index + 1 < micro_batches:
+                    self._stop_here((epoch, consumed))
                 self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
+                if self.fast is not None and index + 1 < micro_batches:  # the epoch's end: after _end_epoch
+                    self._maybe_fast_snapshot(epoch, consumed)
             group_loss, group_samples, last_time = 0.0, 0, time.perf_counter()
         bar.close()
         return float(np.mean(losses)) if losses else math.nan
@@ -376,6 +432,9 @@ class Trainer:
         return value
 
     def _optimizer_step(self, local_loss: float) -> float:
+        if self.fast is not None:
+            self.fast.wait()  # the previous step's copy reads the parameters this step changes
+        reduction = self._start_loss_reduction(local_loss)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -385,10 +444,28 @@ class Trainer:
         if self.scheduler is not None:
             self.scheduler.step()
         self.position.step += 1
-        # The logged loss is the mean over all ranks, not just rank 0's shard.
-        total = torch.tensor([local_loss], dtype=torch.float64, device=self.device)
-        torch_dist.all_reduce(total)
-        return total.item() / self.env.world_size
+        return self._finish_loss_reduction(reduction, local_loss)
+
+    def _start_loss_reduction(self, local_loss: float) -> tuple[torch.Tensor, Any] | None:
+        """Starts the all-reduce of [loss, stop flag]: the logged loss is the mean over all ranks,
+        and the stop flag rides along, so every rank agrees on the last step at no extra cost.
+        Started before the optimizer step, which hides its latency (measured: ~1.5 ms a step on a
+        loaded 2-core machine when waited for at once, 3 % of the benchmark's step). None with
+        one rank: there is nothing to reduce."""
+        if self.env.world_size == 1:
+            return None
+        total = torch.tensor([local_loss, float(self.stop.requested)], dtype=torch.float64, device=self.device)
+        return total, torch_dist.all_reduce(total, async_op=True)
+
+    def _finish_loss_reduction(self, reduction: tuple[torch.Tensor, Any] | None, local_loss: float) -> float:
+        if reduction is None:
+            self.stop_agreed = self.stop.requested
+            return local_loss
+        total, work = reduction
+        work.wait()
+        loss_sum, stops = total.tolist()
+        self.stop_agreed = stops > 0
+        return loss_sum / self.env.world_size
 
     def _after_step(self, epoch: int, loss: float, samples_per_s: float, bar: tqdm) -> None:
         step = self.position.step
@@ -418,13 +495,16 @@ class Trainer:
         if self.env.is_rank0:
             log.info("epoch %d done at step %d: loss %.5f, validation loss %s", epoch, step, loss, val_loss)
         due = (
-            (cfg.snapshot_every_epochs and (epoch + 1) % cfg.snapshot_every_epochs == 0)
+            self.stop_agreed
+            or (cfg.snapshot_every_epochs and (epoch + 1) % cfg.snapshot_every_epochs == 0)
             or (cfg.snapshot_every_steps and step % cfg.snapshot_every_steps == 0)
             or epoch + 1 == cfg.epochs
         )
         if due:
             self._snapshot(epoch + 1, 0)
         self.position = Position(epoch + 1, step, 0)
+        if self.fast is not None:
+            self._fast_snapshot(epoch + 1, 0)
         return val_loss
 
     @torch.no_grad()
@@ -449,7 +529,22 @@ class Trainer:
         rng_states = gather_rng_states()  # collective: every rank calls _snapshot
         if not self.env.is_rank0:
             return
-        state = {
+        state = self._state(epoch, consumed, rng_states)
+        self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
+
+    def _maybe_fast_snapshot(self, epoch: int, consumed: int) -> None:
+        if self.position.step % self.config.fast_snapshot_every_steps == 0:
+            self._fast_snapshot(epoch, consumed)
+
+    def _fast_snapshot(self, epoch: int, consumed: int) -> None:
+        """Starts this rank's copy to shared memory (no collective: every rank saves its own)."""
+        state = self._state(epoch, consumed, None)
+        state["time"] = _now()
+        self.fast.save(state, step=self.position.step, incarnation=self.incarnation, rank=self.env.rank,
+                       rng=rng_state())
+
+    def _state(self, epoch: int, consumed: int, rng_states: list[dict[str, Any]] | None) -> dict[str, Any]:
+        return {
             "model": self.ddp.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -462,7 +557,22 @@ class Trainer:
             "rng": rng_states,
             "extra": self.extra,
         }
-        self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
+
+    def _stop_here(self, position: tuple[int, int] | None) -> None:
+        """Ends a graceful stop at this step: the snapshot at ``position`` (epoch, consumed; None when
+        already saved) complete, reported on every node, then GracefulStop or PeerStopped (stop.py)."""
+        if position is not None:
+            self._snapshot(*position)
+        if self.store is not None:
+            self.store.wait()  # rank 0: the snapshot is durable before anyone leaves
+        torch_dist.barrier()
+        self.report.refresh(force=True)  # every node's record names the stop's snapshot
+        step = self.position.step
+        self.metrics.write("stop", step=step, signalled=self.stop.requested)
+        if self.env.is_rank0:
+            log.info("graceful stop: snapshot at step %d complete; %s", step,
+                     "exiting" if self.stop.requested else "a peer got SIGTERM, restarting without it")
+        raise GracefulStop(step) if self.stop.requested else PeerStopped(step)
 
     def _on_snapshot_saved(self, info: SnapshotInfo) -> None:
         self.report.refresh(force=True)  # progress.json is complete now
@@ -496,6 +606,8 @@ class Trainer:
     def _close(self, quiet: bool = False) -> None:
         """Waits for a pending snapshot and closes the metrics; ``quiet`` keeps the original error on top."""
         try:
+            if self.fast is not None:
+                self.fast.wait()  # the newest copy is what a restart resumes from
             if self.store is not None:
                 self.store.close()
         except Exception:
@@ -562,9 +674,14 @@ def gather_rng_states() -> list[dict[str, Any]]:
 
 
 def restore_rng(states: list[dict[str, Any]], rank: int) -> None:
-    """Restores the saved state of ``rank``; a rank that did not exist at save time keeps its fresh seed."""
-    if rank < len(states):
+    """Restores the saved state of ``rank``; a rank that did not exist at save time, or whose state
+    was lost with its node (fast_resume.py), keeps its fresh seed."""
+    if rank < len(states) and states[rank] is not None:
         set_rng_state(states[rank])
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -58,6 +58,7 @@ RESERVED_ENV = {
     "PET_RDZV_ID": "metadata.uid and status.rendezvousGeneration (set by the operator)",
     "PET_RDZV_CONF": "spec.elasticPolicy.rdzvTimeouts",
     "PET_MAX_RESTARTS": "spec.elasticPolicy.maxRestarts",
+    "PET_SHUTDOWN_TIMEOUT": "spec.snapshot.gracefulStopSeconds",
     C.ENV_SNAPSHOT_DIR: "spec.snapshot.mountPath",
     C.ENV_SNAPSHOT_ON_UNREADABLE: "spec.snapshot.onUnreadable",
     C.ENV_JOB_NAME: "metadata.name (set by the operator)",
@@ -459,6 +460,14 @@ class Snapshot(_Model):
         "refused by torch.load(weights_only=True)): Fail stops with an error naming each file and why, "
         "rather than silently training again from step 0; StartOver warns and trains from step 0. "
         "Rendered as DDPJOB_SNAPSHOT_ON_UNREADABLE."))
+    graceful_stop_seconds: int = Field(30, ge=3, le=3600, description=(
+        "Seconds a node pod gets after SIGTERM (preemption, eviction, scale-down, kubectl delete pod) "
+        "to finish the step in flight and write a snapshot at it, so that the job resumes at exactly "
+        "the next step. Rendered as the pods' terminationGracePeriodSeconds and, 2 s less, as "
+        "torchrun's --shutdown-timeout (PET_SHUTDOWN_TIMEOUT), which otherwise SIGKILLs the workers "
+        "30 s after SIGTERM whatever the pod's grace period (pytorch#119856). Set it above the "
+        "longest blocking snapshot save (the trainer's stop event reports it); a node may enforce "
+        "less (docs/recovery.md, What a stop costs)."))
 
 
 class FailurePolicy(_Model):

@@ -33,6 +33,14 @@ class NodeLaunch:
     env: dict[str, str]
 
 
+SHUTDOWN_MARGIN_SECONDS = 2  # torchrun's SIGKILL of its workers comes this long before the pod's
+
+
+def shutdown_timeout(grace_seconds: int) -> int:
+    """torchrun's --shutdown-timeout for a pod grace period: the workers' share of it."""
+    return max(1, grace_seconds - SHUTDOWN_MARGIN_SECONDS)
+
+
 def torchrun_args(spec: DDPJobSpec) -> list[str]:
     """`-m MODULE ARGS...` or `SCRIPT ARGS...` (torchrun's positional part)."""
     head = ["-m", spec.module] if spec.module else [spec.script]
@@ -165,6 +173,11 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         # A stuck collective fails the workers in bounded time (ddpjob_trainer.dist.collective_timeout).
         C.ENV_COLLECTIVE_TIMEOUT: str(spec.failure_policy.collective_timeout_seconds),
     }
+    if spec.snapshot is not None:
+        # torchrun SIGKILLs its workers this long after forwarding SIGTERM; by default 30 s
+        # whatever the pod's grace period. Just inside the grace period, so the agent still
+        # exits by itself before the kubelet's SIGKILL.
+        env["PET_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout(spec.snapshot.graceful_stop_seconds))
     if snapshot_dir is not None:
         env[C.ENV_SNAPSHOT_DIR] = snapshot_dir
         # Snapshots that exist but cannot be read stop the trainer unless the spec says to start over.

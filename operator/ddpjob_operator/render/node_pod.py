@@ -113,6 +113,9 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
         "securityContext": trainer_pod_security(spec),
         **service_account(spec),
     }
+    if spec.snapshot is not None:
+        # Time to finish the step in flight and snapshot it after SIGTERM (trainer/stop.py).
+        body["terminationGracePeriodSeconds"] = spec.snapshot.graceful_stop_seconds
     if spec.preflight.enabled:  # first: a bad node fails the pod before it joins the rendezvous
         body["initContainers"] = [preflight_container(spec, container["volumeMounts"], container["securityContext"])]
     return {**body, **_scheduling(ref, spec, avoid), **_pod_overrides(spec)}

@@ -4,11 +4,13 @@ It polls the pods of one namespace; for each new pod it starts the container (dd
 .container) from the pod's local launch (.launch) and reports what a kubelet reports (.reporting):
 Running, then the exit with its code and termination message. Deletion is graceful, as a
 kubelet makes it: the finalizer held while the process runs keeps the pod until SIGTERM,
-then SIGKILL after the grace period (capped by ``max_grace_seconds``), has ended it.
+then SIGKILL after the grace period (capped by ``max_grace_seconds``, 5 s by default, with a
+warning when a pod asks more: see capped_grace), has ended it.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -28,7 +30,24 @@ from ddpjob_sandbox.node.reporting import PodReporter
 from ddpjob_sandbox.pod_status import INSUFFICIENT_GPU, now_rfc3339, running_status, terminated_status, waiting_status
 from ddpjob_sandbox.procs import holds_socket, kill_marked, listening_socket_inodes, marked_pids
 
+log = logging.getLogger(__name__)
+
 DEFAULT_GRACE_SECONDS = 30  # the API's default terminationGracePeriodSeconds
+MAX_GRACE_SECONDS = 5.0  # the sandbox's cap on a pod's grace period, so a deletion in a test is quick
+
+
+def capped_grace(pod_name: str, requested: float | None, cap: float) -> float:
+    """The grace period the sandbox gives a pod: its terminationGracePeriodSeconds, at most ``cap``.
+
+    A real kubelet gives the whole period; the cap keeps tests fast, and is logged when it cuts
+    one short, because a trainer whose snapshot takes longer is then SIGKILLed mid-save here
+    (and loses the steps since its last complete snapshot) where a cluster would let it finish.
+    """
+    grace = float(DEFAULT_GRACE_SECONDS if requested is None else requested)
+    if grace > cap:
+        log.warning("pod %s: terminationGracePeriodSeconds %g capped at the sandbox's %g s (max_grace_seconds)",
+                    pod_name, grace, cap)
+    return min(grace, cap)
 
 
 class NodeAgent:
@@ -38,14 +57,15 @@ class NodeAgent:
         client: an API client bound to the namespace to serve.
         root: the node's directory (claims, per-pod dirs and container logs).
         poll_seconds: how often pods and processes are looked at.
-        max_grace_seconds: cap on a pod's terminationGracePeriodSeconds (tests stay fast).
+        max_grace_seconds: cap on a pod's terminationGracePeriodSeconds (tests stay fast; a
+            capped pod is logged, see capped_grace).
         bind_nodes: give each started pod a Node of its own (``<pod>-<uid[:5]>``, Ready) and
             bind it there (spec.nodeName), so a test can take one pod's node down
             (:meth:`node_down`); off, pods have no node, as before.
     """
 
     def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
-                 max_grace_seconds: float = 5.0, bind_nodes: bool = False):
+                 max_grace_seconds: float = MAX_GRACE_SECONDS, bind_nodes: bool = False):
         self.client = client
         self.reporter = PodReporter(client)
         self.root = Path(root)
@@ -215,8 +235,7 @@ class NodeAgent:
         launch.termination_log.touch()  # the kubelet creates it before the container starts
         log_path = pod_dir(self.root, meta) / "container.log"
         env = {**launch.env, POD_ENV: meta["uid"], NODE_ENV: self.node_id}
-        grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)),
-                    self.max_grace_seconds)
+        grace = capped_grace(meta["name"], pod["spec"].get("terminationGracePeriodSeconds"), self.max_grace_seconds)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(launch.argv, env=env, cwd=launch.cwd, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)

@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--snapshot-every-epochs", type=int, default=1, help="0 = off")
     parser.add_argument("--snapshot-every-steps", type=int, default=0, help="0 = off")
     parser.add_argument("--snapshot-keep", type=int, default=2, help="complete snapshots to keep")
+    parser.add_argument("--fast-snapshot-every-steps", type=int, default=0,
+                        help="also copy the state to /dev/shm every N steps (0 = off): a restart loses at most one step")
     parser.add_argument("--amp", action="store_true", help="mixed precision with a GradScaler (CUDA only)")
     parser.add_argument("--async-snapshot", action="store_true", help="write snapshots in a background thread")
     parser.add_argument("--metrics-file", default=os.environ.get("DDPJOB_METRICS_FILE"),
@@ -104,6 +106,7 @@ def config_from(args: argparse.Namespace) -> TrainerConfig:
         snapshot_every_epochs=args.snapshot_every_epochs,
         snapshot_every_steps=args.snapshot_every_steps,
         snapshot_keep=args.snapshot_keep,
+        fast_snapshot_every_steps=args.fast_snapshot_every_steps,
         async_snapshot=args.async_snapshot,
         amp=args.amp,
         metrics_file=args.metrics_file,

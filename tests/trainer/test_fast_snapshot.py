@@ -1,0 +1,92 @@
+"""The fast snapshot tier in one process: the shared-memory copy itself, and a resume from it
+that loses only the step in flight and ends with an uninterrupted run's weights."""
+import dataclasses
+
+import pytest
+import torch
+
+from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, read_metrics
+from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
+from ddpjob_trainer.fast_snapshot import FastSnapshot, fast_root, flatten, unflatten
+from ddpjob_trainer.metrics import read_raw_metrics
+
+DATA = make_dataset(200, seed=3)
+STEPS = 26
+
+
+def state(value):
+    return {"model": {"w": torch.full((300, 300), float(value)), "b": torch.arange(3.0) + value},
+            "optimizer": {"param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}]}, "step": value}
+
+
+def test_a_copy_round_trips_and_the_newest_complete_one_is_named_by_the_meta(tmp_path):
+    fast = FastSnapshot(tmp_path / "node", local_rank=0)
+    assert fast.newest() is None
+    for step in (1, 2, 3):
+        fast.save(state(step), step=step)
+    fast.wait()
+    meta = fast.newest()
+    assert (meta["step"], meta["slot"]) == (3, 0)  # slots alternate 0, 1, 0
+    loaded = fast.load(meta)
+    torch.testing.assert_close(loaded["model"]["w"], state(3)["model"]["w"])
+    assert loaded["optimizer"] == state(3)["optimizer"] and loaded["step"] == 3
+
+
+def test_a_restarted_writer_first_fills_the_slot_its_meta_does_not_name(tmp_path):
+    first = FastSnapshot(tmp_path, 0)
+    first.save(state(7), step=7)
+    first.wait()
+    again = FastSnapshot(tmp_path, 0)
+    meta = again.newest()
+    slot, _ = again._targets([(t.dtype, tuple(t.shape), t.numel() * t.element_size())
+                              for t in flatten(state(8))[1]])
+    assert slot == 1 - meta["slot"]
+    assert again.load(meta)["model"]["w"][0, 0] == 7.0, "the complete copy was left intact"
+
+
+def test_flatten_and_unflatten_are_inverse():
+    skeleton, tensors = flatten(state(4))
+    assert len(tensors) == 2 and unflatten(skeleton, tensors)["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)
+
+
+def test_copies_are_kept_apart_per_job_and_node(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPJOB_NODE_INDEX", "1")
+    one, other = fast_root(tmp_path / "a", tmp_path), fast_root(tmp_path / "b", tmp_path)
+    monkeypatch.setenv("DDPJOB_NODE_INDEX", "2")
+    assert len({one, other, fast_root(tmp_path / "a", tmp_path)}) == 3 and one.name.endswith("-1")
+
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    return model, optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.99)
+
+
+def run(env, directory, fast_root_dir, restart_count=0, fail_at_step=None, fast_every=1):
+    model, optimizer, scheduler = build()
+    config = TrainerConfig(epochs=2, batch_size=8, accumulation_steps=2, snapshot_dir=str(directory),
+                           snapshot_every_steps=10, metrics_file=str(directory / "metrics.jsonl"), progress_bar=False,
+                           fast_snapshot_every_steps=fast_every, fast_snapshot_root=str(fast_root_dir))
+    trainer = Trainer(model, optimizer, DATA, config, loss_fn=mse, scheduler=scheduler,
+                      env=dataclasses.replace(env, restart_count=restart_count),
+                      on_step=fault_injection(0.0, fail_at_step, restart_count))
+    return trainer, trainer.train()
+
+
+@pytest.mark.parametrize("fail_at", [18, 13])  # mid epoch 1; the last step of epoch 0 (copied after its end)
+def test_a_crash_resumes_from_shared_memory_losing_only_the_step_in_flight(env, tmp_path, fail_at):
+    reference, crashed, shm = tmp_path / "reference", tmp_path / "crashed", tmp_path / "shm"
+    run(env, reference, tmp_path / "shm-reference", fast_every=0)
+    with pytest.raises(RuntimeError, match=f"fail_at_step={fail_at}"):
+        run(env, crashed, shm, fail_at_step=fail_at)
+    trainer, result = run(env, crashed, shm, restart_count=1, fail_at_step=fail_at)
+    assert trainer.resumed_from.step == fail_at - 1 and result.step == STEPS  # the volume holds step 10
+    raw = [e["step"] for e in read_raw_metrics(crashed / "metrics.jsonl") if e["event"] == "step"]
+    assert [s for s in set(raw) if raw.count(s) > 1] == [fail_at], "only the step in flight ran twice"
+    assert [e["step"] for e in read_metrics(crashed / "metrics.jsonl") if e["event"] == "step"] == list(range(1, 27))
+    expected = SnapshotStore(reference).load_latest()[1]["model"]
+    actual = SnapshotStore(crashed).load_latest()[1]["model"]
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert not any(shm.iterdir()), "a finished job removes its copies"
