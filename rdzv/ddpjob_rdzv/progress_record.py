@@ -14,7 +14,8 @@ Version 1 (every key but ``kind`` and ``version`` may be left out; ``null`` wher
      "written": "2026-11-23T01:02:03.456Z",         # when this copy was written
      "snapshot": {"epoch": 3, "step": 120, "time": "<RFC 3339>", "path": "/snapshots/...",
                   "samples_consumed": 0} | null,    # <snapshot dir>/progress.json, the newest complete one
-     "resume": {"time": <t>, "fromStep": 100, "fromSnapshotTime": <t>, "firstStepTime": <t>} | null,
+     "resume": {"time": <t>, "fromStep": 100, "fromSnapshotTime": <t>, "firstStepTime": <t>,
+                "workerRestarts": 1} | null,                # TORCHELASTIC_RESTART_COUNT of this run
      "error": "RuntimeError: ...",                  # training raised (type and message)
      "fatal": {"reason": "BadDataset", "message": "..."},  # the worker says: do not retry
      "nodes": [{"node": "0", "step": 120, "phase": "collective", "stepSeconds": 0.25,
@@ -332,7 +333,8 @@ def _list_of(item: Check, limit: int) -> Check:
 _SNAPSHOT = _object({"epoch": _integer, "step": _integer, "time": _time, "path": _text(MAX_PATH_CHARS),
                      "samples_consumed": _integer}, required=("epoch", "step", "time", "path"))
 _RESUME = _object({"time": _nullable(_time), "fromStep": _nullable(_integer),
-                   "fromSnapshotTime": _nullable(_time), "firstStepTime": _nullable(_time)})
+                   "fromSnapshotTime": _nullable(_time), "firstStepTime": _nullable(_time),
+                   "workerRestarts": _nullable(_integer)})
 _FATAL = _object({"reason": _reason, "message": _text(MAX_ERROR_CHARS)}, required=("reason", "message"))
 _PHASE = _text(10, re.compile(r"local|collective"), "local or collective")
 _NODE_FIGURES = _object({"node": _node, "step": _nullable(_integer), "phase": _PHASE,

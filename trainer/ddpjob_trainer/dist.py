@@ -12,8 +12,10 @@ Usage::
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import gc
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -97,15 +99,39 @@ def distributed(env: DistEnv | None = None, timeout: datetime.timedelta | None =
         device_id=device_id,
     )
     log.debug("rank %d/%d joined the %s process group", env.rank, env.world_size, backend)
+    release_process_groups_at_exit()
     marks.mark("process_group")
     try:
         yield env
-        # Ranks leave the last collective at different moments; one tearing
-        # gloo down while a peer still talks to it aborted that peer after a
-        # finished run (seen once in the sandbox), and torchrun then restarted
-        # a job that was done. A failing rank skips this: its peers must not wait.
+        # Ranks leave the last collective at different moments: none tears its
+        # side of the group down while a peer may still be sending to it. A
+        # failing rank skips this: its peers must not wait.
         if torch_dist.is_initialized():
             torch_dist.barrier()
     finally:
         if torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+
+
+def release_process_groups_at_exit() -> None:
+    """Frees, at exit, the process groups that objects in reference cycles still hold.
+
+    destroy_process_group() only forgets the group: a DistributedDataParallel
+    wrapper keeps it alive (DDP sits in a reference cycle of its own, and so
+    does the Trainer that holds it), so without this the gloo group and its
+    worker threads are destroyed by the garbage collector during interpreter
+    finalization. A gloo thread that then needs the GIL (to free a tensor it
+    still holds) is ended with pthread_exit by CPython, whose unwinding through
+    a noexcept C++ frame calls std::terminate: "terminate called without an
+    active exception", exit -6, *after* training finished, and torchrun then
+    restarted a finished job. One collection at exit (atexit handlers run
+    before finalization, once the frames that held the Trainer are gone)
+    destroys the group while the interpreter is whole; it costs ~0.1-0.3 s.
+    """
+    global _collect_at_exit
+    if not _collect_at_exit:
+        _collect_at_exit = True
+        atexit.register(gc.collect)
+
+
+_collect_at_exit = False  # whether the atexit collection is registered (once per process)

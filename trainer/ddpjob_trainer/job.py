@@ -235,7 +235,7 @@ class Job:
             return
         self._started = True
         info = self.resumed_from
-        self.report.resumed(info.step if info else None, info.time if info else None)
+        self.report.resumed(info.step if info else None, info.time if info else None, self.restart_count)
         self.metrics.write("start", world_size=self.world_size, restart_count=self.restart_count,
                            resume_epoch=self.epoch, resume_step=self.global_step)
 

@@ -136,9 +136,10 @@ class ProgressReport:
             self._server.server_close()
             self._server = None
 
-    def resumed(self, step: int | None, snapshot_time: str | None) -> None:
-        """This worker starts from the snapshot at ``step`` (None: from scratch)."""
-        self.record["resume"].update(fromStep=step, fromSnapshotTime=snapshot_time)
+    def resumed(self, step: int | None, snapshot_time: str | None, worker_restarts: int | None = None) -> None:
+        """This worker starts from the snapshot at ``step`` (None: from scratch); ``worker_restarts``:
+        how often torchrun restarted this container's workers before (TORCHELASTIC_RESTART_COUNT)."""
+        self.record["resume"].update(fromStep=step, fromSnapshotTime=snapshot_time, workerRestarts=worker_restarts)
         self.refresh(force=True)
 
     def stepped(self) -> None:

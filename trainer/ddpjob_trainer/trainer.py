@@ -266,7 +266,7 @@ class Trainer:
     def _make_report(self) -> ProgressReport:
         report = node_report(self.config.snapshot_dir, self.env.local_rank)
         info = self.resumed_from
-        report.resumed(info.step if info else None, info.time if info else None)
+        report.resumed(info.step if info else None, info.time if info else None, self.env.restart_count)
         return report
 
     def _make_heartbeats(self) -> Heartbeats:

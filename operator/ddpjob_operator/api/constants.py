@@ -113,6 +113,25 @@ MSG_RESTARTS_EXHAUSTED = ("{restarts} failure incidents exceed "  # REASON_RESTA
 MSG_DEADLINE = "the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline})"  # REASON_DEADLINE
 MSG_SUCCEEDED = "training finished: {count} node pod(s) exited 0"  # REASON_SUCCEEDED
 MSG_FINISHING = "training finishing: {done} of {total} node pods exited 0"  # REASON_RUNNING, after a success
+# A node pod exits 0 only once torchrun saw all of its workers finish, so training is over; the
+# others follow within seconds (measured: final snapshot -> last pod exited 2-8 s in the sandbox).
+# One still running this long after the first exit waits in torchrun's exit barrier (300 s) or
+# restarted a worker: it holds a node for nothing, so it is stopped.
+FINISH_GRACE_SECONDS = 15.0
+REASON_FINISHING = "WaitingForNodesToFinish"  # training finished; some node pods still run
+MSG_FINISHING_WAIT = ("waiting for {count} node pod(s) after training finished: {pods}; those still "  # REASON_FINISHING
+                      "running {grace:.0f}s after the first node pod exited 0 are stopped")
+REASON_FINISH_STOPPED = "StoppedAfterFinish"  # node pods still running past FINISH_GRACE_SECONDS were deleted
+MSG_FINISH_STOPPED = ("stopped {count} node pod(s) still running {grace:.0f}s after training "  # REASON_FINISH_STOPPED
+                      "finished: {pods}")
+REASON_SCALED = "Scaled"  # spec.replicas changed
+REASON_WORKER_RESTART = "WorkersRestarted"  # torchrun restarted a pod's workers (its elasticPolicy.maxRestarts)
+MSG_WORKER_RESTART = ("torchrun restarted the workers of node pod {pod} (restart {count} of this container; "  # REASON_WORKER_RESTART
+                      "a worker failed, or a node joined or left)")
+MSG_SCALED = "scaled {direction} from {old} to {new} node(s) (spec.replicas)"  # REASON_SCALED
+REASON_POD_DELETED = "NodePodDeleted"  # a node pod was deleted by someone other than the operator
+MSG_POD_DELETED = ("node pod {pod} was deleted while training (not by the operator, no DisruptionTarget); "  # REASON_POD_DELETED
+                   "it is replaced without using the restart budget")
 MSG_SUSPENDED = "spec.runPolicy.suspend is true: node pods are deleted until it is false"  # REASON_SUSPENDED
 MSG_SPEC_VALID = "the spec is valid"  # REASON_SPEC_VALID
 MSG_INVALID_KEPT = ("{errors}; the job goes on with its last valid spec "  # REASON_INVALID_SPEC, a running job
@@ -166,6 +185,7 @@ CAUSE_PERMANENT = "PermanentExitCode"  # an exit code in failurePolicy.permanent
 CAUSE_DO_NOT_RETRY = "DoNotRetry"  # the trainer raised DoNotRetry: its progress record carries fatal (fails the job)
 CAUSE_DISRUPTED = "Disrupted"  # evicted, preempted or drained (DisruptionTarget); free
 CAUSE_NODE_LOST = "NodeLost"  # lost with its node (taint manager, pod GC, node shutdown); free
+CAUSE_DELETED = "Deleted"  # deleted by someone other than the operator while it ran (kubectl delete pod); free
 CAUSE_IMAGE_PULL = "ImagePull"  # the image cannot be pulled (fails the job after a bounded wait)
 CAUSE_HANG = "Hang"  # no training step for failurePolicy.hangTimeoutSeconds: group restart, charged by progress
 CAUSE_PREFLIGHT = "PreflightFailed"  # the pre-flight init container failed (render/preflight.py; retryable, counts)

@@ -146,6 +146,19 @@ def printer_columns() -> list[dict[str, Any]]:
          "description": "Global step of the newest complete snapshot the trainer reported"},
         {"name": "Last Snapshot", "type": "date", "jsonPath": ".status.lastSnapshot.time"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        # -o wide only (priority 1): the elastic shape and the figures behind RESTARTS.
+        {"name": "World Size", "type": "integer", "jsonPath": ".status.rendezvousReplicas", "priority": 1,
+         "description": "Ready node pods of the current rendezvous generation (the nodes training)"},
+        {"name": "Min:Max", "type": "string", "jsonPath": ".status.replicaRange", "priority": 1,
+         "description": "spec.elasticPolicy minReplicas:maxReplicas"},
+        {"name": "Rdzv Gen", "type": "integer", "jsonPath": ".status.rendezvousGeneration", "priority": 1,
+         "description": "Whole-group restarts (rendezvous generation)"},
+        {"name": "Worker Restarts", "type": "integer", "jsonPath": ".status.workerRestarts", "priority": 1,
+         "description": "torchrun's restarts of the workers inside node pods"},
+        {"name": "Free Restarts", "type": "integer", "jsonPath": ".status.restartsWithProgress", "priority": 1,
+         "description": "Of RESTARTS, incidents after progress: not charged to failurePolicy.maxRestarts"},
+        {"name": "Lost", "type": "number", "jsonPath": ".status.recovery.lostSeconds", "priority": 1,
+         "description": "Seconds of training lost to restarts (start-up excluded)"},
     ]
 
 

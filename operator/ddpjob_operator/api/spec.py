@@ -1383,14 +1383,15 @@ class NodeFailure(_Model):
     pod_uid: str | None = Field(None, alias="podUID", description="Pod uid (each pod is listed once).")
     node: str | None = Field(None, description=(
         "The Kubernetes node the pod ran on (absent when it was never scheduled); see status.avoidedNodes."))
-    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost",
+    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost", "Deleted",
                    "ImagePull", "Hang", "Straggler", "PreflightFailed"] | None = Field(
         None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
                            "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
-                           "reason is in `reason`), Disrupted or NodeLost (free), ImagePull, Hang (no step for "
+                           "reason is in `reason`), Disrupted, NodeLost or Deleted (deleted by someone while it "
+                           "trained, without a DisruptionTarget; all three free), ImagePull, Hang (no step for "
                            "failurePolicy.hangTimeoutSeconds: the group restarted, charged by the progress rule), "
-                           "Straggler (a slow node replaced under stragglerPolicy.action Replace; free), PreflightFailed "
-                           "(spec.preflight)."))
+                           "Straggler (a slow node replaced under stragglerPolicy.action Replace; free), "
+                           "PreflightFailed (spec.preflight)."))
     step: int | None = Field(None, description="Hang: the last training step reached.")
     stalled_nodes: list[str] = Field(default_factory=list, description=(
         "Hang: the node indexes whose progress stopped first (every node when all stopped together)."))
@@ -1439,12 +1440,34 @@ class Recovery(_Model):
     recovered_failure_time: str | None = Field(None, description="The incident lastRecoverySeconds is about.",
                                                json_schema_extra={"format": "date-time"})
     lost_seconds: float | None = Field(None, description=(
-        "Training time lost so far: for each run, from the snapshot it resumed from (or the job's start) "
-        "to its first step. Runs not reported yet are missing until a container exits."))
+        "Training time lost so far to restarts (failures and membership changes): for each run after the "
+        "first, from the snapshot it resumed from (or the job's start) to its first step. Runs not reported "
+        "yet are missing until a container exits."))
+    startup_seconds: float | None = Field(None, description=(
+        "Start-up of the job's first run: from the job's start (or the snapshot of an earlier job it "
+        "resumed from) to its first step; not counted in lostSeconds."))
     last_resume: LastResume | None = Field(None, description="The newest run seen.")
     accounted_restarts: int | None = Field(None, description="Incidents already judged for progress (bookkeeping).")
     snapshot_at_last_failure: SnapshotMark | None = Field(None, description=(
         "status.lastSnapshot when the last incident was judged; a newer one means progress."))
+
+
+class WorkerRestarts(_Model):
+    """One node pod's torchrun restart count (status.workerRestartsByPod)."""
+
+    pod: str | None = Field(None, description="Pod name.")
+    pod_uid: str | None = Field(None, alias="podUID", description="Pod uid.")
+    count: int | None = Field(None, description="TORCHELASTIC_RESTART_COUNT of its newest run of the workers.")
+
+
+class Finishing(_Model):
+    """The end of training (status.finishing): a node pod exited 0 while others still ran."""
+
+    since: str | None = Field(None, description="When the first node pod exited 0.",
+                              json_schema_extra={"format": "date-time"})
+    stopped: int | None = Field(None, description=(
+        "Node pods still running 15 s after that, stopped by the operator (they would wait in "
+        "torchrun's exit barrier)."))
 
 
 class LastValid(_Model):
@@ -1464,6 +1487,8 @@ class DDPJobStatus(_Model):
     replicas: int | None = Field(None, description="Node pods that exist and have not finished.")
     ready_replicas: int | None = Field(None, description="Node pods that are running and Ready.")
     ready: str | None = Field(None, description="readyReplicas/spec.replicas, for kubectl get.")
+    replica_range: str | None = Field(None, description=(
+        "spec.elasticPolicy minReplicas:maxReplicas, for kubectl get -o wide."))
     selector: str | None = Field(None, description="Label selector of the node pods (scale subresource).")
     restarts: int | None = Field(None, description="Failure incidents recovered from (failurePolicy budget).")
     last_failure_time: str | None = Field(None, description="Start of the latest failure incident.",
@@ -1506,6 +1531,13 @@ class DDPJobStatus(_Model):
     invalid_progress_records: list[InvalidProgressRecord] = Field(default_factory=list, description=(
         "Progress records the contract refused, one per pod and field (each reported once in an "
         "InvalidProgressRecord Warning Event); at most 64, dropped with their pod."))
+    worker_restarts: int | None = Field(None, description=(
+        "torchrun's restarts of the workers inside node pods (elasticPolicy.maxRestarts: a worker failed, "
+        "or a node joined or left), from the trainer's records; each counted once."))
+    worker_restarts_by_pod: list[WorkerRestarts] = Field(default_factory=list, description=(
+        "The newest torchrun restart count of each observed node pod (bookkeeping of workerRestarts)."))
+    finishing: Finishing | None = Field(None, description=(
+        "The wait for node pods after training finished, and how many were stopped."))
     last_valid: LastValid | None = Field(None, description=(
         "The newest valid spec. After an edit the operator cannot accept (condition InvalidSpec) "
         "the job goes on with it: failed pods are replaced from it and its deadline holds."))

@@ -133,6 +133,13 @@ def diagnose_deleted(pod: PodView, *, include_log_tail: bool = False) -> Diagnos
                      _failure_message(pod, disruption, include_log_tail))
 
 
+def diagnose_deleted_by_someone(pod: PodView) -> Diagnosis:
+    """A node pod deleted while it trained, with no DisruptionTarget (status.py tells it from
+    the operator's own deletions): free, like a disruption."""
+    return Diagnosis(Outcome.DISRUPTION, C.CAUSE_DELETED, pod.exit_code, C.CAUSE_DELETED,
+                     "deleted while it ran; not by the operator and without a DisruptionTarget condition")
+
+
 def _failure_message(pod: PodView, disruption: Mapping[str, Any] | None, include_log_tail: bool = False) -> str:
     """DisruptionTarget's message, else the trainer's error from its progress record, else the
     kubelet's termination message (a log tail under FallbackToLogsOnError), else the pod's.

@@ -89,6 +89,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
         actions.append(Requeue(DELETION_POLL_SECONDS))  # the old group goes, or the store comes, first
     else:
         actions += _create_missing(ref, spec, status, groups, now)
+    actions += _stop_after_finish(status, groups, now)
     actions += _pending_requeue(spec, groups, now)
     return with_one_requeue(actions + _deadline_requeue(spec, status, now))
 
@@ -148,6 +149,20 @@ def _replace_stragglers(status: Mapping[str, Any], groups: NodeGroups) -> list[A
     doomed = straggler.to_replace(status.get("failures"))
     return [DeletePod(p.name, "replacing a straggler (spec.stragglerPolicy.action Replace)")
             for p in groups.current if p.uid in doomed and not p.deleting]
+
+
+def _stop_after_finish(status: Mapping[str, Any], groups: NodeGroups, now: datetime) -> list[Action]:
+    """Training finished: node pods still running C.FINISH_GRACE_SECONDS after the first one
+    exited 0 (status.finishing.stopped, set by status.py) are deleted; until then, look again
+    when the grace ends."""
+    finishing = status.get("finishing") or {}
+    since = parse_time(finishing.get("since"))
+    if not groups.training_over or since is None:
+        return []
+    if finishing.get("stopped"):
+        return [DeletePod(p.name, f"training finished {C.FINISH_GRACE_SECONDS:.0f}s ago and it still runs")
+                for p in groups.current if p.active]
+    return [Requeue(max(C.FINISH_GRACE_SECONDS - seconds_between(since, now), 0.0))]
 
 
 def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],

@@ -6,10 +6,11 @@ the container exits. From the records of all observed pods this module keeps:
 
   * ``status.lastSnapshot`` {epoch, step, time, path}: the newest complete snapshot;
   * ``status.recovery``: the newest resume seen (``lastResume``), the time from the last
-    failure incident to the first step after it (``lastRecoverySeconds``) and the training
-    time lost so far (``lostSeconds``: for every run, from the snapshot it resumed from, or
-    from the job's start, to its first step; work redone after a resume and restart
-    overheads both count). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
+    failure incident to the first step after it (``lastRecoverySeconds``), the training
+    time lost so far (``lostSeconds``: for every run after the first, from the snapshot it
+    resumed from, or from the job's start, to its first step; work redone after a resume and
+    restart overheads both count) and the first run's start-up (``startupSeconds``, the same
+    span for the first run when no failure came before it). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
     bookkeeping of the restart budget by progress (budget.py);
   * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod);
   * ``status.invalidProgressRecords`` [{pod, podUID, field}]: records the contract refused
@@ -65,7 +66,42 @@ def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
     problems = [RecordProblem.of(pod, C.SOURCE_TERMINATION_MESSAGE, invalid) for pod in pods
                 for invalid in pod.record_problems] + [p for p in live if isinstance(p, RecordProblem)]
     reported, events = record_problems(pods, problems, status.get("invalidProgressRecords"))
-    return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported}, events)
+    restarts, restart_events = worker_restarts(pods, live, status)
+    return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported,
+                     **restarts}, events + restart_events)
+
+
+def worker_restarts(pods: list[PodView], live: list[Mapping[str, Any] | RecordProblem],
+                    status: Mapping[str, Any]) -> tuple[dict[str, Any], list[Event]]:
+    """torchrun's in-pod restarts of the workers, from the records' ``resume.workerRestarts``
+    (TORCHELASTIC_RESTART_COUNT): ``status.workerRestarts`` counts every one seen, and
+    ``status.workerRestartsByPod`` [{pod, podUID, count}] keeps each observed pod's newest count
+    (pruned to observed pods, so it stays bounded) to tell a new restart from one counted; one
+    Event per pod and pass whose count went up. A live record names its pod by node index."""
+    known = {e.get("podUID"): int(e.get("count") or 0) for e in status.get("workerRestartsByPod") or []}
+    by_index = {p.index: p for p in pods if p.active and p.index is not None}
+    seen: dict[str, tuple[PodView, int]] = {}
+    for pod, record in [(p, r) for p in pods for r in p.progress] + [
+            (by_index.get(_index(r)), r) for r in live if not isinstance(r, RecordProblem)]:
+        count = ((record.get("resume") or {}).get("workerRestarts") if pod is not None else None) or 0
+        if count and count > seen.get(pod.uid, (pod, 0))[1]:
+            seen[pod.uid] = (pod, count)
+    total, events = int(status.get("workerRestarts") or 0), []
+    for uid, (pod, count) in seen.items():
+        if count > known.get(uid, 0):
+            total += count - known.get(uid, 0)
+            events.append(Event(C.EVENT_NORMAL, C.REASON_WORKER_RESTART, C.MSG_WORKER_RESTART.format(
+                pod=pod.name, count=count)))
+    observed = {p.uid for p in pods}
+    counts = {**{u: c for u, c in known.items() if u in observed}, **{u: c for u, (_, c) in seen.items()}}
+    names = {p.uid: p.name for p in pods}
+    kept = [{"pod": names[u], "podUID": u, "count": max(c, known.get(u, 0))} for u, c in counts.items() if c]
+    return {"workerRestarts": total or None, "workerRestartsByPod": kept or None}, events
+
+
+def _index(record: Mapping[str, Any]) -> int | None:
+    node = record.get("node")
+    return int(node) if isinstance(node, str) and node.isdigit() else None
 
 
 def record_problems(pods: Iterable[PodView], problems: Iterable[RecordProblem],
@@ -98,8 +134,10 @@ def _with_resume(recovery: dict[str, Any], resume: Mapping[str, Any], status: Ma
         return recovery
     recovery = dict(recovery)
     origin = parse_time(resume.get("fromSnapshotTime")) or parse_time(status.get("startTime"))
+    # The first run's lead time is start-up, not a loss: it would have been spent without any failure.
+    key = "lostSeconds" if last or status.get("lastFailureTime") else "startupSeconds"
     if origin is not None and first_step > origin:
-        recovery["lostSeconds"] = round(float(recovery.get("lostSeconds") or 0) + seconds_between(origin, first_step), 3)
+        recovery[key] = round(float(recovery.get(key) or 0) + seconds_between(origin, first_step), 3)
     failed = parse_time(status.get("lastFailureTime"))
     if failed is not None and first_step > failed and recovery.get("recoveredFailureTime") != status["lastFailureTime"]:
         recovery["lastRecoverySeconds"] = round(seconds_between(failed, first_step), 3)

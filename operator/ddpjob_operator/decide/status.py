@@ -33,10 +33,11 @@ from ddpjob_operator.decide.budget import (
     failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
 )
 from ddpjob_operator.decide.failure import (
-    INVALID_IMAGE_REASONS, Outcome, classify_pod, describe_exit, diagnose_image_pull, diagnose_pod, permanent_failure
+    INVALID_IMAGE_REASONS, Outcome, classify_pod, describe_exit, diagnose_deleted_by_someone, diagnose_image_pull,
+    diagnose_pod, permanent_failure
 )
 from ddpjob_operator.decide import hang as hang_policy, straggler as straggler_policy
-from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView, live_fatal
+from ddpjob_operator.decide.observed import ACTIVE_PHASES, NodeGroups, Observed, PodView, live_fatal
 from ddpjob_operator.render.common import selector
 
 
@@ -96,6 +97,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         verdict, groups = _active_pass(ref, spec, observed, status, now, prev.get("phase"))
     if spec is not None and not errors:
         status.update(_capacity_counts(spec, groups))
+        verdict.events += _scaled(prev, status)
         status["avoidedNodes"], avoided = avoided_nodes.updated(prev.get("failures"), status.get("failures"),
                                                                 prev.get("avoidedNodes"))
         verdict.events.extend(avoided)
@@ -116,6 +118,7 @@ def _active_pass(ref: JobRef, spec: DDPJobSpec, observed: Observed, status: dict
     restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
     status.update(restart.changes if restart else {})
     groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    noted += _note_deleted(spec, groups, status, now)
     watched = _watch_progress(spec, observed, groups, status, now, prev_phase, restart is None)
     if watched.hang:
         groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
@@ -132,7 +135,8 @@ def _active_pass(ref: JobRef, spec: DDPJobSpec, observed: Observed, status: dict
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
             "completionTime", "rendezvousGeneration", "restartsWithProgress", "restartsWithoutProgress",
-            "failures", "recovery", "invalidProgressRecords", "progress", "avoidedNodes")
+            "failures", "recovery", "invalidProgressRecords", "progress", "avoidedNodes", "finishing",
+            "workerRestarts", "workerRestartsByPod")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -147,6 +151,7 @@ def _counts(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[PodView]) -> di
         "replicas": sum(1 for p in pods if p.active),
         "readyReplicas": ready,
         "ready": f"{ready}/{desired}",
+        "replicaRange": f"{spec.min_replicas}:{spec.max_replicas}" if spec else None,
         "selector": selector(ref.name),
     }
 
@@ -263,12 +268,62 @@ def _active_verdict(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any]
     if succeeded and not any(p.active and p.phase != "Pending" for p in current):
         return _with_events(failure, _Verdict(C.PHASE_SUCCEEDED, C.REASON_SUCCEEDED,
                                               C.MSG_SUCCEEDED.format(count=len(succeeded))))
-    if succeeded:  # torchrun agents finish together; wait for the rest to exit
-        return _with_events(failure, _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, C.MSG_FINISHING.format(
-            done=len(succeeded), total=len(current))))
+    if succeeded:  # torchrun agents finish together; wait a bounded time for the rest to exit
+        verdict = _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, C.MSG_FINISHING.format(
+            done=len(succeeded), total=len(current)), _finishing(groups, status, now))
+        return _with_events(failure, verdict)
     if failure.phase == C.PHASE_RESTARTING or _in_backoff(spec, current, status, now):
         return _with_events(failure, _restarting(spec, status, now, failure))
     return _with_events(failure, _running_or_pending(spec, current, prev_phase))
+
+
+def _finishing(groups: NodeGroups, status: dict[str, Any], now: datetime) -> list[Event]:
+    """Training finished (a node pod exited 0) while others still run: status.finishing
+    {since, stopped}, with one Event when the wait begins and one when the pods still running
+    C.FINISH_GRACE_SECONDS after the first exit are stopped (plan.py deletes them)."""
+    prev = status.get("finishing") or {}
+    waiting = [p for p in groups.current if p.active and p.phase != "Pending"]
+    first_exit = min(min(p.finished_at or now, now) for p in groups.succeeded)
+    finishing = {"since": prev.get("since") or format_time(first_exit), "stopped": prev.get("stopped")}
+    names, events = ", ".join(p.name for p in waiting), []
+    if not prev.get("since"):
+        events.append(Event(C.EVENT_NORMAL, C.REASON_FINISHING, C.MSG_FINISHING_WAIT.format(
+            count=len(waiting), pods=names, grace=C.FINISH_GRACE_SECONDS)))
+    overdue = seconds_between(parse_time(finishing["since"]), now) >= C.FINISH_GRACE_SECONDS
+    if overdue and not finishing["stopped"] and waiting:
+        finishing["stopped"] = len(waiting)
+        events.append(Event(C.EVENT_WARNING, C.REASON_FINISH_STOPPED, C.MSG_FINISH_STOPPED.format(
+            count=len(waiting), pods=names, grace=C.FINISH_GRACE_SECONDS)))
+    status["finishing"] = {k: v for k, v in finishing.items() if v is not None}
+    return events
+
+
+def _note_deleted(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any], now: datetime) -> list[Event]:
+    """Node pods deleted by someone else while training (`kubectl delete pod`): listed once in
+    status.failures with cause Deleted and reported in one Event. Never charged: a deleting pod
+    is not counted as failed. The operator's own deletions are told apart by what it deletes:
+    older generations, indexes at or above spec.replicas, failed pods, and pods after training."""
+    if groups.training_over:
+        return []
+    events = []
+    for pod in groups.live:
+        if not (pod.deleting and not pod.is_store and pod.index is not None and pod.index < spec.desired_replicas
+                and pod.phase in ACTIVE_PHASES and pod.disruption is None):
+            continue
+        listed = progress.with_failure(status.get("failures"), pod, diagnose_deleted_by_someone(pod), now)
+        if listed is not None:
+            status["failures"] = listed
+            events.append(Event(C.EVENT_WARNING, C.REASON_POD_DELETED, C.MSG_POD_DELETED.format(pod=pod.name)))
+    return events
+
+
+def _scaled(prev: Mapping[str, Any], status: Mapping[str, Any]) -> list[Event]:
+    """One Event when spec.replicas changed since the last pass (status.desiredReplicas holds the last)."""
+    old, new = prev.get("desiredReplicas"), status.get("desiredReplicas")
+    if old is None or new is None or old == new:
+        return []
+    return [Event(C.EVENT_NORMAL, C.REASON_SCALED, C.MSG_SCALED.format(
+        direction="out" if new > old else "in", old=old, new=new))]
 
 
 def _with_events(source: _Verdict, target: _Verdict) -> _Verdict:
@@ -464,12 +519,12 @@ def _changed(prev: Mapping[str, Any], verdict: _Verdict, invalid: bool) -> bool:
     return False
 
 
-_ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "selector", "restarts",
+_ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "replicaRange", "selector", "restarts",
           "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
           "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
           "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
           "runningReplicas", "rendezvousReplicas", "unschedulable", "progress", "invalidProgressRecords",
-          "avoidedNodes")
+          "avoidedNodes", "finishing", "workerRestarts", "workerRestartsByPod")
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:

@@ -54,8 +54,10 @@ REFRESH_SECONDS = 0.5  # how often the live table is redrawn
 # Code that reports no steps: torchrun's worker restarts are read from the workers' environment
 # (a /proc scan, a few ms) this often instead.
 WORKER_SCAN_SECONDS = 2.0
-FINISH_GRACE_SECONDS = 30.0  # after a node finished, others still running this long are stopped
-# (a replacement still waiting in a rendezvous that already closed would otherwise wait joinSeconds)
+# After a node finished, others still running this long are stopped, as the operator does
+# (a node left waiting in torchrun's exit barrier, or a replacement in a rendezvous that already
+# closed, would otherwise hold the run for minutes). Healthy nodes exit well within it.
+FINISH_GRACE_SECONDS = C.FINISH_GRACE_SECONDS
 
 PHASE_INTERRUPTED = "Interrupted"  # local only: Ctrl-C or SIGTERM stopped the run
 

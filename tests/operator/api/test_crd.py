@@ -79,10 +79,26 @@ def test_status_and_scale_subresources():
 
 
 def test_printer_columns():
-    assert [(c["name"], c["jsonPath"]) for c in VERSION["additionalPrinterColumns"]] == [
-        ("Phase", ".status.phase"), ("Ready", ".status.ready"), ("Restarts", ".status.restarts"),
-        ("Step", ".status.lastSnapshot.step"), ("Last Snapshot", ".status.lastSnapshot.time"),
-        ("Age", ".metadata.creationTimestamp")]
+    assert [(c["name"], c["jsonPath"], c.get("priority", 0)) for c in VERSION["additionalPrinterColumns"]] == [
+        ("Phase", ".status.phase", 0), ("Ready", ".status.ready", 0), ("Restarts", ".status.restarts", 0),
+        ("Step", ".status.lastSnapshot.step", 0), ("Last Snapshot", ".status.lastSnapshot.time", 0),
+        ("Age", ".metadata.creationTimestamp", 0),
+        ("World Size", ".status.rendezvousReplicas", 1), ("Min:Max", ".status.replicaRange", 1),
+        ("Rdzv Gen", ".status.rendezvousGeneration", 1), ("Worker Restarts", ".status.workerRestarts", 1),
+        ("Free Restarts", ".status.restartsWithProgress", 1),
+        ("Lost", ".status.recovery.lostSeconds", 1)]
+
+
+def test_every_wide_column_reads_a_field_the_status_schema_declares():
+    status = VERSION["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for column in VERSION["additionalPrinterColumns"]:
+        path = column["jsonPath"].split(".")[1:]
+        if path[0] != "status":
+            continue
+        schema = status
+        for part in path[1:]:
+            assert part in schema.get("properties", {}), f"{column['name']}: {column['jsonPath']}"
+            schema = schema["properties"][part]
 
 
 def test_schema_is_structural():

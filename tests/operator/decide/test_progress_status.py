@@ -179,7 +179,8 @@ def test_time_to_recover_and_lost_time_come_from_the_next_record():
     # Run 1 started at T0+2, first step at T0+12 (lead 12 s from the job's start), failed at 100.
     fail_node_1(job, 100, s1, 1, resume=resume(2, 12))
     recovery = job["status"]["recovery"]
-    assert recovery["lostSeconds"] == 12.0 and "lastRecoverySeconds" not in recovery
+    # The first run's lead is start-up, not time lost to a failure.
+    assert recovery["startupSeconds"] == 12.0 and "lostSeconds" not in recovery and "lastRecoverySeconds" not in recovery
     # Run 2 resumed from s1: started at 120, first step at 130. Seen when the job succeeds.
     done = [with_record(make_pod(job, i, phase="Succeeded", finished_at=at(400)), snap(90, 390),
                         resume=resume(120, 130, s1)) for i in (0, 1)]
@@ -187,7 +188,7 @@ def test_time_to_recover_and_lost_time_come_from_the_next_record():
     recovery = update.status["recovery"]
     assert update.status["phase"] == "Succeeded"
     assert recovery["lastRecoverySeconds"] == 30.0  # failure at 100 -> first resumed step at 130
-    assert recovery["lostSeconds"] == 12.0 + 50.0  # + snapshot at 80 -> first step at 130
+    assert recovery["lostSeconds"] == 50.0 and recovery["startupSeconds"] == 12.0  # snapshot at 80 -> first step at 130
     assert recovery["lastResume"] == {"time": "2026-01-01T12:02:00Z", "firstStepTime": "2026-01-01T12:02:10Z",
                                       "fromStep": 50}
     assert step(job, done, 402).status["recovery"] == recovery  # counted once
