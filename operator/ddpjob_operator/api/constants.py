@@ -128,6 +128,10 @@ REASON_SCALED = "Scaled"  # spec.replicas changed
 REASON_WORKER_RESTART = "WorkersRestarted"  # torchrun restarted a pod's workers (its elasticPolicy.maxRestarts)
 MSG_WORKER_RESTART = ("torchrun restarted the workers of node pod {pod} (restart {count} of this container; "  # REASON_WORKER_RESTART
                       "a worker failed, or a node joined or left)")
+REASON_RESUMED_FROM_EARLIER_JOB = "ResumedFromEarlierJob"  # the first run resumed from a snapshot older than the job
+MSG_RESUMED_FROM_EARLIER_JOB = (  # REASON_RESUMED_FROM_EARLIER_JOB
+    "resumed from the snapshot at step {step}, completed {time}, before this job was created: an earlier "
+    "job's, on the same snapshot volume; to start from scratch, give the job a new volume or remove its snapshots")
 MSG_SCALED = "scaled {direction} from {old} to {new} node(s) (spec.replicas)"  # REASON_SCALED
 REASON_POD_DELETED = "NodePodDeleted"  # a node pod was deleted by someone other than the operator
 MSG_POD_DELETED = ("node pod {pod} was deleted while training (not by the operator, no DisruptionTarget); "  # REASON_POD_DELETED

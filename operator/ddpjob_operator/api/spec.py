@@ -1232,12 +1232,14 @@ class JobRef:
     namespace: str = "default"
     uid: str = ""
     generation: int = 0
+    created: str | None = None  # metadata.creationTimestamp: snapshots older than it are an earlier job's
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> JobRef:
         meta = body.get("metadata") or {}
         return cls(name=meta.get("name", ""), namespace=meta.get("namespace") or "default",
-                   uid=meta.get("uid", ""), generation=int(meta.get("generation") or 0))
+                   uid=meta.get("uid", ""), generation=int(meta.get("generation") or 0),
+                   created=meta.get("creationTimestamp"))
 
 
 def validate_job(body: Any) -> list[FieldError]:
@@ -1444,8 +1446,11 @@ class Recovery(_Model):
         "first, from the snapshot it resumed from (or the job's start) to its first step. Runs not reported "
         "yet are missing until a container exits."))
     startup_seconds: float | None = Field(None, description=(
-        "Start-up of the job's first run: from the job's start (or the snapshot of an earlier job it "
-        "resumed from) to its first step; not counted in lostSeconds."))
+        "Start-up of the job's first run: from the job's start to its first step; not counted in lostSeconds."))
+    resumed_from_earlier_job: LastResume | None = Field(None, description=(
+        "Set once when the job's first run resumed from a snapshot written before the job was created: "
+        "an earlier job's, left on the same snapshot volume (a ResumedFromEarlierJob Event says so). "
+        "time is that snapshot's completion time."))
     last_resume: LastResume | None = Field(None, description="The newest run seen.")
     accounted_restarts: int | None = Field(None, description="Incidents already judged for progress (bookkeeping).")
     snapshot_at_last_failure: SnapshotMark | None = Field(None, description=(
