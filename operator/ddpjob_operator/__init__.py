@@ -11,7 +11,7 @@ render/      spec -> the objects a job wants, as plain dicts (pure): the torchru
 decide/      spec + what was observed + the previous status + now -> new status, Events
              and actions (pure). Shared types and rules (actions, observed, failure,
              budget, conditions, creation) at the bottom; one module per policy (capacity,
-             topology, progress, stuck, managed_etcd, last_valid) above them; plan and
+             topology, progress, stuck, managed_etcd, last_valid, avoided_nodes, hang, straggler) above; plan and
              status compose the policies; reconcile is one whole pass.
 controller/  The only code that talks to the cluster and the only kopf, aiohttp and
              prometheus importer: handler registration, the pass runner, API calls,

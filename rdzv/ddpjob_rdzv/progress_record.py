@@ -18,10 +18,18 @@ Version 1 (every key but ``kind`` and ``version`` may be left out; ``null`` wher
                 "workerRestarts": 1} | null,                # TORCHELASTIC_RESTART_COUNT of this run
      "error": "RuntimeError: ...",                  # training raised (type and message)
      "fatal": {"reason": "BadDataset", "message": "..."},  # the worker says: do not retry
-     "nodes": [{"node": "0", "step": 120, "stepSeconds": 0.25, "heartbeat": <t>}, ...]}
+     "nodes": [{"node": "0", "step": 120, "phase": "collective", "stepSeconds": 0.25,
+                "dataSeconds": 0.01, "computeSeconds": 0.05, "heartbeat": <t>}, ...]}
 
-``nodes`` is reserved for rank 0 reporting every node's figures in its one record; nothing
-writes it yet, and :func:`encode` drops it first when a record must shrink.
+``nodes`` is every node's liveness, gathered by the writer from the ranks' heartbeats in
+the c10d store (ddpjob_trainer/progress_report.py, docs/hangs.md): per node, the lowest step
+its ranks finished, the median recent step time of its slowest rank, that rank's time
+waiting for input (``dataSeconds``: from the end of a step to its next batch in hand) and in
+the forward pass (``computeSeconds``: the part of a step before its first collective), and
+its oldest rank's last heartbeat, and ``phase``: ``local`` when one of its ranks is outside
+the step's collectives (input, forward, the script's code), else ``collective``. At most
+MAX_NODES entries, and
+:func:`encode` drops the list first when a record must shrink.
 
 Why the rules: the operator polls pods it does not trust (user code runs there) and a
 malformed record used to make every reconciliation pass raise. So a record is checked
@@ -45,8 +53,8 @@ from typing import Any
 KIND = "ddpjob.progress"  # marks our record among other termination messages (a log tail, say)
 VERSION = 1  # the record layout this module reads and writes
 # The poll reads at most this much of a response and parse() refuses anything longer. A
-# record is ~400 bytes today; the room is for `nodes` (128 entries of ~90 bytes).
-MAX_RECORD_BYTES = 16 * 1024
+# record is ~400 bytes without `nodes`; the room is for 128 entries of at most ~170 bytes.
+MAX_RECORD_BYTES = 24 * 1024
 TERMINATION_MESSAGE_BYTES = 4096  # the kubelet keeps at most this much of a termination message
 MAX_COUNT = 2**53 - 1  # step, epoch, samples: the largest integer every JSON reader keeps exactly
 MAX_STEP_SECONDS = 7 * 24 * 3600.0  # a step longer than a week is a broken clock, not a slow model
@@ -328,8 +336,10 @@ _RESUME = _object({"time": _nullable(_time), "fromStep": _nullable(_integer),
                    "fromSnapshotTime": _nullable(_time), "firstStepTime": _nullable(_time),
                    "workerRestarts": _nullable(_integer)})
 _FATAL = _object({"reason": _reason, "message": _text(MAX_ERROR_CHARS)}, required=("reason", "message"))
-_NODE_FIGURES = _object({"node": _node, "step": _nullable(_integer),
-                         "stepSeconds": _nullable(_seconds), "heartbeat": _nullable(_time)}, required=("node",))
+_PHASE = _text(10, re.compile(r"local|collective"), "local or collective")
+_NODE_FIGURES = _object({"node": _node, "step": _nullable(_integer), "phase": _PHASE,
+                         "stepSeconds": _nullable(_seconds), "dataSeconds": _nullable(_seconds),
+                         "computeSeconds": _nullable(_seconds), "heartbeat": _nullable(_time)}, required=("node",))
 _RECORD = _object({
     "kind": _exactly(KIND), "version": _exactly(VERSION),
     "node": _node, "written": _nullable(_time),

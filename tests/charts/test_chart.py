@@ -87,7 +87,8 @@ def test_default_install_runs_standalone_cluster_wide_without_metrics():
     assert main["args"] == ["--standalone", "--liveness-port=8080", f"--operator-namespace={NAMESPACE}",
                             f"--operator-pod-selector=app.kubernetes.io/name=ddpjob-operator,"
                             f"app.kubernetes.io/instance={RELEASE}", "--metrics-port=0", "--max-replicas=500",
-                            "--kube-api-qps=20", "--kube-api-burst=30", "--max-concurrent-passes=16"]
+                            "--progress-poll-seconds=30", "--kube-api-qps=20", "--kube-api-burst=30",
+                            "--max-concurrent-passes=16"]
     assert main["image"] == "ghcr.io/ddpjob/operator:0.1.0"
 
 
@@ -228,6 +229,10 @@ def test_metrics_port_equal_to_liveness_port_is_rejected():
 
 def test_max_replicas_reaches_the_operator():
     assert "--max-replicas=64" in container(render({"maxReplicas": 64}))["args"]
+
+
+def test_the_progress_poll_interval_reaches_the_operator():
+    assert "--progress-poll-seconds=5" in container(render({"progressPollSeconds": 5}))["args"]
 
 
 def test_extra_args_env_and_verbose_reach_the_container():

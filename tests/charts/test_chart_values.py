@@ -74,6 +74,7 @@ def test_schema_accepts_the_default_values():
     ({"livenessPort": 0}, "/livenessPort"),
     ({"maxReplicas": 0}, "/maxReplicas"),
     ({"maxReplicas": 1001}, "/maxReplicas"),
+    ({"progressPollSeconds": -1}, "/progressPollSeconds"),
 ])
 def test_schema_rejects_typos_and_bad_values_naming_the_key(values, message):
     with pytest.raises(helm.HelmValuesError) as raised:

@@ -47,11 +47,14 @@ def test_the_survivor_alone_completes_at_once_once_the_dead_node_expired():
     assert early_says == _Action.MARK_RENDEZVOUS_COMPLETE
 
 
-@pytest.mark.parametrize("state, why", [
-    (round_with([SURVIVOR], [SURVIVOR, DEAD]), "a node whose keep-alive has not expired yet"),
-    (round_with([SURVIVOR], [SURVIVOR, NEWCOMER], wait_list=[NEWCOMER]), "a node on the wait list"),
+# Rounds are built when the test runs, not at collection: their heartbeats are "now", and a
+# suite that reaches this test minutes after collecting it would see them expired.
+@pytest.mark.parametrize("make_state, why", [
+    (lambda: round_with([SURVIVOR], [SURVIVOR, DEAD]), "a node whose keep-alive has not expired yet"),
+    (lambda: round_with([SURVIVOR], [SURVIVOR, NEWCOMER], wait_list=[NEWCOMER]), "a node on the wait list"),
 ])
-def test_a_known_node_that_has_not_joined_yet_is_waited_for(state, why):
+def test_a_known_node_that_has_not_joined_yet_is_waited_for(make_state, why):
+    state = make_state()
     assert join(state)[1] in (_Action.SYNC, _Action.KEEP_ALIVE), why
     assert not everyone_known_joined(_RendezvousContext(SURVIVOR, state, settings()))
 
@@ -67,13 +70,13 @@ def test_redundant_nodes_beyond_max_nodes_do_not_hold_the_round():
     assert join(state, max_nodes=2)[1] in (_Action.MARK_RENDEZVOUS_COMPLETE, _Action.FINISH)
 
 
-@pytest.mark.parametrize("state, kw, why", [
-    (round_with([SURVIVOR], [SURVIVOR]), {"min_nodes": 2}, "fewer participants than min_nodes"),
-    (round_with([DEAD], [SURVIVOR, DEAD]), {}, "this node is not a participant"),
-    (round_with([SURVIVOR], [SURVIVOR], complete=True), {}, "the round is complete already"),
+@pytest.mark.parametrize("make_state, kw, why", [
+    (lambda: round_with([SURVIVOR], [SURVIVOR]), {"min_nodes": 2}, "fewer participants than min_nodes"),
+    (lambda: round_with([DEAD], [SURVIVOR, DEAD]), {}, "this node is not a participant"),
+    (lambda: round_with([SURVIVOR], [SURVIVOR], complete=True), {}, "the round is complete already"),
 ])
-def test_the_early_join_only_completes_a_round_torch_would_complete_later(state, kw, why):
-    torch_says, early_says = join(state, **kw)
+def test_the_early_join_only_completes_a_round_torch_would_complete_later(make_state, kw, why):
+    torch_says, early_says = join(make_state(), **kw)
     assert early_says == torch_says, why
 
 

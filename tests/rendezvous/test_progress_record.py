@@ -126,8 +126,8 @@ def test_text_that_names_the_kind_but_is_not_strict_json_is_refused(text, messag
 
 def test_a_record_over_the_cap_is_refused_before_it_is_decoded():
     text = json.dumps(record(error="")) + " " * P.MAX_RECORD_BYTES
-    assert message_of(text) == f"record ({len(text)} bytes) must be at most 16384 bytes"
-    assert message_of(text.encode()) == f"record ({len(text)} bytes) must be at most 16384 bytes"
+    assert message_of(text) == f"record ({len(text)} bytes) must be at most 24576 bytes"
+    assert message_of(text.encode()) == f"record ({len(text)} bytes) must be at most 24576 bytes"
 
 
 def test_bytes_must_be_utf8():

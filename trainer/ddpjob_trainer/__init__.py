@@ -44,7 +44,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .env import DistEnv, TorchrunEnvError, dist_env
-from .errors import DoNotRetry
+from .errors import DoNotRetry, do_not_retry
 
 __version__ = "0.1.0"
 
@@ -63,7 +63,7 @@ _LAZY = {
     "read_metrics": "metrics",
 }
 
-__all__ = ["DistEnv", "DoNotRetry", "TorchrunEnvError", "dist_env", *_LAZY]
+__all__ = ["DistEnv", "DoNotRetry", "TorchrunEnvError", "dist_env", "do_not_retry", *_LAZY]
 
 if TYPE_CHECKING:
     from .dist import distributed

@@ -17,7 +17,8 @@ import contextlib
 import datetime
 import gc
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.distributed as torch_dist
@@ -32,6 +33,26 @@ marks.mark_imports_done()  # a worker imports this module right after torch (ben
 # collective; short enough that a hung peer fails the round instead of
 # blocking until torchrun's own timeouts.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
+# A DDPJob's pods set this from spec.failurePolicy.collectiveTimeoutSeconds (render/launch.py).
+TIMEOUT_ENV = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"
+
+
+def collective_timeout(environ: Mapping[str, str] = os.environ) -> datetime.timedelta:
+    """The process group's timeout: $DDPJOB_COLLECTIVE_TIMEOUT_SECONDS, else DEFAULT_TIMEOUT.
+
+    Raises:
+        ValueError: the variable is set but not a number of seconds above 0.
+    """
+    text = environ.get(TIMEOUT_ENV, "")
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV} ({text!r}) must be a number of seconds above 0")
+    return datetime.timedelta(seconds=seconds)
 
 
 def backend_for(cuda_available: bool) -> str:
@@ -47,8 +68,12 @@ def device_for(env: DistEnv, cuda_available: bool | None = None) -> torch.device
 
 
 @contextlib.contextmanager
-def distributed(env: DistEnv | None = None, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Iterator[DistEnv]:
+def distributed(env: DistEnv | None = None, timeout: datetime.timedelta | None = None) -> Iterator[DistEnv]:
     """Joins the process group described by ``env`` (read from torchrun when omitted).
+
+    Every collective fails after ``timeout`` (default: collective_timeout(), which a DDPJob sets
+    from spec.failurePolicy.collectiveTimeoutSeconds), so a stuck peer becomes an error that
+    torchrun recovers from rather than a silent hang.
 
     The group is destroyed on every way out of the block, including
     exceptions, so a failed worker does not leave NCCL communicators behind.
@@ -57,6 +82,7 @@ def distributed(env: DistEnv | None = None, timeout: datetime.timedelta = DEFAUL
         The DistEnv the group was built from.
     """
     env = env or dist_env()
+    timeout = timeout if timeout is not None else collective_timeout()
     cuda = torch.cuda.is_available()
     backend = backend_for(cuda)
     device_id = None

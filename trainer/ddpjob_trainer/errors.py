@@ -21,8 +21,11 @@ class DoNotRetry(Exception):
         raise BadDataset(f"{path}: checksum {got} != {expected}")
         raise DoNotRetry("no such tokenizer: gpt9", reason="MissingTokenizer")
 
-    Only the node's local-rank-0 worker writes the record: raised on another local rank,
-    the node fails as an ordinary, retryable error.
+    Raised out of ``Trainer.train`` on any rank, the record (in the pod's termination message)
+    gets ``fatal`` and the worker stops its torchrun agent, so the pod fails at once instead of
+    torchrun restarting the workers elasticPolicy.maxRestarts times first; the operator also
+    fails the job as soon as it reads ``fatal`` from a running node's progress endpoint. A
+    script with its own loop calls :func:`do_not_retry` (docs/hangs.md).
 
     Args:
         message: what went wrong; its first progress_record.MAX_ERROR_CHARS characters are kept.
@@ -42,3 +45,21 @@ class DoNotRetry(Exception):
         problem = progress_record.check_reason(self.reason)
         if problem is not None:
             raise ValueError(f"DoNotRetry: {problem.message}")
+
+
+def do_not_retry(message: str, reason: str = DoNotRetry.reason) -> None:
+    """Fails the job for good with ``reason`` (an UpperCamelCase word) and ``message``, from any
+    training script, inside ``Trainer.train`` or outside it.
+
+    It raises DoNotRetry; outside the Trainer it first writes the record and stops the torchrun
+    agent, as Trainer.train does for a DoNotRetry that escapes it. Import it before anything
+    heavy: this module is torch-free.
+
+    Raises:
+        DoNotRetry: always.
+        ValueError: ``reason`` is not an UpperCamelCase word of at most 64 characters.
+    """
+    error = DoNotRetry(message, reason=reason)
+    from .progress_report import give_up  # the report module writes the record; imported late, like torch
+    give_up(error)
+    raise error

@@ -47,7 +47,8 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from .metrics import MetricsWriter
-from .progress_report import ProgressReport, default_path, progress_port
+from .errors import DoNotRetry
+from .progress_report import ProgressReport, default_path, give_up, progress_port
 from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,8 @@ class Job:
             self.close()
         except Exception:  # keep the training error on top
             log.exception("closing the job after a training error failed")
+        if isinstance(error, DoNotRetry):  # fail the pod now, not after torchrun's restarts (docs/hangs.md)
+            give_up(error, written=self.report.enabled)
 
     def _start(self) -> None:
         if self._started:

@@ -33,12 +33,17 @@ the trailing spaces). The kubelet reads it only after the exit.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import http.server
 import json
 import logging
 import os
+import signal
+import statistics
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +60,10 @@ RECORD_BYTES = 1024  # minimum padded size of the message (the kubelet keeps up 
 POLL_SECONDS = 5.0  # how often nodes other than rank 0's copy progress.json from the shared volume
 PORT_ENV = "DDPJOB_PROGRESS_PORT"  # serve the record at GET /progress on this port (rendered pods set it)
 HTTP_PATH = "/progress"
+HEARTBEAT_PREFIX = "ddpjob/heartbeat/"  # + rank: each rank's heartbeat key in the process group's store
+HEARTBEAT_SECONDS = 1.0  # each rank writes its heartbeat, and each reporter gathers them, this often
+GATHER_RANKS = 64  # above this many ranks, reporters gather less often (every node reads every key)
+STEP_WINDOW = 20  # the figures are medians over this many recent steps (one slow step is not a straggler)
 
 
 def default_path(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
@@ -103,6 +112,7 @@ class ProgressReport:
         self._polled = 0.0
         self._size = 0
         self._published = b""  # the last record written, as served over HTTP
+        self._closed = threading.Event()  # stops the heartbeat gatherer
         self._server = _serve(self, port) if port is not None else None
 
     @property
@@ -119,7 +129,8 @@ class ProgressReport:
             return self._published
 
     def close(self) -> None:
-        """Stops serving the record (the termination message stays for the kubelet)."""
+        """Stops serving the record and gathering heartbeats (the termination message stays for the kubelet)."""
+        self._closed.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -177,18 +188,38 @@ class ProgressReport:
         self.record["snapshot"] = snapshot
         return True
 
-    def _write(self) -> None:
+    def watch(self, heartbeats: Heartbeats) -> None:
+        """Gathers every rank's heartbeat into ``nodes`` every HEARTBEAT_SECONDS, on a thread of its
+        own: a training thread stuck in data loading or a collective cannot stop the report."""
+        if self.enabled:
+            threading.Thread(target=self._gather_forever, args=(heartbeats,), name="ddpjob-heartbeats",
+                             daemon=True).start()
+
+    def _gather_forever(self, heartbeats: Heartbeats) -> None:
+        while not self._closed.wait(heartbeats.gather_seconds):
+            self.refresh()  # a training thread stuck in a collective no longer copies progress.json
+            nodes = heartbeats.gather()
+            if nodes:
+                with self._lock:
+                    self.record["nodes"] = nodes
+                self._write(message=False)
+
+    def _write(self, message: bool = True) -> None:
         with self._lock:
+            if "fatal" not in self.record:  # another local rank raised DoNotRetry and wrote the message
+                fatal = _fatal_in(self.path)
+                if fatal is not None:
+                    self.record["fatal"] = dict(fatal)
             self.record["written"] = progress_record.now()
             try:
                 published = progress_record.encode(self.record)
-                message = progress_record.encode(self.record, TERMINATION_MESSAGE_BYTES)
+                message_bytes = progress_record.encode(self.record, TERMINATION_MESSAGE_BYTES)
             except ValueError as error:  # a value this worker put in: keep publishing the last good record
                 log.warning("not publishing the progress record: %s", error)
                 return
             self._published = published
-            if self.path is not None:
-                self._write_message(message)
+            if self.path is not None and message:
+                self._write_message(message_bytes)
 
     def _write_message(self, data: bytes) -> None:
         padded = data.ljust(max(RECORD_BYTES, self._size))
@@ -249,3 +280,208 @@ def _serve(report: ProgressReport, port: int) -> http.server.ThreadingHTTPServer
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="ddpjob-progress", daemon=True).start()
     return server
+
+
+# --- Liveness: every rank's heartbeat, gathered into the record's `nodes` ------------------
+
+class StepClock:
+    """One rank's recent step figures: wall time per step, and the two parts of it that no
+    collective holds up, which tell a slow node from one waiting for the others.
+
+    Data time runs from the end of a step (or micro-step) to the next batch in hand: the input
+    pipeline, and whatever the script does between steps. Compute time is the forward pass,
+    which runs before the step's first collective (DDP all-reduces during backward). A rank
+    that waits for a slow peer waits in backward, which neither figure counts. On a GPU the
+    forward is timed on the host, so a slow device shows only where the host waits for it.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, window: int = STEP_WINDOW):
+        self._clock = clock
+        self._mark = self._step_start = clock()
+        self._data = self._compute = 0.0
+        self._recent: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=window)
+
+    def batch_ready(self) -> None:
+        now = self._clock()
+        self._data += now - self._mark
+        self._mark = now
+
+    def forward_done(self) -> None:
+        now = self._clock()
+        self._compute += now - self._mark
+        self._mark = now
+
+    def micro_step_done(self) -> None:
+        self._mark = self._clock()
+
+    def stepped(self) -> None:
+        now = self._clock()
+        self._recent.append((now - self._step_start, self._data, self._compute))
+        self._mark = self._step_start = now
+        self._data = self._compute = 0.0
+
+    def figures(self) -> dict[str, float]:
+        """Medians over the recent steps: stepSeconds, dataSeconds, computeSeconds ({} before a step)."""
+        if not self._recent:
+            return {}
+        names = ("stepSeconds", "dataSeconds", "computeSeconds")
+        return {name: round(statistics.median(r[i] for r in self._recent), 4) for i, name in enumerate(names)}
+
+
+class Heartbeats:
+    """Each rank's heartbeat, a key per rank in the process group's store, and a reporter's view of them.
+
+    A thread of each rank writes ``{node, step, heartbeat, phase, figures}`` under HEARTBEAT_PREFIX +
+    rank every HEARTBEAT_SECONDS: a set in the store, not a collective, so it goes on while the
+    training thread is stuck, and stops only with the process. ``phase`` is where the training
+    thread is: ``local`` from the end of a step to the end of its forward pass (input, forward,
+    the script's own code: no peer holds it up), ``collective`` from there to the step's end
+    (backward's all-reduces, the optimizer). When a group stops, the nodes still ``local`` are
+    the ones the others wait for. Every node's reporter (ProgressReport.watch) reads all the keys
+    and folds them into one entry per node, because the operator reads one node's record. The
+    store is torchrun's worker store: a new set of workers starts with fresh keys.
+
+    Args:
+        store: the store (``torch.distributed`` Store: set, get, check); None turns this off.
+        rank, world_size: this worker's global rank and the group's size.
+        node: this worker's DDPJOB_NODE_INDEX.
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, node: str):
+        self.store, self.rank, self.world_size, self.node = store, rank, world_size, node
+        self.steps = StepClock()
+        self.step: int | None = None
+        self.phase = "local"
+        self._stop = threading.Event()
+
+    def start(self, step: int | None) -> None:
+        """Beats from now on (the training thread only updates ``step`` and ``phase``)."""
+        self.step = step
+        if self.store is not None:
+            self.beat()
+            threading.Thread(target=self._beat_forever, name="ddpjob-heartbeat", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stepped(self, step: int) -> None:
+        """The training thread finished ``step``."""
+        self.steps.stepped()
+        self.step, self.phase = step, "local"
+
+    def in_collective(self) -> None:
+        """The training thread finished a forward pass: from here it may wait for its peers."""
+        self.steps.forward_done()
+        self.phase = "collective"
+
+    @contextlib.contextmanager
+    def collective(self) -> Iterator[None]:
+        """Marks a stretch that waits for the other ranks (a snapshot, validation): ``collective``
+        inside, ``local`` after (the next batch is fetched next)."""
+        self.phase = "collective"
+        try:
+            yield
+        finally:
+            self.phase = "local"
+
+    def local(self) -> None:
+        """The training thread finished a micro-step's backward: own work again until the next forward."""
+        self.steps.micro_step_done()
+        self.phase = "local"
+
+    def beat(self) -> None:
+        """Writes this rank's heartbeat now."""
+        try:
+            figures = self.steps.figures()
+        except RuntimeError:  # the training thread appended meanwhile: the next beat has them
+            figures = {}
+        beat = {"node": self.node, "step": self.step, "heartbeat": progress_record.now(), "phase": self.phase,
+                **figures}
+        try:
+            self.store.set(HEARTBEAT_PREFIX + str(self.rank), json.dumps(beat))
+        except Exception as error:  # the store went with its host: the workers are about to restart
+            log.debug("heartbeat not written: %s", error)
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            self.beat()
+
+    @property
+    def gather_seconds(self) -> float:
+        """How often a reporter gathers: every HEARTBEAT_SECONDS up to GATHER_RANKS ranks, less often
+        above, so that every node reading every key keeps the store's load bounded."""
+        return HEARTBEAT_SECONDS * max(1.0, self.world_size / GATHER_RANKS)
+
+    def gather(self) -> list[dict[str, Any]]:
+        """One entry per node (lowest index first, at most MAX_NODES) from the ranks' heartbeats;
+        [] when none could be read."""
+        keys = [HEARTBEAT_PREFIX + str(rank) for rank in range(self.world_size)]
+        try:
+            if self.store.check(keys):  # every rank beat: one round trip for all
+                raw = self.store.multi_get(keys)
+            else:  # a get would wait for a rank that never wrote: ask one by one
+                raw = [self.store.get(key) if self.store.check([key]) else b"" for key in keys]
+        except Exception as error:  # the store is gone (its host failed): nothing to report
+            log.debug("heartbeats not read: %s", error)
+            return []
+        return fold([b for b in map(_beat, raw) if b is not None])
+
+
+def _beat(raw: bytes) -> dict[str, Any] | None:
+    try:
+        beat = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return beat if isinstance(beat, dict) else None
+
+
+def fold(beats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks' heartbeats as one entry per node: its lowest step, its oldest heartbeat, and the
+    figures of its slowest rank (the most data + compute time), each checked by the record's rules."""
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for beat in beats:
+        by_node.setdefault(str(beat.get("node", "")), []).append(beat)
+    nodes = []
+    for node in sorted(by_node, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n)):
+        ranks = by_node[node]
+        steps = [b["step"] for b in ranks if isinstance(b.get("step"), int)]
+        slowest = max(ranks, key=lambda b: (b.get("dataSeconds") or 0) + (b.get("computeSeconds") or 0))
+        entry = {"node": node, "step": min(steps) if steps else None,
+                 "heartbeat": min((b["heartbeat"] for b in ranks if b.get("heartbeat")), default=None),
+                 "phase": "local" if any(b.get("phase") == "local" for b in ranks) else "collective",
+                 "stepSeconds": max((b["stepSeconds"] for b in ranks if b.get("stepSeconds") is not None),
+                                    default=None),
+                 **{k: slowest.get(k) for k in ("dataSeconds", "computeSeconds")}}
+        entry = {k: v for k, v in entry.items() if v is not None}
+        nodes.append(entry)
+    return nodes[:progress_record.MAX_NODES]
+
+
+def stop_agent(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Stops this worker's torchrun agent (SIGTERM), so that the container exits now with the
+    record's ``fatal`` instead of torchrun restarting the workers elasticPolicy.maxRestarts times
+    first (each would raise DoNotRetry again). Only in a pod, where the operator reads the record
+    from the termination message, and only when the parent process is torchrun. Returns whether
+    it signalled."""
+    if not environ.get("TORCHELASTIC_RUN_ID") or default_path(environ) is None:
+        return False
+    parent = os.getppid()
+    try:
+        command = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    if b"torchrun" not in command and b"torch.distributed.run" not in command:
+        return False
+    log.error("DoNotRetry: stopping the torchrun agent (pid %d) so the pod fails now", parent)
+    os.kill(parent, signal.SIGTERM)
+    return True
+
+
+def give_up(error: DoNotRetry, *, written: bool = False, environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Makes ``error`` fail the pod now: the termination message gets a record with ``fatal``
+    (unless this worker's report ``written`` it already; a node's reporting rank rewrites the
+    message with its full record and keeps ``fatal``), then the torchrun agent is stopped
+    (stop_agent)."""
+    if not written:
+        ProgressReport(default_path(environ), None, node=environ.get("DDPJOB_NODE_INDEX", "")).failed(error)
+    stop_agent(environ)

@@ -30,6 +30,7 @@ import contextlib
 import datetime
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -45,11 +46,12 @@ from tqdm import tqdm
 
 from .dist import device_for
 from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
+from .errors import DoNotRetry
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
-from .job import load_agreed, node_report
+from .job import NODE_INDEX_ENV, load_agreed, node_report
 from .snapshot import SnapshotInfo, SnapshotStore
-from .progress_report import ProgressReport
+from .progress_report import Heartbeats, ProgressReport, give_up
 from .stop import GracefulStop, PeerStopped, StopSignal
 from .fast_snapshot import FastSnapshot, fast_root
 from . import fast_resume
@@ -227,6 +229,7 @@ class Trainer:
         self.incarnation = 0  # which resume round writes the fast copies (fast_resume.py)
         self.resumed_from = self._resume()
         self.report = self._make_report()
+        self.heartbeats = self._make_heartbeats()
         self.metrics = MetricsWriter(config.metrics_file if self.env.is_rank0 else None, self._make_sinks())
         self.ddp = DistributedDataParallel(
             self.model,
@@ -265,6 +268,14 @@ class Trainer:
         info = self.resumed_from
         report.resumed(info.step if info else None, info.time if info else None, self.env.restart_count)
         return report
+
+    def _make_heartbeats(self) -> Heartbeats:
+        # Every rank beats into the group's store; each node's reporter gathers them (docs/hangs.md).
+        store = torch_dist.distributed_c10d._get_default_store()
+        heartbeats = Heartbeats(store, self.env.rank, self.env.world_size, os.environ.get(NODE_INDEX_ENV, ""))
+        heartbeats.start(self.position.step)
+        self.report.watch(heartbeats)
+        return heartbeats
 
     def _make_sinks(self) -> list[Sink]:
         if not self.env.is_rank0:
@@ -349,9 +360,10 @@ class Trainer:
             with self.stop:
                 for epoch in range(self.position.epoch, cfg.epochs):
                     loss = self._run_epoch(epoch)
-                    val_loss = self._end_epoch(epoch, loss)
-                    if self.stop_agreed and epoch + 1 < cfg.epochs:  # after the last epoch: done anyway
-                        self._stop_here(None)  # _end_epoch saved the snapshot already
+                    with self.heartbeats.collective():  # snapshot and validation wait for the other ranks
+                        val_loss = self._end_epoch(epoch, loss)
+                        if self.stop_agreed and epoch + 1 < cfg.epochs:  # after the last epoch: done anyway
+                            self._stop_here(None)  # _end_epoch saved the snapshot already
             if self.store is not None:
                 self.store.wait()  # the final snapshot is complete before "done"
             if self.fast is not None:
@@ -361,9 +373,16 @@ class Trainer:
             if not isinstance(error, (GracefulStop, PeerStopped)):
                 self.report.failed(error)
             self._close(quiet=True)
+            if isinstance(error, DoNotRetry):
+                self._give_up(error)
             raise
         self._close()
         return TrainResult(cfg.epochs, self.position.step, loss, self.resumed_from, val_loss, self.extra)
+
+    def _give_up(self, error: DoNotRetry) -> None:
+        """A DoNotRetry fails the pod now: the record in the termination message says why (written
+        here when this is not the node's reporting rank), then torchrun is stopped."""
+        give_up(error, written=self.report.enabled)
 
     def _run_epoch(self, epoch: int) -> float:
         consumed = self.position.consumed if epoch == self.position.epoch else 0
@@ -386,16 +405,18 @@ class Trainer:
             now = time.perf_counter()
             self._after_step(epoch, loss, group_samples * self.env.world_size / (now - last_time), bar)
             losses.append(loss)
-            if self.stop_agreed and index + 1 < micro_batches:
-                self._stop_here((epoch, consumed))
-            self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
-            if self.fast is not None and index + 1 < micro_batches:  # the epoch's end: after _end_epoch
-                self._maybe_fast_snapshot(epoch, consumed)
+            with self.heartbeats.collective():  # a snapshot gathers every rank's RNG state
+                if self.stop_agreed and index + 1 < micro_batches:
+                    self._stop_here((epoch, consumed))
+                self._maybe_step_snapshot(epoch, consumed, last_in_epoch=index + 1 == micro_batches)
+                if self.fast is not None and index + 1 < micro_batches:  # the epoch's end: after _end_epoch
+                    self._maybe_fast_snapshot(epoch, consumed)
             group_loss, group_samples, last_time = 0.0, 0, time.perf_counter()
         bar.close()
         return float(np.mean(losses)) if losses else math.nan
 
     def _micro_step(self, batch: Any, group_size: int, sync: bool) -> float:
+        self.heartbeats.steps.batch_ready()
         batch = _to_device(batch, self.device)
         # no_sync: skip the gradient all-reduce on all but the last micro-step
         # of an accumulation group; gradients accumulate locally meanwhile.
@@ -403,9 +424,12 @@ class Trainer:
         with context:
             with torch.autocast(self.device.type, enabled=self.scaler is not None):
                 loss = self.loss_fn(self.ddp, batch)
+            self.heartbeats.in_collective()
             scaled = loss / group_size
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-        return loss.detach().item()
+        value = loss.detach().item()
+        self.heartbeats.local()
+        return value
 
     def _optimizer_step(self, local_loss: float) -> float:
         if self.fast is not None:
@@ -451,6 +475,7 @@ class Trainer:
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", step=step)
         self.report.stepped()
+        self.heartbeats.stepped(step)
         if self.on_step is not None:
             self.on_step(step)
 
@@ -591,6 +616,7 @@ class Trainer:
             log.exception("pending snapshot failed while training was already failing")
         finally:
             self.metrics.close()
+            self.heartbeats.stop()
             self.report.close()
 
 

@@ -90,6 +90,7 @@ Operator command-line flags, one list item per line. Mirrors
 - --operator-pod-selector=app.kubernetes.io/name={{ include "ddpjob-operator.name" . }},app.kubernetes.io/instance={{ .Release.Name }}
 - --metrics-port={{ ternary .Values.metrics.port 0 .Values.metrics.enabled }}
 - --max-replicas={{ .Values.maxReplicas }}
+- --progress-poll-seconds={{ .Values.progressPollSeconds }}
 - --kube-api-qps={{ .Values.kubeApi.qps }}
 - --kube-api-burst={{ .Values.kubeApi.burst }}
 - --max-concurrent-passes={{ .Values.maxConcurrentPasses }}

@@ -130,6 +130,10 @@ REASON_SCALED = "Scaled"  # spec.replicas changed
 REASON_WORKER_RESTART = "WorkersRestarted"  # torchrun restarted a pod's workers (its elasticPolicy.maxRestarts)
 MSG_WORKER_RESTART = ("torchrun restarted the workers of node pod {pod} (restart {count} of this container; "  # REASON_WORKER_RESTART
                       "a worker failed, or a node joined or left)")
+REASON_RESUMED_FROM_EARLIER_JOB = "ResumedFromEarlierJob"  # the first run resumed from a snapshot older than the job
+MSG_RESUMED_FROM_EARLIER_JOB = (  # REASON_RESUMED_FROM_EARLIER_JOB
+    "resumed from the snapshot at step {step}, completed {time}, before this job was created: an earlier "
+    "job's, on the same snapshot volume; to start from scratch, give the job a new volume or remove its snapshots")
 MSG_SCALED = "scaled {direction} from {old} to {new} node(s) (spec.replicas)"  # REASON_SCALED
 REASON_POD_DELETED = "NodePodDeleted"  # a node pod was deleted by someone other than the operator
 MSG_POD_DELETED = ("node pod {pod} was deleted while training (not by the operator, no DisruptionTarget); "  # REASON_POD_DELETED
@@ -189,8 +193,24 @@ CAUSE_DISRUPTED = "Disrupted"  # evicted, preempted or drained (DisruptionTarget
 CAUSE_NODE_LOST = "NodeLost"  # lost with its node (taint manager, pod GC, node shutdown); free
 CAUSE_DELETED = "Deleted"  # deleted by someone other than the operator while it ran (kubectl delete pod); free
 CAUSE_IMAGE_PULL = "ImagePull"  # the image cannot be pulled (fails the job after a bounded wait)
+CAUSE_HANG = "Hang"  # no training step for failurePolicy.hangTimeoutSeconds: group restart, charged by progress
 CAUSE_PREFLIGHT = "PreflightFailed"  # the pre-flight init container failed (render/preflight.py; retryable, counts)
-CAUSE_STRAGGLER = "Straggler"  # a slow node replaced under stragglerPolicy: Replace (its node is avoided)
+CAUSE_STRAGGLER = "Straggler"  # a slow node replaced under stragglerPolicy.action Replace (free; its node is avoided)
+
+# --- Hangs and stragglers (decide/hang.py, decide/straggler.py, docs/hangs.md) ---------------
+ENV_COLLECTIVE_TIMEOUT = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"  # the process group's timeout (failurePolicy)
+HANG_TIMEOUT_FLOOR_SECONDS = 600.0  # the derived hang timeout is never shorter (a slow first epoch, I/O)
+HANG_STEP_FACTOR = 20.0  # ... and is this many median step times when that is longer
+REASON_HANG = "Hang"  # no node's step advanced for the hang timeout: the group restarts
+REASON_STRAGGLER = "Straggler"  # a node stayed slower than stragglerPolicy.threshold for its window
+REASON_STRAGGLER_REPLACED = "StragglerReplaced"  # ... and its pod was deleted to be created again
+MSG_HANG = ("no training step for {seconds:.0f}s (hang timeout {timeout:.0f}s, {origin}): stuck at step {step}, "  # REASON_HANG
+            "progress stopped on node(s) {nodes}; restarting all node pods from the last snapshot (step {snapshot}) "
+            "under rendezvous generation {generation}, {budget}")
+MSG_STRAGGLER = ("node {node} (pod {pod}) has slowed the group {slowdown:.1f}x for {seconds:.0f}s "  # REASON_STRAGGLER
+                 "(spec.stragglerPolicy.threshold {threshold:g}): its own time per step is {own:.3f}s, the "
+                 "median node's {median:.3f}s{action}")
+MSG_STRAGGLER_REPLACING = "; replacing its pod (not charged to the restart budget)"  # appended under Replace
 
 REASON_NO_PROGRESS = "NoProgress"  # failurePolicy.maxRestartsWithoutProgress passed: a crash loop
 REASON_IMAGE_PULL = "ImagePullFailed"  # the trainer image cannot be pulled

@@ -65,6 +65,7 @@ RESERVED_ENV = {
     C.ENV_NODE_INDEX: "the pod's node index (set by the operator)",
     C.ENV_NAMESPACE: "metadata.namespace (set by the operator)",
     C.ENV_ZYGOTE_SOCKET: "spec.elasticPolicy.fastRestart",
+    C.ENV_COLLECTIVE_TIMEOUT: "spec.failurePolicy.collectiveTimeoutSeconds",
 }
 RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
                    C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
@@ -522,6 +523,30 @@ class FailurePolicy(_Model):
         "Copy the end of a failed trainer's log (its termination message under FallbackToLogsOnError, "
         "when it wrote no progress record) into status.failures and Events. Off: they say to see the "
         "pod's logs, which only those allowed pods/log can read."))
+    hang_timeout_seconds: int | None = Field(None, ge=0, description=(
+        "Restart the whole group from the last snapshot (a Hang incident, charged like a failure by "
+        "the progress rule) when the pods run but no node's training step advanced for this long, "
+        "as the operator reads it from the progress endpoint. null: max(600, 20 x the median step "
+        "time); 0: off. Needs the operator to reach the pods' progress port (docs/hangs.md)."))
+    collective_timeout_seconds: int = Field(300, ge=10, le=86400, description=(
+        "Timeout of every collective in the trainer's process group (DDPJOB_COLLECTIVE_TIMEOUT_SECONDS, "
+        "read by ddpjob_trainer.distributed): a collective stuck this long fails the workers, which "
+        "torchrun restarts, instead of waiting torch's 10 minutes. It must outlast the longest "
+        "wait of one rank for another, such as a synchronous snapshot write."))
+
+
+class StragglerPolicy(_Model):
+    """What the operator does about a node that is alive but slower than the others (docs/hangs.md)."""
+
+    action: Literal["Ignore", "Report", "Replace"] = Field("Report", description=(
+        "Report: status.progress names the slowest node and a Straggler Warning Event is posted when "
+        "it stays slow for windowSeconds; Replace: that node's pod is also deleted and created "
+        "again (not charged to the restart budget); Ignore: only status.progress."))
+    threshold: float = Field(1.5, ge=1.0, le=1000.0, description=(
+        "A node is slow when the group's step time is at least this many times what it would be "
+        "if that node kept pace with the median node."))
+    window_seconds: int = Field(120, ge=0, description=(
+        "How long a node must stay slow before the Event (and a replacement)."))
 
 
 class RunPolicy(_Model):
@@ -828,6 +853,7 @@ class DDPJobSpec(_Model):
     snapshot: Snapshot | None = Field(None, description=(
         "Snapshot volume; without it the job cannot resume after a failure."))
     failure_policy: FailurePolicy = _object(FailurePolicy, "Pod replacement policy.")
+    straggler_policy: StragglerPolicy = _object(StragglerPolicy, "Slow-node detection and replacement.")
     run_policy: RunPolicy = _object(RunPolicy, "Suspension, deadline and cleanup.")
     scheduling: Scheduling = _object(Scheduling, "Pod placement.")
     pod_overrides: PodOverrides = _object(PodOverrides, "Extra pod settings.")
@@ -1218,12 +1244,14 @@ class JobRef:
     namespace: str = "default"
     uid: str = ""
     generation: int = 0
+    created: str | None = None  # metadata.creationTimestamp: snapshots older than it are an earlier job's
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> JobRef:
         meta = body.get("metadata") or {}
         return cls(name=meta.get("name", ""), namespace=meta.get("namespace") or "default",
-                   uid=meta.get("uid", ""), generation=int(meta.get("generation") or 0))
+                   uid=meta.get("uid", ""), generation=int(meta.get("generation") or 0),
+                   created=meta.get("creationTimestamp"))
 
 
 def validate_job(body: Any) -> list[FieldError]:
@@ -1334,6 +1362,25 @@ class LastSnapshot(_Model):
     path: str | None = Field(None, description="Where it is, inside the snapshot volume.")
 
 
+class TrainingProgress(_Model):
+    """Live training figures from the nodes' heartbeats (the progress endpoint; docs/hangs.md)."""
+
+    step: int | None = Field(None, description="The highest training step any node reported.")
+    step_seconds: float | None = Field(None, description="Median recent step time over the nodes.")
+    advanced_time: str | None = Field(None, description=(
+        "When the operator saw the step advance (or this run start): the hang clock runs from here."),
+        json_schema_extra={"format": "date-time"})
+    run: str | None = Field(None, description="Start time of the run polled (a new run restarts the hang clock).")
+    hang_timeout_seconds: float | None = Field(None, description="The hang timeout in force (0: off).")
+    slowest_node: str | None = Field(None, description="Node index of the slowest node.")
+    slowdown: float | None = Field(None, description=(
+        "Step time of the group over what it would be if the slowest node kept pace with the median node."))
+    slow_since: str | None = Field(None, description=(
+        "Since when slowestNode has been over stragglerPolicy.threshold."), json_schema_extra={"format": "date-time"})
+    reported_straggler: str | None = Field(None, description=(
+        "The slow node last reported in a Straggler Event (one Event per slow spell)."))
+
+
 class InvalidProgressRecord(_Model):
     """A refused progress record (status.invalidProgressRecords): the pod and the field."""
 
@@ -1351,12 +1398,17 @@ class NodeFailure(_Model):
     node: str | None = Field(None, description=(
         "The Kubernetes node the pod ran on (absent when it was never scheduled); see status.avoidedNodes."))
     cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost", "Deleted",
-                   "ImagePull", "Straggler", "PreflightFailed"] | None = Field(
+                   "ImagePull", "Hang", "Straggler", "PreflightFailed"] | None = Field(
         None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
                            "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
                            "reason is in `reason`), Disrupted, NodeLost or Deleted (deleted by someone while it "
-                           "trained, without a DisruptionTarget; all three free), ImagePull, Straggler (a slow "
-                           "node replaced under stragglerPolicy: Replace), PreflightFailed (spec.preflight)."))
+                           "trained, without a DisruptionTarget; all three free), ImagePull, Hang (no step for "
+                           "failurePolicy.hangTimeoutSeconds: the group restarted, charged by the progress rule), "
+                           "Straggler (a slow node replaced under stragglerPolicy.action Replace; free), "
+                           "PreflightFailed (spec.preflight)."))
+    step: int | None = Field(None, description="Hang: the last training step reached.")
+    stalled_nodes: list[str] = Field(default_factory=list, description=(
+        "Hang: the node indexes whose progress stopped first (every node when all stopped together)."))
     exit_code: int | None = Field(None, description="Exit code of torchrun, when it ran.")
     reason: str | None = Field(None, description=(
         "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
@@ -1406,8 +1458,11 @@ class Recovery(_Model):
         "first, from the snapshot it resumed from (or the job's start) to its first step. Runs not reported "
         "yet are missing until a container exits."))
     startup_seconds: float | None = Field(None, description=(
-        "Start-up of the job's first run: from the job's start (or the snapshot of an earlier job it "
-        "resumed from) to its first step; not counted in lostSeconds."))
+        "Start-up of the job's first run: from the job's start to its first step; not counted in lostSeconds."))
+    resumed_from_earlier_job: LastResume | None = Field(None, description=(
+        "Set once when the job's first run resumed from a snapshot written before the job was created: "
+        "an earlier job's, left on the same snapshot volume (a ResumedFromEarlierJob Event says so). "
+        "time is that snapshot's completion time."))
     last_resume: LastResume | None = Field(None, description="The newest run seen.")
     accounted_restarts: int | None = Field(None, description="Incidents already judged for progress (bookkeeping).")
     snapshot_at_last_failure: SnapshotMark | None = Field(None, description=(
@@ -1485,6 +1540,8 @@ class DDPJobStatus(_Model):
     failures: list[NodeFailure] = Field(default_factory=list, description=(
         "The newest failed or disrupted node pods (at most 10), oldest first."))
     recovery: Recovery | None = Field(None, description="Time to recover, time lost, and budget bookkeeping.")
+    progress: TrainingProgress | None = Field(None, description=(
+        "Live step, step time and the slowest node, from the trainers' heartbeats."))
     avoided_nodes: list[AvoidedNode] = Field(default_factory=list, description=(
         "Nodes that lost a pod to a node-caused failure: every node pod created afterwards carries a "
         "required node anti-affinity to them, for the rest of the job; at most 16, oldest dropped first."))

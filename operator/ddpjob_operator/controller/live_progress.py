@@ -102,7 +102,7 @@ async def read_live_progress(pods: Iterable[PodView],
     async with session() as client:
         for pod, url in _endpoints(pods)[:MAX_PODS]:
             fetched = await fetch(client, url, deadline)
-            # Parsed on the event loop: the body is at most MAX_BODY_BYTES (16 KiB). Measured on a
+            # Parsed on the event loop: the body is at most MAX_BODY_BYTES (24 KiB). Measured on a
             # loaded 2-core machine: 27 us for a typical 300-byte record, 3.8 ms for the costliest
             # (11 KiB, 128 `nodes` entries; ~10x json.loads), at most twice a pass. A thread would
             # hold the GIL as long and add a hop.

@@ -47,6 +47,10 @@ GOODPUT = prometheus_client.Gauge(
     "ddpjob_operator_goodput_ratio", "1 - lostSeconds / (now or completionTime - startTime): the share "
     "of wall time that produced training kept in snapshots; set once the trainer reported a run",
     ["namespace", "name"], registry=REGISTRY)
+SLOWDOWN = prometheus_client.Gauge(
+    "ddpjob_operator_straggler_slowdown_ratio", "The job's step time over what it would be if its slowest "
+    "node kept pace with the median node (status.progress.slowdown; 1: no straggler)",
+    ["namespace", "name", "node"], registry=REGISTRY)
 RECONCILE_SECONDS = prometheus_client.Histogram(
     "ddpjob_operator_reconcile_seconds", "Duration of one reconciliation pass of one job",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
@@ -67,6 +71,7 @@ def observe_job(namespace: str, name: str, phase: str | None) -> None:
                 gauge.remove(namespace, name)
             except KeyError:  # never set for this job
                 pass
+        _clear_slowdown(namespace, name)
     else:
         _job_phases[(namespace, name)] = phase
     for each in set(_PHASES) | set(_job_phases.values()):
@@ -107,12 +112,36 @@ def goodput(status: Mapping, now: datetime.datetime) -> float | None:
 
 
 def observe_goodput(namespace: str, name: str, status: Mapping, now: datetime.datetime) -> None:
-    """Refreshes the per-job lost-time and goodput gauges (every pass: wall time grows)."""
+    """Refreshes the per-job lost-time, goodput and slowdown gauges (every pass: wall time grows)."""
+    observe_slowdown(namespace, name, status)
     ratio = goodput(status, now)
     if ratio is None:
         return
     LOST_SECONDS.labels(namespace=namespace, name=name).set(float((status.get("recovery") or {}).get("lostSeconds") or 0))
     GOODPUT.labels(namespace=namespace, name=name).set(ratio)
+
+
+_slowest: dict[tuple[str, str], str] = {}  # the node each job's slowdown gauge is labelled with
+
+
+def observe_slowdown(namespace: str, name: str, status: Mapping) -> None:
+    """Sets the job's slowdown gauge under its slowest node (the old node's series goes)."""
+    progress = status.get("progress") or {}
+    node, slowdown = progress.get("slowestNode"), progress.get("slowdown")
+    if _slowest.get((namespace, name)) != node:
+        _clear_slowdown(namespace, name)
+    if node is not None and slowdown is not None:
+        _slowest[(namespace, name)] = node
+        SLOWDOWN.labels(namespace=namespace, name=name, node=node).set(float(slowdown))
+
+
+def _clear_slowdown(namespace: str, name: str) -> None:
+    node = _slowest.pop((namespace, name), None)
+    if node is not None:
+        try:
+            SLOWDOWN.remove(namespace, name, node)
+        except KeyError:
+            pass
 
 
 def _time(text: str | None) -> datetime.datetime | None:

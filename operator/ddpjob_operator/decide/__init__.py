@@ -2,5 +2,5 @@
 
 Tiers (tests/operator/test_import_layers.py): shared types and rules (actions, observed,
 failure, budget, conditions, creation) <- policies (capacity, topology, progress, stuck,
-managed_etcd, last_valid, avoided_nodes) <- plan, status <- reconcile. Nothing here performs I/O; controller/ and local/ execute the result.
+managed_etcd, last_valid, avoided_nodes, hang, straggler) <- plan, status <- reconcile. Nothing here performs I/O; controller/ and local/ execute the result.
 """

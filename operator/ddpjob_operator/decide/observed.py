@@ -193,6 +193,65 @@ class RecordProblem:
         return cls(pod.name, pod.uid, source, invalid)
 
 
+@dataclass(frozen=True)
+class NodeBeat:
+    """One node's liveness from a progress record's ``nodes`` (ddpjob_rdzv/progress_record.py)."""
+
+    node: str
+    step: int | None = None
+    phase: str = "collective"  # "local": one of its ranks is outside the step's collectives
+    heartbeat: datetime | None = None
+    step_seconds: float | None = None
+    data_seconds: float | None = None
+    compute_seconds: float | None = None
+
+    @property
+    def own_seconds(self) -> float | None:
+        """Time per step no peer holds up (input + forward); None when not reported."""
+        if self.data_seconds is None and self.compute_seconds is None:
+            return None
+        return (self.data_seconds or 0.0) + (self.compute_seconds or 0.0)
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """The nodes' heartbeats, as one running node's record gathered them this pass.
+
+    Attributes:
+        run: when the workers of the polled node started (its record's resume.time): a new
+            value means a new run, whose steps start over.
+        nodes: one entry per node that beat.
+    """
+
+    run: str | None
+    nodes: tuple[NodeBeat, ...]
+
+    @property
+    def step(self) -> int | None:
+        steps = [n.step for n in self.nodes if n.step is not None]
+        return max(steps) if steps else None
+
+
+def liveness_of(live: Iterable[Mapping[str, Any] | RecordProblem]) -> Liveness | None:
+    """The first live record's ``nodes`` (None when no record this pass carried any)."""
+    for record in live:
+        if isinstance(record, RecordProblem) or not record.get("nodes"):
+            continue
+        beats = tuple(NodeBeat(str(n["node"]), n.get("step"), n.get("phase") or "collective",
+                               parse_time(n.get("heartbeat")), n.get("stepSeconds"), n.get("dataSeconds"),
+                               n.get("computeSeconds")) for n in record["nodes"])
+        return Liveness((record.get("resume") or {}).get("time"), beats)
+    return None
+
+
+def live_fatal(live: Iterable[Mapping[str, Any] | RecordProblem]) -> tuple[str, Mapping[str, str]] | None:
+    """(node, fatal) of the first live record whose worker raised DoNotRetry, if any."""
+    for record in live:
+        if not isinstance(record, RecordProblem) and record.get("fatal"):
+            return str(record.get("node") or "?"), record["fatal"]
+    return None
+
+
 def node_state(node: Node | None) -> str:
     """'Ready', 'NotReady', 'Unknown' (the node controller lost its heartbeats) or 'gone'."""
     if node is None:
@@ -250,6 +309,11 @@ class Observed:
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
     network_policy_exists: bool | None = None
     disruption_budget: ObservedBudget | None = None
+
+    @cached_property
+    def liveness(self) -> Liveness | None:
+        """The nodes' heartbeats read this pass (None: no live record carried them)."""
+        return liveness_of(self.live_progress)
 
     @cached_property
     def node_pods(self) -> tuple[PodView, ...]:

@@ -37,7 +37,7 @@ from ddpjob_operator.api.clock import parse_time, seconds_between
 from ddpjob_operator.api.names import pod_name
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 from ddpjob_operator.api.names import disruption_budget_name
-from ddpjob_operator.decide import avoided_nodes, capacity, creation, topology
+from ddpjob_operator.decide import avoided_nodes, capacity, creation, straggler, topology
 from ddpjob_operator.decide.actions import (
     Action, CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
     DeletePod, PatchDisruptionBudget, Requeue, with_one_requeue
@@ -83,6 +83,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
                 for p in groups.stale if not p.deleting]
     actions += _scale_down(spec, groups)
     actions += _replace_failed(groups)
+    actions += _replace_stragglers(status, groups)
     actions += _store(ref, spec, observed, groups)
     if groups.stale or (spec.elastic_policy.store_on_pod and observed.store is None):
         actions.append(Requeue(DELETION_POLL_SECONDS))  # the old group goes, or the store comes, first
@@ -140,6 +141,14 @@ def _replace_failed(groups: NodeGroups) -> list[Action]:
     if groups.training_over:
         return []
     return [DeletePod(p.name, "replacing a failed node pod") for p in groups.failed]
+
+
+def _replace_stragglers(status: Mapping[str, Any], groups: NodeGroups) -> list[Action]:
+    """Delete the pods status.failures lists as stragglers to replace (straggler.py); the missing
+    index is then created again like any other."""
+    doomed = straggler.to_replace(status.get("failures"))
+    return [DeletePod(p.name, "replacing a straggler (spec.stragglerPolicy.action Replace)")
+            for p in groups.current if p.uid in doomed and not p.deleting]
 
 
 def _stop_after_finish(status: Mapping[str, Any], groups: NodeGroups, now: datetime) -> list[Action]:

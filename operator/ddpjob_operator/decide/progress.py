@@ -47,10 +47,11 @@ class Ingested:
 
 
 def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
-           live: Iterable[Mapping[str, Any] | RecordProblem] = ()) -> Ingested:
+           live: Iterable[Mapping[str, Any] | RecordProblem] = (), created: datetime | None = None) -> Ingested:
     """lastSnapshot and recovery from every record found (in the pods' termination messages,
     and ``live`` ones read from running pods); idempotent per record. Records the contract
-    refused are left out, with a Warning Event for each one not reported before."""
+    refused are left out, with a Warning Event for each one not reported before. ``created``:
+    the job's creationTimestamp (a snapshot older than it is an earlier job's)."""
     pods, live = list(pods), list(live)
     records = [r for pod in pods for r in pod.progress] + [r for r in live if not isinstance(r, RecordProblem)]
     last = status.get("lastSnapshot")
@@ -60,7 +61,7 @@ def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
             last = {k: snapshot[k] for k in SNAPSHOT_KEYS if snapshot.get(k) is not None}
     resumes = [r["resume"] for r in records if isinstance(r.get("resume"), Mapping)
                and parse_time(r["resume"].get("firstStepTime")) and parse_time(r["resume"].get("time"))]
-    recovery = dict(status.get("recovery") or {})
+    recovery, earlier = earlier_job_resume(resumes, dict(status.get("recovery") or {}), created)
     for resume in sorted(resumes, key=lambda r: parse_time(r["time"])):
         recovery = _with_resume(recovery, resume, status)
     problems = [RecordProblem.of(pod, C.SOURCE_TERMINATION_MESSAGE, invalid) for pod in pods
@@ -68,7 +69,26 @@ def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
     reported, events = record_problems(pods, problems, status.get("invalidProgressRecords"))
     restarts, restart_events = worker_restarts(pods, live, status)
     return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported,
-                     **restarts}, events + restart_events)
+                     **restarts}, events + restart_events + earlier)
+
+
+def earlier_job_resume(resumes: list[Mapping[str, Any]], recovery: dict[str, Any],
+                       created: datetime | None) -> tuple[dict[str, Any], list[Event]]:
+    """``recovery`` with ``resumedFromEarlierJob`` set, and one Event, the first time a run resumed
+    from a snapshot completed before the job was created: a job re-applied under the same name,
+    or a new one on the same claim, continues from what an earlier job left there (by design),
+    and a user who expected a fresh start must be able to see why it did not."""
+    if created is None or recovery.get("resumedFromEarlierJob"):
+        return recovery, []
+    for resume in resumes:
+        snapshot_time = parse_time(resume.get("fromSnapshotTime"))
+        if snapshot_time is not None and snapshot_time < created:
+            recovery = {**recovery, "resumedFromEarlierJob": {
+                "time": resume["fromSnapshotTime"], "fromStep": resume.get("fromStep")}}
+            return recovery, [Event(C.EVENT_NORMAL, C.REASON_RESUMED_FROM_EARLIER_JOB,
+                                    C.MSG_RESUMED_FROM_EARLIER_JOB.format(step=resume.get("fromStep"),
+                                                                          time=resume["fromSnapshotTime"]))]
+    return recovery, []
 
 
 def worker_restarts(pods: list[PodView], live: list[Mapping[str, Any] | RecordProblem],
@@ -134,6 +154,9 @@ def _with_resume(recovery: dict[str, Any], resume: Mapping[str, Any], status: Ma
         return recovery
     recovery = dict(recovery)
     origin = parse_time(resume.get("fromSnapshotTime")) or parse_time(status.get("startTime"))
+    started_job = parse_time(status.get("startTime"))
+    if origin is not None and started_job is not None and origin < started_job:
+        origin = started_job  # an earlier job's snapshot (earlier_job_resume): its age is not this job's loss
     # The first run's lead time is start-up, not a loss: it would have been spent without any failure.
     key = "lostSeconds" if last or status.get("lastFailureTime") else "startupSeconds"
     if origin is not None and first_step > origin:

@@ -36,7 +36,8 @@ from ddpjob_operator.decide.failure import (
     INVALID_IMAGE_REASONS, Outcome, classify_pod, describe_exit, diagnose_deleted_by_someone, diagnose_image_pull,
     diagnose_pod, permanent_failure
 )
-from ddpjob_operator.decide.observed import ACTIVE_PHASES, NodeGroups, Observed, PodView
+from ddpjob_operator.decide import hang as hang_policy, straggler as straggler_policy
+from ddpjob_operator.decide.observed import ACTIVE_PHASES, NodeGroups, Observed, PodView, live_fatal
 from ddpjob_operator.render.common import selector
 
 
@@ -78,7 +79,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
     # Before failures: the failed pods' records tell whether training progressed.
-    ingested = progress.ingest(observed.pods, status, observed.live_progress)
+    ingested = progress.ingest(observed.pods, status, observed.live_progress, parse_time(ref.created))
     status.update(ingested.changes)
     status.update(_counts(ref, spec, observed.node_pods))
     status["observedGeneration"] = ref.generation
@@ -93,15 +94,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED)
     else:
         status["startTime"] = status.get("startTime") or format_time(now)
-        noted = _note_failures(spec, observed.pods, status, now)  # every pod, the old generation's too
-        restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
-        status.update(restart.changes if restart else {})
-        groups = observed.of_generation(topology.generation_of(status), replicas)
-        noted += _note_deleted(spec, groups, status, now)
-        verdict = _active_verdict(spec, groups, status, now, prev.get("phase"))
-        verdict.events[:0] = noted
-        if restart:
-            verdict = _group_restart_verdict(verdict, restart, prev.get("phase"))
+        verdict, groups = _active_pass(ref, spec, observed, status, now, prev.get("phase"))
     if spec is not None and not errors:
         status.update(_capacity_counts(spec, groups))
         verdict.events += _scaled(prev, status)
@@ -117,11 +110,33 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     return update
 
 
+def _active_pass(ref: JobRef, spec: DDPJobSpec, observed: Observed, status: dict[str, Any], now: datetime,
+                 prev_phase: str | None) -> tuple[_Verdict, NodeGroups]:
+    """The verdict on a job that runs (neither invalid, finished nor suspended), and its current
+    group: failures noted, a group restart when the store was lost or the job hung, stragglers."""
+    noted = _note_failures(spec, observed.pods, status, now)  # every pod, the old generation's too
+    restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
+    status.update(restart.changes if restart else {})
+    groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    noted += _note_deleted(spec, groups, status, now)
+    watched = _watch_progress(spec, observed, groups, status, now, prev_phase, restart is None)
+    if watched.hang:
+        groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    verdict = _active_verdict(spec, groups, status, now, prev_phase)
+    verdict.events[:0] = noted
+    if restart:
+        verdict = _group_restart_verdict(verdict, restart.message, prev_phase, C.REASON_GROUP_RESTART)
+    elif watched.hang:
+        verdict = _group_restart_verdict(verdict, watched.hang.message, prev_phase, C.REASON_HANG)
+    verdict.events += watched.events
+    return _live_fatal(observed, verdict), groups
+
+
 def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("restarts", "lastFailureTime", "handledFailures", "lastSnapshot", "startTime",
             "completionTime", "rendezvousGeneration", "restartsWithProgress", "restartsWithoutProgress",
-            "failures", "recovery", "invalidProgressRecords", "avoidedNodes", "finishing", "workerRestarts",
-            "workerRestartsByPod")
+            "failures", "recovery", "invalidProgressRecords", "progress", "avoidedNodes", "finishing",
+            "workerRestarts", "workerRestartsByPod")
     status = {k: prev.get(k) for k in keys}
     status["restarts"] = int(prev.get("restarts") or 0)
     status["handledFailures"] = list(prev.get("handledFailures") or [])
@@ -146,15 +161,59 @@ def _capacity_counts(spec: DDPJobSpec, groups: NodeGroups) -> dict[str, Any]:
     return {**capacity.node_counts(spec, current), "unschedulable": capacity.unschedulable(current) or None}
 
 
-def _group_restart_verdict(verdict: _Verdict, restart: topology.GroupRestart, prev_phase: str | None) -> _Verdict:
-    """Restarting, explained by the group restart; its Event is the phase-change Event that
-    _finish posts, plus one here only when the phase was Restarting already (no change)."""
+def _group_restart_verdict(verdict: _Verdict, message: str, prev_phase: str | None, reason: str) -> _Verdict:
+    """Restarting, explained by the group restart (the store was lost, or a hang); its Event is
+    the phase-change Event that _finish posts, plus one here only when the phase was Restarting
+    already (no change)."""
     if verdict.phase == C.PHASE_FAILED:  # the incident spent the budget
-        verdict.events.append(Event(C.EVENT_WARNING, C.REASON_GROUP_RESTART, restart.message))
+        verdict.events.append(Event(C.EVENT_WARNING, reason, message))
         return verdict
-    events = verdict.events + ([Event(C.EVENT_WARNING, C.REASON_GROUP_RESTART, restart.message)]
-                               if prev_phase == C.PHASE_RESTARTING else [])
-    return _Verdict(C.PHASE_RESTARTING, C.REASON_GROUP_RESTART, restart.message, events)
+    events = verdict.events + ([Event(C.EVENT_WARNING, reason, message)] if prev_phase == C.PHASE_RESTARTING else [])
+    return _Verdict(C.PHASE_RESTARTING, reason, message, events)
+
+
+@dataclass(frozen=True)
+class _Watched:
+    """What the nodes' heartbeats decided this pass: a hang's group restart, and straggler Events."""
+
+    hang: hang_policy.HangRestart | None = None
+    events: list[Event] = field(default_factory=list)
+
+
+def _watch_progress(spec: DDPJobSpec, observed: Observed, groups: NodeGroups, status: dict[str, Any],
+                    now: datetime, prev_phase: str | None, may_restart: bool) -> _Watched:
+    """status.progress from the heartbeats read this pass; a hang restarts the group (hang.py),
+    a straggler is reported or replaced (straggler.py)."""
+    live = observed.liveness
+    progress = hang_policy.tracked(spec.failure_policy, status.get("progress"), live, now)
+    current = [p for p in groups.current if p.active]
+    all_running = prev_phase == C.PHASE_RUNNING and len(groups.running) >= spec.min_replicas and \
+        all(p.phase == "Running" for p in current)
+    found = hang_policy.detect(progress, live, all_running, now) if may_restart else None
+    if found is not None:
+        status["progress"] = progress
+        restart = hang_policy.begin_hang_restart(spec, status, found, groups.current, now)
+        status.update(restart.changes)
+        status["failures"] = (list(status.get("failures") or []) + [restart.failure])[-C.MAX_FAILURES_KEPT:]
+        return _Watched(restart)
+    judged = straggler_policy.judge(spec.straggler_policy, progress, live, groups.current, now)
+    progress.update(judged.progress)
+    status["progress"] = {k: v for k, v in progress.items() if v is not None} or None
+    if judged.replace is not None:
+        status["failures"] = (list(status.get("failures") or []) + [judged.replace])[-C.MAX_FAILURES_KEPT:]
+    return _Watched(None, judged.events)
+
+
+def _live_fatal(observed: Observed, verdict: _Verdict) -> _Verdict:
+    """Failed at once when a running node's live record says a worker raised DoNotRetry: its
+    pod need not exit first (torchrun would restart the workers before it does)."""
+    found = live_fatal(observed.live_progress)
+    if found is None or verdict.phase == C.PHASE_FAILED:
+        return verdict
+    node, fatal = found
+    message = C.MSG_DO_NOT_RETRY.format(what=f"node {node}: {fatal.get('message')}", reason=fatal["reason"])
+    return _with_events(verdict, _Verdict(C.PHASE_FAILED, fatal["reason"], message,
+                                          [Event(C.EVENT_WARNING, fatal["reason"], message)]))
 
 
 def _report_capacity(update: StatusUpdate, prev: Mapping[str, Any], spec: DDPJobSpec,
@@ -319,12 +378,13 @@ def _check_budget(spec: DDPJobSpec, status: Mapping[str, Any], verdict: _Verdict
 
 
 def _last_failure(status: Mapping[str, Any]) -> str:
-    failures = [f for f in status.get("failures") or [] if f.get("cause") in (C.CAUSE_ERROR, C.CAUSE_OOM)]
+    failures = [f for f in status.get("failures") or [] if f.get("cause") in (C.CAUSE_ERROR, C.CAUSE_OOM, C.CAUSE_HANG)]
     if not failures:
         return "unknown"
     last = failures[-1]
-    detail = ", ".join(str(x) for x in (f"exit code {last.get('exitCode')}", last.get("reason")) if x)
-    return f"node pod {last['pod']} ({detail}){': ' + last['message'] if last.get('message') else ''}"
+    code = f"exit code {last['exitCode']}" if last.get("exitCode") is not None else None  # a Hang has none
+    detail = ", ".join(str(x) for x in (code, last.get("reason")) if x)
+    return f"node pod {last.get('pod', '?')} ({detail}){': ' + last['message'] if last.get('message') else ''}"
 
 
 def _check_image_pull(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any], now: datetime,
@@ -463,8 +523,8 @@ _ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "replicaR
           "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
           "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
           "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
-          "runningReplicas", "rendezvousReplicas", "unschedulable", "invalidProgressRecords", "avoidedNodes",
-          "finishing", "workerRestarts", "workerRestartsByPod")
+          "runningReplicas", "rendezvousReplicas", "unschedulable", "progress", "invalidProgressRecords",
+          "avoidedNodes", "finishing", "workerRestarts", "workerRestartsByPod")
 
 
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:

@@ -172,6 +172,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         C.ENV_JOB_NAME: job,
         C.ENV_NAMESPACE: namespace,
         C.ENV_NODE_INDEX: str(node_index),
+        # A stuck collective fails the workers in bounded time (ddpjob_trainer.dist.collective_timeout).
+        C.ENV_COLLECTIVE_TIMEOUT: str(spec.failure_policy.collective_timeout_seconds),
     }
     if spec.snapshot is not None:
         # torchrun SIGKILLs its workers this long after forwarding SIGTERM; by default 30 s

@@ -82,7 +82,7 @@ def test_a_gzip_bomb_is_refused_unread_and_never_decompressed(pods):
 def test_a_declared_huge_body_is_refused_before_reading(pods):
     pod = pods(huge_body(HUGE, declared=True))
     fetched = fetch_once(pod.url)
-    assert fetched.refused == f"record ({HUGE} bytes) must be at most 16384 bytes"
+    assert fetched.refused == f"record ({HUGE} bytes) must be at most 24576 bytes"
     assert fetched.bytes_read == 0
     (exchange,) = pod.finished()
     assert exchange.closed_by_client and exchange.cut_short
@@ -92,13 +92,13 @@ def test_a_declared_huge_body_is_refused_before_reading(pods):
 def test_an_undeclared_huge_body_is_cut_at_the_cap_and_its_connection_closed(pods):
     pod = pods(huge_body(HUGE, declared=False))
     fetched = fetch_once(pod.url)
-    assert fetched.refused == "record (over 16384 bytes) must be at most 16384 bytes"
+    assert fetched.refused == "record (over 24576 bytes) must be at most 24576 bytes"
     assert MAX_BODY_BYTES < fetched.bytes_read <= MAX_BODY_BYTES + CHUNK_BYTES
     (exchange,) = pod.finished()
     assert exchange.cut_short, "the pod's next write failed: the poll had closed the connection"
     assert exchange.sent < MIB, f"the pod got {exchange.sent} bytes of {HUGE} out"
     (problem,) = asyncio.run(read_live_progress([pod_at(pod)]))
-    assert problem.invalid.message == "record (over 16384 bytes) must be at most 16384 bytes"
+    assert problem.invalid.message == "record (over 24576 bytes) must be at most 24576 bytes"
 
 
 def test_a_redirect_is_not_followed_even_to_a_valid_record(pods):

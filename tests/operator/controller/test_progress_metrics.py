@@ -58,3 +58,14 @@ def test_the_per_job_gauges_follow_the_job_and_go_with_it():
     assert value("ddpjob_operator_lost_training_seconds", namespace="ns", name="job") == 10
     metrics.observe_job("ns", "job", None)
     assert REG.get_sample_value("ddpjob_operator_goodput_ratio", {"namespace": "ns", "name": "job"}) is None
+
+
+def test_the_slowdown_gauge_follows_the_slowest_node_and_goes_with_the_job():
+    slow = "ddpjob_operator_straggler_slowdown_ratio"
+    metrics.observe_goodput("ns", "slowjob", {"progress": {"slowestNode": "2", "slowdown": 3.5}}, at(0))
+    assert value(slow, namespace="ns", name="slowjob", node="2") == 3.5
+    metrics.observe_goodput("ns", "slowjob", {"progress": {"slowestNode": "0", "slowdown": 1.1}}, at(1))
+    assert REG.get_sample_value(slow, {"namespace": "ns", "name": "slowjob", "node": "2"}) is None
+    assert value(slow, namespace="ns", name="slowjob", node="0") == 1.1
+    metrics.observe_job("ns", "slowjob", None)
+    assert REG.get_sample_value(slow, {"namespace": "ns", "name": "slowjob", "node": "0"}) is None

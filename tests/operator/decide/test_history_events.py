@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.decide.actions import DeletePod, Event, Requeue
 from ddpjob_operator.decide.reconcile import reconcile
 from tests.operator.builders import at, make_pod, observe, running_pods
@@ -155,3 +156,44 @@ def test_torchruns_restarts_inside_a_pod_are_counted_once_each_with_one_event_pe
     assert third.status["workerRestartsByPod"] == [
         {"pod": "mlp-node-0", "podUID": "mlp-node-0-uid", "count": 1},
         {"pod": "mlp-node-1", "podUID": "mlp-node-1-uid", "count": 3}]
+
+
+def resumed_record(node: int, from_step: int, snapshot_seconds: float) -> dict:
+    """Node `node`'s live record: it resumed at T0+5 from the step-`from_step` snapshot completed at
+    T0+snapshot_seconds, and made its first step at T0+8."""
+    return {"kind": C.PROGRESS_RECORD_KIND, "version": 1, "node": str(node), "snapshot": None,
+            "resume": {"time": format_time(at(5)), "fromStep": from_step,
+                       "fromSnapshotTime": format_time(at(snapshot_seconds)), "firstStepTime": format_time(at(8))}}
+
+
+def test_a_first_run_resuming_from_an_earlier_jobs_snapshot_says_so_once_and_counts_no_loss():
+    job = make_ddpjob(replicas=2)
+    job["metadata"]["creationTimestamp"] = format_time(at(0))
+    pods = running_pods(job)
+
+    def live_pass(seconds, *records):
+        result = reconcile(job, observe(with_store(job, pods), live_progress=records), at(seconds))
+        job["status"] = result.status
+        return result
+
+    live_pass(0)
+    first = live_pass(10, resumed_record(0, 500, -3600), resumed_record(1, 500, -3600))
+    assert events_of(first, C.REASON_RESUMED_FROM_EARLIER_JOB) == [Event("Normal", "ResumedFromEarlierJob", (
+        "resumed from the snapshot at step 500, completed 2026-01-01T11:00:00Z, before this job was created: "
+        "an earlier job's, on the same snapshot volume; to start from scratch, give the job a new volume or "
+        "remove its snapshots"))]
+    recovery = first.status["recovery"]
+    assert recovery["resumedFromEarlierJob"] == {"time": "2026-01-01T11:00:00Z", "fromStep": 500}
+    # An hour-old snapshot is not an hour of start-up: the job's own start (T0) to its first step (T0+8) is.
+    assert recovery["startupSeconds"] == 8.0 and not recovery.get("lostSeconds")
+    again = live_pass(20, resumed_record(0, 500, -3600), resumed_record(1, 500, -3600))
+    assert events_of(again, C.REASON_RESUMED_FROM_EARLIER_JOB) == []
+
+
+def test_resuming_from_the_jobs_own_snapshot_is_no_earlier_job():
+    job = make_ddpjob(replicas=2)
+    job["metadata"]["creationTimestamp"] = format_time(at(0))
+    result = reconcile(job, observe(with_store(job, running_pods(job)),
+                                    live_progress=[resumed_record(0, 40, 3)]), at(10))
+    assert events_of(result, C.REASON_RESUMED_FROM_EARLIER_JOB) == []
+    assert "resumedFromEarlierJob" not in (result.status.get("recovery") or {})

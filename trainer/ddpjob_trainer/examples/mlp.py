@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import TensorDataset
 
-from ddpjob_trainer import Trainer, TrainerConfig, distributed
+from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig, distributed
 
 FEATURES = 16
 OUTPUTS = 4
@@ -58,6 +58,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-at-step", type=int, default=None,
                         help="debugging: fail after this global step on the first attempt")
+    parser.add_argument("--fault-node", default="0",
+                        help="testing: DDPJOB_NODE_INDEX of the node that --hang-at-step and --slow-seconds act on")
+    parser.add_argument("--hang-at-step", type=int, default=None,
+                        help="testing: the fault node blocks forever after this step, once per snapshot directory "
+                             "(it writes SNAPSHOT_DIR/hang-injected, holding the time, first)")
+    parser.add_argument("--do-not-retry-at-step", type=int, default=None,
+                        help="testing: the fault node raises DoNotRetry (reason InjectedFault) after this step")
+    parser.add_argument("--slow-seconds", type=float, default=0.0,
+                        help="testing: the fault node sleeps this long more after every step (a straggler)")
     parser.add_argument("--tensorboard-dir", default=None)
     parser.add_argument("--wandb-project", default=None)
     parser.add_argument("--no-progress-bar", action="store_true")
@@ -107,20 +116,47 @@ def config_from(args: argparse.Namespace) -> TrainerConfig:
     )
 
 
-def fault_injection(step_sleep: float, fail_at_step: int | None, restart_count: int) -> Callable[[int], None] | None:
+HANG_MARKER = "hang-injected"  # --hang-at-step: written in the snapshot directory before blocking
+
+
+def fault_injection(step_sleep: float, fail_at_step: int | None, restart_count: int,
+                    args: argparse.Namespace | None = None) -> Callable[[int], None] | None:
     """The Trainer's on_step hook for the example's test flags: --step-sleep slows every step (so
     tests can kill a node mid-epoch), --fail-at-step raises after that step on the first attempt
-    (TORCHELASTIC_RESTART_COUNT 0) to exercise the restart path. None when neither is set."""
-    if not step_sleep and fail_at_step is None:
+    (TORCHELASTIC_RESTART_COUNT 0) to exercise the restart path; on the --fault-node only,
+    --hang-at-step blocks forever once (a hang) and --slow-seconds slows every step (a
+    straggler). None when no flag is set."""
+    here = args is not None and os.environ.get("DDPJOB_NODE_INDEX", "0") == args.fault_node
+    hang_at = args.hang_at_step if here else None
+    fatal_at = args.do_not_retry_at_step if here else None
+    slow = args.slow_seconds if here else 0.0
+    if not step_sleep and fail_at_step is None and hang_at is None and fatal_at is None and not slow:
         return None
 
     def on_step(step: int) -> None:
         if fail_at_step == step and restart_count == 0:
             raise RuntimeError(f"fail_at_step={step}: failing on purpose on the first attempt (debugging flag)")
-        if step_sleep:
-            time.sleep(step_sleep)
+        if fatal_at == step:
+            raise DoNotRetry(f"do_not_retry_at_step={step}: giving up on purpose (testing flag)", reason="InjectedFault")
+        if hang_at == step:
+            _hang_once(args.snapshot_dir, step)
+        if step_sleep or slow:
+            time.sleep(step_sleep + slow)
 
     return on_step
+
+
+def _hang_once(snapshot_dir: str | None, step: int) -> None:
+    """Blocks forever, unless an earlier run of this job (sharing ``snapshot_dir``) already did."""
+    if snapshot_dir:
+        try:
+            with open(os.path.join(snapshot_dir, HANG_MARKER), "x") as marker:
+                marker.write(f"{time.time()} {step}\n")
+        except FileExistsError:
+            return
+    logging.getLogger(__name__).warning("hang_at_step=%d: blocking forever on purpose (testing flag)", step)
+    while True:
+        time.sleep(3600)
 
 
 def _setup_logging(rank: int) -> None:
@@ -144,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         trainer = Trainer(
             model, optimizer, make_dataset(args.samples, args.seed), config,
             loss_fn=mse, scheduler=scheduler, val_data=val_data, env=env,
-            on_step=fault_injection(args.step_sleep, args.fail_at_step, env.restart_count),
+            on_step=fault_injection(args.step_sleep, args.fail_at_step, env.restart_count, args),
         )
         result = trainer.train()
         if env.is_rank0:
