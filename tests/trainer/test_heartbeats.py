@@ -203,6 +203,35 @@ def test_the_agent_is_stopped_only_when_the_parent_is_torchrun_under_a_job(tmp_p
         assert code == -signal.SIGTERM
 
 
+# The agent starts a fork server (a plain Python) that starts the worker, as ddpjob_trainer.zygote does:
+# the worker's parent is not torchrun, and only the agent's pid in its environment leads to the agent.
+ZYGOTE_AGENT = """
+import os, subprocess, sys, time
+worker = "from ddpjob_trainer.progress_report import stop_agent; print(stop_agent(), flush=True)"
+server = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {worker!r}])"
+named = {"DDPJOB_AGENT_PID": str(os.getpid())} if sys.argv[2] == "named" else {}
+subprocess.run([sys.executable, "-c", server], env=dict(os.environ, TORCHELASTIC_RUN_ID="job-1", **named))
+time.sleep(30)  # a real agent would restart its workers here
+"""
+
+
+@pytest.mark.parametrize(("named", "stopped"), [("named", True), ("unnamed", False)])
+def test_a_worker_forked_by_the_zygote_stops_the_agent_its_client_names(tmp_path, named, stopped):
+    message = tmp_path / "termination-log"
+    message.touch()
+    agent = subprocess.Popen([sys.executable, "-c", ZYGOTE_AGENT, "torchrun", named], stdout=subprocess.PIPE,
+                             text=True, env=dict(os.environ, **{ENV_PATH: str(message)}))
+    try:
+        said = agent.stdout.readline().strip()
+        code = agent.wait(timeout=10) if stopped else None
+    finally:
+        agent.kill()
+        agent.wait()
+    assert said == str(stopped)
+    if stopped:
+        assert code == -signal.SIGTERM
+
+
 @pytest.mark.parametrize(("world_size", "seconds"), [(2, 1.0), (64, 1.0), (640, 10.0)])
 def test_a_large_group_is_gathered_less_often(world_size, seconds):
     # Every node's reporter reads every rank's key: the store's load grows with the square of the size.

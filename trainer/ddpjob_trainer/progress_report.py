@@ -50,6 +50,7 @@ from typing import Any
 from ddpjob_rdzv import progress_record
 from ddpjob_rdzv.progress_record import MAX_ERROR_CHARS, TERMINATION_MESSAGE_BYTES
 
+from . import zygote
 from .errors import DoNotRetry
 
 log = logging.getLogger(__name__)
@@ -465,7 +466,8 @@ def stop_agent(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     it signalled."""
     if not environ.get("TORCHELASTIC_RUN_ID") or default_path(environ) is None:
         return False
-    parent = os.getppid()
+    # A worker forked by the zygote has the fork server as its parent; its client names the agent.
+    parent = int(environ.get(zygote.AGENT_PID_ENV) or os.getppid())
     try:
         command = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:

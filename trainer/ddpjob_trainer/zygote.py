@@ -33,6 +33,7 @@ import time
 from . import marks
 
 SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"
+AGENT_PID_ENV = "DDPJOB_AGENT_PID"  # in a forked worker: the torchrun agent that started its client
 CONNECT_SECONDS = 120.0  # how long a client waits for the server (its first start imports torch)
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -56,7 +57,10 @@ def main(argv: list[str]) -> int:
 def client(path: str, module: str, args: list[str]) -> int:
     conn = _connect_or_start(path)
     life_read, life_write = os.pipe()  # the worker dies when this process dies (EOF)
-    request = json.dumps({"module": module, "args": args, "env": dict(os.environ), "cwd": os.getcwd()})
+    # The forked worker's parent is the server, not torchrun: it learns the agent's pid here
+    # (progress_report.stop_agent, which a DoNotRetry uses to stop the agent at once).
+    env = {**os.environ, AGENT_PID_ENV: str(os.getppid())}
+    request = json.dumps({"module": module, "args": args, "env": env, "cwd": os.getcwd()})
     socket.send_fds(conn, [request.encode() + b"\n"], [0, 1, 2, life_read])
     os.close(life_read)
     reader = conn.makefile("r")
