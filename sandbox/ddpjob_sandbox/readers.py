@@ -26,3 +26,10 @@ def events(k8s: KubeClient, job: str = "mlp") -> list[tuple[str, str, str]]:
     """(type, reason, message) of every Event about the job, oldest first."""
     return [(e["type"], e["reason"], e["message"]) for e in k8s.list("events")
             if e["involvedObject"]["name"] == job]
+
+
+def wait_for_event(k8s: KubeClient, reason: str, timeout: float, job: str = "mlp") -> tuple[str, str, str]:
+    """The job's first Event of ``reason``, waiting for it: the operator posts a pass's Events
+    after its status write, so a test that saw the status may be a moment ahead of them."""
+    return k8s.wait_for(lambda: next((e for e in events(k8s, job) if e[1] == reason), None), timeout=timeout,
+                        interval=0.2, what=f"a {reason} Event")

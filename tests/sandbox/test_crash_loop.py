@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_sandbox.readers import condition, events
+from ddpjob_sandbox.readers import condition, events, wait_for_event
 from tests.sandbox.scenarios import start_job
 from ddpjob_sandbox.examples import trainer_args
 from ddpjob_sandbox.metrics import is_event
@@ -48,7 +48,7 @@ def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the
         f"{without_progress + 1} failure incidents in a row without a newer snapshot (still at step {SNAPSHOT_EVERY}, "
         f"epoch 0) exceed spec.failurePolicy.maxRestartsWithoutProgress ({without_progress}); last: "), failed
     assert f"fail_at_step={FAIL_AT}" in failed["message"], failed["message"]  # the trainer's error, from the pod
-    assert (C.EVENT_WARNING, C.REASON_NO_PROGRESS, failed["message"]) in events(k8s)
+    assert wait_for_event(k8s, C.REASON_NO_PROGRESS, 10) == (C.EVENT_WARNING, C.REASON_NO_PROGRESS, failed["message"])
     assert status["restartsWithoutProgress"] == without_progress + 1, status
     assert status["lastSnapshot"]["step"] == SNAPSHOT_EVERY, status
     raw = progress.events()

@@ -17,18 +17,13 @@ import pytest
 from ddpjob_operator.api import constants as C
 from ddpjob_sandbox.examples import trainer_args
 from ddpjob_sandbox.metrics import is_event
-from ddpjob_sandbox.readers import condition, events
+from ddpjob_sandbox.readers import condition, wait_for_event
 from tests.sandbox.scenarios import start_job
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 POLL_SECONDS = 1  # --progress-poll-seconds of these tests
 HANG_TIMEOUT = 10
 HANG_AT, SNAPSHOT_EVERY = 20, 10
-
-
-def wait_for_event(k8s, reason: str, timeout: float) -> tuple[str, str, str]:
-    return k8s.wait_for(lambda: next((e for e in events(k8s) if e[1] == reason), None), timeout=timeout,
-                        interval=0.2, what=f"a {reason} Event")
 
 
 @pytest.mark.slow  # ~90 s: two generations of pods importing torch, and the hang timeout
@@ -116,7 +111,7 @@ def test_do_not_retry_fails_the_job_at_once_without_torchrun_restarting_the_work
     failed = condition(k8s, C.COND_FAILED)
     assert failed["reason"] == "InjectedFault", failed
     assert "do_not_retry_at_step=5: giving up on purpose" in failed["message"], failed
-    assert (C.EVENT_WARNING, "InjectedFault", failed["message"]) in events(k8s)
+    assert wait_for_event(k8s, "InjectedFault", 10) == (C.EVENT_WARNING, "InjectedFault", failed["message"])
     assert status.get("restarts", 0) == 0, status
     starts = [e for e in progress.events() if e["event"] == "start"]
     assert len(starts) == 1, f"torchrun restarted the workers: {starts}"
