@@ -185,12 +185,12 @@ time.sleep(30)  # a real agent would restart its workers here
 """
 
 
-@pytest.mark.parametrize(("name", "run_id", "stopped"), [("torchrun", "job-1", True), ("torchrun", "", False),
-                                                         ("python", "job-1", False)])
-def test_the_agent_is_stopped_only_when_the_parent_is_torchrun_under_a_job(tmp_path, name, run_id, stopped):
+def assert_agent_stopped(tmp_path, script: str, *args: str, stopped: bool) -> None:
+    """Runs `script` as a pretend torchrun agent in a pod (a termination log exists) whose worker calls
+    stop_agent: the worker says whether it signalled, and a signalled agent dies of SIGTERM."""
     message = tmp_path / "termination-log"
     message.touch()
-    agent = subprocess.Popen([sys.executable, "-c", AGENT, name, run_id], stdout=subprocess.PIPE, text=True,
+    agent = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
                              env=dict(os.environ, **{ENV_PATH: str(message)}))
     try:
         said = agent.stdout.readline().strip()
@@ -201,6 +201,12 @@ def test_the_agent_is_stopped_only_when_the_parent_is_torchrun_under_a_job(tmp_p
     assert said == str(stopped)
     if stopped:
         assert code == -signal.SIGTERM
+
+
+@pytest.mark.parametrize(("name", "run_id", "stopped"), [("torchrun", "job-1", True), ("torchrun", "", False),
+                                                         ("python", "job-1", False)])
+def test_the_agent_is_stopped_only_when_the_parent_is_torchrun_under_a_job(tmp_path, name, run_id, stopped):
+    assert_agent_stopped(tmp_path, AGENT, name, run_id, stopped=stopped)
 
 
 # The agent starts a fork server (a plain Python) that starts the worker, as ddpjob_trainer.zygote does:
@@ -217,19 +223,7 @@ time.sleep(30)  # a real agent would restart its workers here
 
 @pytest.mark.parametrize(("named", "stopped"), [("named", True), ("unnamed", False)])
 def test_a_worker_forked_by_the_zygote_stops_the_agent_its_client_names(tmp_path, named, stopped):
-    message = tmp_path / "termination-log"
-    message.touch()
-    agent = subprocess.Popen([sys.executable, "-c", ZYGOTE_AGENT, "torchrun", named], stdout=subprocess.PIPE,
-                             text=True, env=dict(os.environ, **{ENV_PATH: str(message)}))
-    try:
-        said = agent.stdout.readline().strip()
-        code = agent.wait(timeout=10) if stopped else None
-    finally:
-        agent.kill()
-        agent.wait()
-    assert said == str(stopped)
-    if stopped:
-        assert code == -signal.SIGTERM
+    assert_agent_stopped(tmp_path, ZYGOTE_AGENT, "torchrun", named, stopped=stopped)
 
 
 @pytest.mark.parametrize(("world_size", "seconds"), [(2, 1.0), (64, 1.0), (640, 10.0)])
