@@ -22,24 +22,27 @@ the rounds (default 6).
 
 (b), (c) and (d) run in this process as a one-rank gloo group with one torch
 thread. With one rank the trainer skips its per-step loss all-reduce (there
-is nothing to reduce); with more it overlaps it with the optimizer step. Throughput is samples over a whole ``train()``
-call, per second of the training thread's CPU time (less disturbed than wall
-time by other processes, yet on this VM not immune) and per wall-clock second. The
-configurations run in ``REPEATS`` rounds, shuffled within each round; ratios
-are taken within a round (neighbouring runs share the machine's load) and
-their median is reported with the range, so a ratio inside the range of
-its noise reads as a tie. The blocking time of one save is timed directly:
-it is the most stable figure for (b); for (c) the median single-step
-time (the trainer's own ``samples_per_s``, which leaves out its ~10 us of
-metrics writing) is the most stable one, since preemptions hit few steps.
+is nothing to reduce); with more it overlaps it with the optimizer step.
+Throughput is samples over a whole ``train()`` call, per second of the
+training thread's CPU time (less disturbed than wall time by other processes,
+yet on this VM not immune) and per wall-clock second. The configurations run
+in ``REPEATS`` rounds, in a balanced order (``round_order``), each after a
+garbage collection; ratios are taken within a round (neighbouring runs share
+the machine's load) and their median is reported with the range, so a ratio
+inside the range of its noise reads as a tie. The blocking time of one save
+is timed directly: it is the most stable figure for (b); for (c) the median
+single-step time is the most stable one, since preemptions hit few steps. It
+is taken the same way in both loops, from one optimizer step's end to the
+next by a hook on the optimizer (``step_clock``), so it includes the
+trainer's per-step metrics line and heartbeat; its CPU time stands beside it.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import os
-import random
 import statistics
 import tempfile
 import time
@@ -150,11 +153,28 @@ def mse(model: torch.nn.Module, batch) -> torch.Tensor:
 
 @dataclass
 class Throughput:
-    """Samples per second of one run: wall clock, training thread's CPU time, median single step."""
+    """Samples per second of one run: wall clock, training thread's CPU time, and of its median
+    single step in wall-clock and CPU time."""
 
     wall: float
     cpu: float
     step: float = 0.0
+    step_cpu: float = 0.0
+
+
+def step_clock(optimizer: torch.optim.Optimizer) -> list[tuple[float, float]]:
+    """Each optimizer step's end (wall clock, training thread's CPU time), noted by a hook on the
+    optimizer: the same mark in both loops, so a step is one whole turn of either loop."""
+    ends: list[tuple[float, float]] = []
+    optimizer.register_step_post_hook(lambda *_: ends.append((time.perf_counter(), time.thread_time())))
+    return ends
+
+
+def set_step_figures(result: Throughput, ends: list[tuple[float, float]]) -> Throughput:
+    """Fills in the median single step's samples/s, wall clock and CPU time, from step_clock's marks."""
+    result.step, result.step_cpu = (BATCH / statistics.median(b[i] - a[i] for a, b in zip(ends, ends[1:]))
+                                    for i in (0, 1))
+    return result
 
 
 @contextlib.contextmanager
@@ -180,23 +200,22 @@ def ddpjob_throughput(env, workdir: Path, snapshots: str) -> Throughput:
         progress_bar=False,
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ends = step_clock(optimizer)
     result: list[Throughput] = []
     with timed(result):
         Trainer(model, optimizer, make_dataset(), config, loss_fn=mse, env=env).train()
-    # The trainer's own per-step figure (perf_counter from one step's end to the next).
-    per_step = [e["samples_per_s"] for e in read_events(workdir / "metrics.jsonl") if e["event"] == "step"]
-    result[0].step = statistics.median(per_step)
-    return result[0]
+    # Not the trainer's own samples_per_s: that leaves out its metrics line and heartbeat.
+    return set_step_figures(result[0], ends)
 
 
 def handwritten_throughput() -> Throughput:
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ends = step_clock(optimizer)
     result: list[Throughput] = []
     with timed(result):
-        durations = handwritten.train(model, optimizer, make_dataset(), mse, epochs=EPOCHS, batch_size=BATCH)
-    result[0].step = BATCH / statistics.median(durations)
-    return result[0]
+        handwritten.train(model, optimizer, make_dataset(), mse, epochs=EPOCHS, batch_size=BATCH)
+    return set_step_figures(result[0], ends)
 
 
 @contextlib.contextmanager
@@ -219,6 +238,25 @@ def one_rank_group() -> Iterator[object]:
                 os.environ[name] = value
 
 
+def round_order(names: list[str], round_: int) -> list[str]:
+    """The configurations' order in round ``round_``: a balanced Latin square (Williams design).
+
+    Over ``len(names)`` rounds (an even number) each configuration runs once in each position and
+    follows each other one once, so neither the first run of a round nor a given neighbour
+    favours one configuration (a shuffle per round ran the trainer first in 4 of 6 rounds).
+    """
+    n = len(names)
+    offsets = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    return [names[(round_ + offset) % n] for offset in offsets]
+
+
+def clean_slate() -> None:
+    """Runs a full garbage collection now, outside the timing. The process holds ~180k objects
+    (torch), so one full collection takes ~0.1 s, 2-3 % of a run: the cyclic collector's own
+    full pass, if it fell inside one configuration's run, would tip that round's ratio."""
+    gc.collect()
+
+
 def throughput_runs(names: tuple[str, ...] = ("none", "sync", "async", "handwritten")) -> dict[str, list[Throughput]]:
     """Every run's samples/s per configuration, the configurations interleaved."""
     runs: dict[str, list[Throughput]] = {name: [] for name in names}
@@ -233,8 +271,8 @@ def throughput_runs(names: tuple[str, ...] = ("none", "sync", "async", "handwrit
         with tempfile.TemporaryDirectory(prefix="bench-trainer-warmup-") as tmp:
             ddpjob_throughput(env, Path(tmp), "sync")  # warms allocator, page cache and imports
         for round_ in range(REPEATS):
-            # A fresh order each round, so no configuration always follows the same one.
-            for name in random.Random(round_).sample(list(runs), len(runs)):
+            for name in round_order(list(runs), round_):
+                clean_slate()
                 with tempfile.TemporaryDirectory(prefix=f"bench-trainer-{name}-") as tmp:
                     if name == "handwritten":
                         value = handwritten_throughput()
@@ -260,7 +298,7 @@ def fast_tier_throughput(env, workdir: Path, every: int) -> Throughput:
 
 
 def fast_tier_runs() -> dict[str, list[Throughput]]:
-    """Fast tier off and every step, interleaved in shuffled rounds."""
+    """Fast tier off and every step, interleaved in balanced rounds."""
     runs: dict[str, list[Throughput]] = {"off": [], "every step": []}
     logging.getLogger("ddpjob_trainer").setLevel(logging.ERROR)
     threads = torch.get_num_threads()
@@ -269,7 +307,8 @@ def fast_tier_runs() -> dict[str, list[Throughput]]:
         with tempfile.TemporaryDirectory(prefix="bench-fast-warmup-") as tmp:
             fast_tier_throughput(env, Path(tmp), 1)
         for round_ in range(REPEATS):
-            for name in random.Random(round_).sample(list(runs), len(runs)):
+            for name in round_order(list(runs), round_):
+                clean_slate()
                 with tempfile.TemporaryDirectory(prefix="bench-fast-") as tmp:
                     runs[name].append(fast_tier_throughput(env, Path(tmp), 1 if name == "every step" else 0))
     torch.set_num_threads(threads)
@@ -346,7 +385,7 @@ def ratio_cell(ratios: list[float], overhead: bool) -> str:
 
 
 def throughput_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, str]]:
-    median = {name: Throughput(*(statistics.median(getattr(r, f) for r in values) for f in ("wall", "cpu", "step")))
+    median = {name: Throughput(*(statistics.median(getattr(r, f) for r in values) for f in ("wall", "cpu", "step", "step_cpu")))
               for name, values in runs.items()}
     rows = []
     epoch_seconds = SAMPLES / median["none"].wall
@@ -378,6 +417,7 @@ def loop_rows(runs: dict[str, list[Throughput]], median: dict[str, Throughput]) 
     ok = statistics.median(step) >= TARGETS["loop"]
     rows.append(("(c) ddpjob / hand-written, median step", ratio_cell(step, overhead=False),
                  f"{median['none'].step:.0f} vs {median['handwritten'].step:.0f} samples/s per step; "
+                 f"cpu {ratio_cell(paired(runs, 'none', 'handwritten', 'step_cpu'), overhead=False)}; "
                  f"target >= {TARGETS['loop']}x: {_verdict(ok)}"))
     return rows
 
