@@ -14,12 +14,23 @@ The first round keeps torch's last call: nodes still starting are unknown to the
 yet, and completing without them would cost a restart when they arrive. A node not yet
 known (a replacement still being created) joins the next round, as with torch's last call
 expired. Measured by ``python -m bench recovery`` (docs/recovery.md).
+
+In every round, a node that has missed a heartbeat and whose liveness beacon says it is gone
+(:mod:`.liveness`: its agent's process is dead on a host that is up) is removed at once
+instead of after ``keep_alive_max_attempt`` missed heartbeats: the survivors of a killed node
+no longer wait out its keep-alive.
 """
 from __future__ import annotations
+
+import logging
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler, _Action, _RendezvousContext, _RendezvousJoinOp, create_handler,
 )
+
+from ddpjob_trainer.rendezvous.liveness import Liveness, forget
+
+log = logging.getLogger(__name__)
 
 # What torch's join op answers while this node waits in an incomplete round it takes part in.
 _WAITING = (_Action.SYNC, _Action.KEEP_ALIVE)
@@ -39,25 +50,40 @@ def everyone_known_joined(ctx: _RendezvousContext) -> bool:
 
 
 class EarlyJoinOp(_RendezvousJoinOp):
-    """torch's join op that marks the round complete when everyone_known_joined."""
+    """torch's join op that first removes the nodes ``liveness`` proves gone and, when
+    ``complete_early``, marks the round complete when everyone_known_joined."""
+
+    def __init__(self, liveness: Liveness | None = None, mark_dirty=None, complete_early: bool = True) -> None:
+        self._liveness, self._mark_dirty, self._complete_early = liveness, mark_dirty, complete_early
 
     def __call__(self, ctx: _RendezvousContext, deadline: float) -> _Action:
+        if self._liveness is not None and not ctx.state.closed and (gone := self._liveness.gone(ctx.state)):
+            log.info("Removing %s from the rendezvous: its liveness beacon says it is gone",
+                     ", ".join(map(repr, gone)))
+            forget(ctx.state, gone, ctx.settings)
+            self._mark_dirty()
+            # A keep-alive is an action that writes: the removal is synced at once (compare-and-set;
+            # if another node wrote first, the next call decides again on the fresh state).
+            return _Action.KEEP_ALIVE
         action = super().__call__(ctx, deadline)
-        if action in _WAITING and everyone_known_joined(ctx):
+        if self._complete_early and action in _WAITING and everyone_known_joined(ctx):
             return _Action.MARK_RENDEZVOUS_COMPLETE
         return action
 
 
 class _EarlyExecutor:
-    """The handler's executor, running the join op as EarlyJoinOp once the handler has
-    completed a round (torch builds its join op inside next_rendezvous)."""
+    """The handler's executor, running the join op as EarlyJoinOp (torch builds its join op
+    inside next_rendezvous): with the liveness probe always, completing early once the handler
+    has completed a round."""
 
     def __init__(self, inner, handler: "EarlyRendezvousHandler"):
         self._inner, self._handler = inner, handler
 
     def run(self, state_handler, deadline, update_deadline=None) -> None:
-        if type(state_handler) is _RendezvousJoinOp and self._handler.rounds_done:
-            state_handler = EarlyJoinOp()
+        if type(state_handler) is _RendezvousJoinOp:
+            handler = self._handler
+            state_handler = EarlyJoinOp(handler.liveness, handler._state_holder.mark_dirty,
+                                        complete_early=handler.rounds_done > 0)
         self._inner.run(state_handler, deadline, update_deadline)
 
 
@@ -68,6 +94,7 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
         super().__init__(*args, **kwargs)
         self.rounds_done = 0
         self._op_executor = _EarlyExecutor(self._op_executor, self)
+        self.liveness = Liveness(self._store, self._this_node, self._settings)
 
     @classmethod
     def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None) -> "EarlyRendezvousHandler":
@@ -78,9 +105,14 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
                    handler._state_holder)
 
     def next_rendezvous(self):
+        self.liveness.start()
         info = super().next_rendezvous()
         self.rounds_done += 1
         return info
+
+    def shutdown(self) -> bool:
+        self.liveness.stop()
+        return super().shutdown()
 
 
 def create_early_handler(store, backend, params) -> EarlyRendezvousHandler:

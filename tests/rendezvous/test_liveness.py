@@ -1,0 +1,142 @@
+"""A node whose agent is gone leaves the rendezvous at once, not after its keep-alive expired
+(ddpjob_trainer.rendezvous.liveness), and a live node is never taken for a dead one."""
+import socket
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+from torch.distributed import HashStore
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler, RendezvousSettings, RendezvousTimeout, _Action, _NodeDesc, _RendezvousContext,
+    _RendezvousState,
+)
+
+from ddpjob_trainer.rendezvous.early import EarlyJoinOp, EarlyRendezvousHandler
+from ddpjob_trainer.rendezvous.liveness import Beacon, Liveness, probe
+
+SURVIVOR, DEAD, LATE, QUIET = (_NodeDesc("127.0.0.1", pid, 0) for pid in (1, 2, 3, 4))
+INTERVAL = timedelta(seconds=2)
+
+
+def settings(min_nodes=1, max_nodes=4) -> RendezvousSettings:
+    return RendezvousSettings("run", min_nodes, max_nodes, RendezvousTimeout(), keep_alive_interval=INTERVAL,
+                              keep_alive_max_attempt=3)
+
+
+def test_a_beacon_answers_its_name_and_is_refused_once_closed():
+    beacon = Beacon("node_7_0")
+    assert probe("127.0.0.1", beacon.port, "node_7_0") is True
+    assert probe("127.0.0.1", beacon.port, "node_8_0") is False, "another node's beacon on that port"
+    beacon.close()
+    assert probe("127.0.0.1", beacon.port, "node_7_0") is False
+
+
+def test_a_host_that_accepts_but_never_answers_is_unknown_not_gone():
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody ever writes
+    try:
+        assert probe("127.0.0.1", silent.getsockname()[1], "node_7_0", timeout=0.2) is None
+    finally:
+        silent.close()
+
+
+class Published:
+    """Beacons for nodes, published in one store the way each node's Liveness publishes its own."""
+
+    def __init__(self):
+        self.store, self.beacons = HashStore(), {}
+
+    def alive(self, node):
+        Liveness(self.store, node, settings()).start()  # publishes under the node's name
+        return self
+
+    def dead(self, node):
+        beacon = Liveness(self.store, node, settings())
+        beacon.start()
+        beacon.stop()
+        return self
+
+
+def heartbeats(**seconds_ago) -> _RendezvousState:
+    state, now = _RendezvousState(), datetime.now(timezone.utc)
+    nodes = {"survivor": SURVIVOR, "dead": DEAD, "late": LATE, "quiet": QUIET}
+    state.last_heartbeats = {nodes[name]: now - timedelta(seconds=age) for name, age in seconds_ago.items()}
+    state.participants = {node: rank for rank, node in enumerate(state.last_heartbeats)}
+    return state
+
+
+def test_only_a_node_that_missed_a_heartbeat_and_whose_beacon_is_gone_is_gone():
+    published = Published().alive(SURVIVOR).dead(DEAD).alive(LATE)
+    state = heartbeats(survivor=0, dead=3, late=3, quiet=3)  # QUIET never published a beacon
+    assert Liveness(published.store, SURVIVOR, settings()).gone(state) == [DEAD]
+
+
+def test_a_dead_node_is_not_probed_before_it_has_missed_a_heartbeat():
+    published = Published().alive(SURVIVOR).dead(DEAD)
+    assert Liveness(published.store, SURVIVOR, settings()).gone(heartbeats(survivor=0, dead=0.5)) == []
+
+
+def test_the_join_removes_a_gone_participant_and_moves_a_complete_round_on():
+    """The survivor waits for the round its dead peer still holds: the join removes the peer and,
+    its round now empty, torch's epilogue starts the next one (as keep-alive expiry would)."""
+    published = Published().alive(SURVIVOR).dead(DEAD)
+    state = heartbeats(survivor=0, dead=3)
+    del state.participants[SURVIVOR]
+    state.complete, state.round, state.wait_list = True, 4, {SURVIVOR}
+    dirty = []
+    op = EarlyJoinOp(Liveness(published.store, SURVIVOR, settings()), lambda: dirty.append(True))
+    assert op(_RendezvousContext(SURVIVOR, state, settings()), time.monotonic() + 60) == _Action.KEEP_ALIVE
+    assert dirty and DEAD not in state.last_heartbeats and not state.participants
+    assert (state.round, state.complete) == (5, False)
+
+
+def handlers(count: int, *, min_nodes: int, join_seconds: int = 30) -> list[EarlyRendezvousHandler]:
+    """Handlers of one rendezvous on one in-process store, keep-alive 1 s x 1000: a dead node
+    would take 1000 s to expire, longer than the join timeout."""
+    store = HashStore()
+    backend = C10dRendezvousBackend(store, "run")
+    timeout = RendezvousTimeout(join=timedelta(seconds=join_seconds), last_call=timedelta(seconds=1))
+    return [EarlyRendezvousHandler.like(DynamicRendezvousHandler.from_backend(
+        "run", store, backend, min_nodes, count, "127.0.0.1", timeout, keep_alive_interval=1,
+        keep_alive_max_attempt=1000)) for _ in range(count)]
+
+
+def rendezvous_together(group):
+    results = [None] * len(group)
+
+    def join(i):
+        results[i] = group[i].next_rendezvous()
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(group))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+def test_the_survivor_re_forms_alone_although_the_dead_nodes_keep_alive_never_expires():
+    survivor, dead = handlers(2, min_nodes=1)
+    assert sorted(info.world_size for info in rendezvous_together([survivor, dead])) == [2, 2]
+    dead._stop_heartbeats()  # what a SIGKILL does to the agent: no more heartbeats, the beacon closed
+    dead.liveness.stop()
+    info = survivor.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    survivor.shutdown()
+
+
+def test_a_live_node_that_is_only_late_is_waited_for():
+    """The same, with the other node alive but silent (its heartbeats stopped, its beacon up):
+    the round is not formed without it, and the join times out."""
+    survivor, late = handlers(2, min_nodes=1, join_seconds=4)
+    rendezvous_together([survivor, late])
+    late._stop_heartbeats()
+    started = time.monotonic()
+    try:
+        survivor.next_rendezvous()
+    except Exception as error:  # noqa: BLE001 - torch's RendezvousTimeoutError
+        assert type(error).__name__ == "RendezvousTimeoutError", error
+    else:
+        raise AssertionError("the survivor formed a round without its live peer")
+    assert time.monotonic() - started >= 4
+    late.liveness.stop()
