@@ -132,6 +132,39 @@ def test_accumulating_two_micro_batches_equals_one_double_batch_and_all_reduces_
         torch.testing.assert_close(accumulated[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def traced_run(env, tmp_path, accumulation):
+    """Trains one epoch of 200 samples in micro-batches of 8 inside a caller's bf16 autocast; returns
+    each micro-batch's (loss, autocast on?) as the loss function saw them, and the logged step losses."""
+    seen = []
+
+    def traced_mse(model, batch):
+        loss = mse(model, batch)
+        seen.append((loss.item(), torch.is_autocast_enabled("cpu")))
+        return loss
+
+    model, optimizer, _ = build(dropout=0.0)
+    config = TrainerConfig(epochs=1, batch_size=8, accumulation_steps=accumulation, progress_bar=False,
+                           metrics_file=str(tmp_path / "metrics.jsonl"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        Trainer(model, optimizer, DATA, config, loss_fn=traced_mse, env=env).train()
+    logged = [e["loss"] for e in read_metrics(tmp_path / "metrics.jsonl") if e["event"] == "step"]
+    return seen, logged
+
+
+def test_a_steps_logged_loss_is_the_mean_of_its_micro_batches_losses(env, tmp_path):
+    seen, logged = traced_run(env, tmp_path, accumulation=3)
+    losses = [loss for loss, _ in seen]
+    # 25 micro-batches: eight groups of three, then the epoch's last one alone.
+    groups = [losses[start:start + 3] for start in range(0, len(losses), 3)]
+    assert [len(group) for group in groups] == [3] * 8 + [1]
+    assert logged == [sum(group) / len(group) for group in groups]  # exact: summed in float64 either way
+
+
+def test_without_amp_a_callers_autocast_is_off_inside_the_loss_function(env, tmp_path):
+    seen, _ = traced_run(env, tmp_path, accumulation=1)
+    assert len(seen) == 25 and not any(autocast for _, autocast in seen)
+
+
 def test_config_errors_name_each_field_value_and_rule():
     with pytest.raises(ValueError) as error:
         TrainerConfig(epochs=0, batch_size=-1, snapshot_every_steps=-2)
