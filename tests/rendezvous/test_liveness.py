@@ -140,3 +140,38 @@ def test_a_live_node_that_is_only_late_is_waited_for():
         raise AssertionError("the survivor formed a round without its live peer")
     assert time.monotonic() - started >= 4
     late.liveness.stop()
+
+
+class RecordingWarmUp:
+    """Stands in for the node's prestarted fork server (zygote.Warm): records, when it is
+    waited for, whether the node had joined the rendezvous yet."""
+
+    def __init__(self, handler_of):
+        self.handler_of, self.joined_when_waited = handler_of, []
+
+    def wait(self):
+        handler = self.handler_of()
+        handler._state_holder.sync()
+        state = handler._state_holder.state
+        self.joined_when_waited.append(handler._this_node in {*state.participants, *state.wait_list})
+        return True
+
+
+def test_a_node_joining_a_running_group_warms_up_before_it_joins_and_a_starting_one_does_not(monkeypatch):
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as on every agent (DEVELOPERS.md)
+    first, newcomer = handlers(2, min_nodes=1)
+    first_warm, newcomer_warm = RecordingWarmUp(lambda: first), RecordingWarmUp(lambda: newcomer)
+    first._warm, newcomer._warm = first_warm, newcomer_warm
+    assert first.next_rendezvous().world_size == 1  # alone: the group starts (last call 1 s)
+    assert first_warm.joined_when_waited == [], "nothing runs yet: the first node joins at once"
+    joined = []
+    thread = threading.Thread(target=lambda: joined.append(newcomer.next_rendezvous()))
+    thread.start()
+    # As an agent does: it restarts its workers once it sees a node waiting (num_nodes_waiting).
+    deadline = time.monotonic() + 30
+    while first.num_nodes_waiting() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.next_rendezvous().world_size == 2
+    thread.join(30)
+    assert [info.world_size for info in joined] == [2]
+    assert newcomer_warm.joined_when_waited == [False], "warmed up once, before joining"

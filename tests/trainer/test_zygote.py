@@ -111,3 +111,17 @@ def test_an_agent_starts_its_nodes_server_before_its_first_worker_which_then_use
     assert code == 5 and preloaded
     assert parent == int(server_line.split()[1]), "the worker was forked by the server the agent started"
     assert wait_gone(parent), "that server leaves with its agent"
+
+
+def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_one_at_once(monkeypatch):
+    from ddpjob_trainer import zygote
+
+    monkeypatch.setenv("DDPJOB_ZYGOTE_SOCKET", f"@test-zygote-{uuid.uuid4().hex}")
+    first = zygote.prestart()
+    try:
+        assert first.wait(timeout=120) is True
+        second = zygote.prestart()  # the name is served already: it exits without reporting ready
+        assert second.wait(timeout=30) is False and second.process.wait(timeout=30) == 0
+    finally:
+        first.process.kill()
+        first.process.wait()

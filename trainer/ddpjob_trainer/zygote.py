@@ -45,7 +45,7 @@ def address(name: str) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--serve"]:
-        return serve(address(argv[1]), int(argv[2]))
+        return serve(address(argv[1]), int(argv[2]), int(argv[3]) if len(argv) > 3 else None)
     name = os.environ.get(SOCKET_ENV)
     if not name:
         return run_module(argv[0], argv[1:])
@@ -92,24 +92,53 @@ def _connect_or_start(path: str) -> socket.socket:
         time.sleep(0.05)
 
 
-def start_server(name: str, agent: int) -> subprocess.Popen:
+def start_server(name: str, agent: int, ready_fd: int | None = None) -> subprocess.Popen:
     """Starts the server of socket ``name`` for torchrun agent ``agent`` (it leaves with it); a
-    second start for a name already served exits at once."""
-    return subprocess.Popen([sys.executable, "-m", "ddpjob_trainer.zygote", "--serve", name, str(agent)],
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    second start for a name already served exits at once. ``ready_fd``, a pipe's write end,
+    is written to once the server has imported what it preloads (closed unwritten if it exits)."""
+    extra = [str(ready_fd)] if ready_fd is not None else []
+    return subprocess.Popen([sys.executable, "-m", "ddpjob_trainer.zygote", "--serve", name, str(agent), *extra],
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            pass_fds=(ready_fd,) if ready_fd is not None else ())
 
 
-def prestart() -> subprocess.Popen | None:
+class Warm:
+    """A prestarted server: ``wait`` returns once it has imported torch (or is gone)."""
+
+    def __init__(self, process: subprocess.Popen, ready_read: int) -> None:
+        self.process, self._ready = process, ready_read
+
+    def wait(self, timeout: float = CONNECT_SECONDS) -> bool:
+        """Whether the server reported ready within ``timeout`` (False: timed out, or it exited)."""
+        if self._ready < 0:
+            return True
+        readable, _, _ = select.select([self._ready], [], [], timeout)
+        ready = bool(readable) and os.read(self._ready, 1) == b"1"
+        if readable:
+            os.close(self._ready)
+            self._ready = -1
+        return ready
+
+
+def prestart() -> Warm | None:
     """From the torchrun agent (its rendezvous handler): starts the node's server now when
     DDPJOB_ZYGOTE_SOCKET is set, so torch is imported while the agent rendezvouses.
 
     Otherwise a new node (a replacement) imports torch only once its first worker starts, after
     the round completed, and every node of that round waits for it (3-5 s here). The server
     binds its socket before importing, so a worker that comes sooner waits for it, not for a
-    second server.
+    second server. A node joining a running group waits for ``Warm.wait`` before it joins
+    (rendezvous/early.py), so the group's pause does not include these imports either.
     """
     name = os.environ.get(SOCKET_ENV)
-    return start_server(name, os.getpid()) if name else None
+    if not name:
+        return None
+    ready_read, ready_write = os.pipe()
+    try:
+        process = start_server(name, os.getpid(), ready_write)
+    finally:
+        os.close(ready_write)
+    return Warm(process, ready_read)
 
 
 def _signal(pid: int, number: int) -> None:
@@ -119,8 +148,9 @@ def _signal(pid: int, number: int) -> None:
 
 # -- the server ---------------------------------------------------------------------------
 
-def serve(path: str, agent: int) -> int:
-    """Forks a worker per client until the torchrun agent ``agent`` is gone and every worker reported."""
+def serve(path: str, agent: int, ready_fd: int | None = None) -> int:
+    """Forks a worker per client until the torchrun agent ``agent`` is gone and every worker
+    reported; writes to ``ready_fd`` once preloaded."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)
@@ -128,6 +158,10 @@ def serve(path: str, agent: int) -> int:
         return 0
     listener.listen(64)
     _preload()
+    if ready_fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, b"1")
+        os.close(ready_fd)
     waiting: dict[int, socket.socket] = {}  # worker pid -> its client's connection
     while _alive(agent) or waiting:
         ready, _, _ = select.select([listener], [], [], 0.05)

@@ -25,16 +25,16 @@ def create_rdzv_handler(params):
     """See :func:`ddpjob_trainer.rendezvous.handler.create_rdzv_handler`."""
     from ddpjob_trainer.rendezvous.handler import create_rdzv_handler as create
 
-    _prestart_workers()
-    return create(params)
+    return create(params, _prestart_workers())
 
 
 def _prestart_workers():
     """The agent creates its handler once, before its first rendezvous: the moment to start the
-    node's worker fork server (spec.elasticPolicy.fastRestart), see ddpjob_trainer.zygote.prestart."""
+    node's worker fork server (spec.elasticPolicy.fastRestart), see ddpjob_trainer.zygote.prestart.
+    Returns it (a zygote.Warm), or None without one."""
     from ddpjob_trainer.zygote import prestart
 
-    prestart()
+    return prestart()
 
 
 def create_c10d_handler(params):
@@ -44,8 +44,7 @@ def create_c10d_handler(params):
     from ddpjob_trainer.rendezvous.early import create_early_handler
 
     backend, store = create_backend(params)
-    _prestart_workers()
-    return create_early_handler(store, backend, params)
+    return create_early_handler(store, backend, params, _prestart_workers())
 
 
 def c10d_handler_factory():

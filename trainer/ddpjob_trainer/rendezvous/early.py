@@ -19,10 +19,16 @@ In every round, a node that has missed a heartbeat and whose liveness beacon say
 (:mod:`.liveness`: its agent's process is dead on a host that is up) is removed at once
 instead of after ``keep_alive_max_attempt`` missed heartbeats: the survivors of a killed node
 no longer wait out its keep-alive.
+
+A node that joins a group already training (a replacement, a scale-up) first lets its fork
+server (``elasticPolicy.fastRestart``, :mod:`ddpjob_trainer.zygote`) finish importing torch:
+the group restarts its workers only once the newcomer can start its own at once, so the
+group's pause does not include the newcomer's imports.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler, _Action, _RendezvousContext, _RendezvousJoinOp, create_handler,
@@ -90,31 +96,45 @@ class _EarlyExecutor:
 class EarlyRendezvousHandler(DynamicRendezvousHandler):
     """torch's handler whose re-rendezvous completes early (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, warm=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self._warm = warm  # the node's prestarted fork server (zygote.Warm), if any
         self.rounds_done = 0
         self._op_executor = _EarlyExecutor(self._op_executor, self)
         self.liveness = Liveness(self._store, self._this_node, self._settings)
 
     @classmethod
-    def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None) -> "EarlyRendezvousHandler":
+    def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None,
+             warm=None) -> "EarlyRendezvousHandler":
         """A handler on the same node, settings, backend, store and state as torch's ``handler``
         (built by torch's create_handler, which parses the --rdzv_conf keys), named
         ``backend_name`` (torch's registry checks it is the --rdzv_backend asked for)."""
         return cls(handler._this_node, handler._settings, backend_name or handler._backend_name, handler._store,
-                   handler._state_holder)
+                   handler._state_holder, warm=warm)
 
     def next_rendezvous(self):
         self.liveness.start()
+        if not self.rounds_done and self._warm is not None and self._group_running():
+            started = time.monotonic()
+            self._warm.wait()
+            log.info("Joining a running group after this node's fork server imported torch (%.1f s)",
+                     time.monotonic() - started)
         info = super().next_rendezvous()
         self.rounds_done += 1
         return info
+
+    def _group_running(self) -> bool:
+        """Whether other nodes train in a complete round now (so joining will restart them)."""
+        self._state_holder.sync()
+        state = self._state_holder.state
+        return state.complete and bool(state.participants)
 
     def shutdown(self) -> bool:
         self.liveness.stop()
         return super().shutdown()
 
 
-def create_early_handler(store, backend, params) -> EarlyRendezvousHandler:
-    """torch's ``create_handler(store, backend, params)``, completing re-rendezvous early."""
-    return EarlyRendezvousHandler.like(create_handler(store, backend, params), params.backend)
+def create_early_handler(store, backend, params, warm=None) -> EarlyRendezvousHandler:
+    """torch's ``create_handler(store, backend, params)``, completing re-rendezvous early;
+    ``warm``: the node's prestarted fork server."""
+    return EarlyRendezvousHandler.like(create_handler(store, backend, params), params.backend, warm)

@@ -16,13 +16,14 @@ from ddpjob_trainer.rendezvous.early import create_early_handler
 from ddpjob_trainer.rendezvous.store import EtcdV3Store
 
 
-def create_rdzv_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
-    """torch's dynamic rendezvous handler on the etcd v3 backend, re-rendezvous completing early (.early)."""
+def create_rdzv_handler(params: RendezvousParameters, warm=None) -> DynamicRendezvousHandler:
+    """torch's dynamic rendezvous handler on the etcd v3 backend, re-rendezvous completing early
+    (.early); ``warm``: the node's prestarted fork server (zygote.Warm), if any."""
     connection = EtcdConnection(settings_from_params(params))
     # The operator sets DDPJOB_NAMESPACE in every node pod: the keys live under the job's namespace.
     backend = EtcdV3RendezvousBackend(connection, params.run_id, keys.namespace_from_env())
     store = EtcdV3Store(connection, backend)
-    return create_early_handler(store, backend, params)
+    return create_early_handler(store, backend, params, warm)
 
 
 def settings_from_params(params: RendezvousParameters) -> EtcdSettings:
