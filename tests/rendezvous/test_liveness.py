@@ -162,6 +162,7 @@ def test_a_node_joining_a_running_group_warms_up_before_it_joins_and_a_starting_
     first, newcomer = handlers(2, min_nodes=1)
     first_warm, newcomer_warm = RecordingWarmUp(lambda: first), RecordingWarmUp(lambda: newcomer)
     first._warm, newcomer._warm = first_warm, newcomer_warm
+    assert not first.membership_known, "a job's first round: nodes may still be starting"
     assert first.next_rendezvous().world_size == 1  # alone: the group starts (last call 1 s)
     assert first_warm.joined_when_waited == [], "nothing runs yet: the first node joins at once"
     joined = []
@@ -175,3 +176,4 @@ def test_a_node_joining_a_running_group_warms_up_before_it_joins_and_a_starting_
     thread.join(30)
     assert [info.world_size for info in joined] == [2]
     assert newcomer_warm.joined_when_waited == [False], "warmed up once, before joining"
+    assert newcomer.membership_known, "a node that joined a running group completes its rounds early"

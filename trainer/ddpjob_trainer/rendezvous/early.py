@@ -10,8 +10,10 @@ a later round completes when every such node is a participant (or redundant, ove
 ``max_nodes``): the survivors of a node loss go on as soon as the dead node has expired,
 and a replacement already waiting is taken along in the same round.
 
-The first round keeps torch's last call: nodes still starting are unknown to the state
-yet, and completing without them would cost a restart when they arrive. A node not yet
+A job's first round keeps torch's last call: nodes still starting are unknown to the state
+yet, and completing without them would cost a restart when they arrive. A node that joins a
+group already training knows the membership too (the group is in the state), so it completes
+early from its first round, whichever of it and the group joins last. A node not yet
 known (a replacement still being created) joins the next round, as with torch's last call
 expired. Measured by ``python -m bench recovery`` (docs/recovery.md).
 
@@ -89,7 +91,7 @@ class _EarlyExecutor:
         if type(state_handler) is _RendezvousJoinOp:
             handler = self._handler
             state_handler = EarlyJoinOp(handler.liveness, handler._state_holder.mark_dirty,
-                                        complete_early=handler.rounds_done > 0)
+                                        complete_early=handler.membership_known)
         self._inner.run(state_handler, deadline, update_deadline)
 
 
@@ -100,6 +102,10 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
         super().__init__(*args, **kwargs)
         self._warm = warm  # the node's prestarted fork server (zygote.Warm), if any
         self.rounds_done = 0
+        # Whether every node that belongs in the next round is in the state: after a round of
+        # our own, or when joining a group that trains (only a job's first round has nodes
+        # still starting that the state does not know yet).
+        self.membership_known = False
         self._op_executor = _EarlyExecutor(self._op_executor, self)
         self.liveness = Liveness(self._store, self._this_node, self._settings)
 
@@ -114,13 +120,16 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
 
     def next_rendezvous(self):
         self.liveness.start()
-        if not self.rounds_done and self._warm is not None and self._group_running():
+        if not self.rounds_done and self._group_running():
+            self.membership_known = True
+        if not self.rounds_done and self.membership_known and self._warm is not None:
             started = time.monotonic()
             self._warm.wait()
             log.info("Joining a running group after this node's fork server imported torch (%.1f s)",
                      time.monotonic() - started)
         info = super().next_rendezvous()
         self.rounds_done += 1
+        self.membership_known = True
         return info
 
     def _group_running(self) -> bool:
