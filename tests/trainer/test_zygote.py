@@ -94,7 +94,7 @@ def test_a_sigkilled_client_takes_its_worker_along(zygote, tmp_path):
 AGENT = """
 import subprocess, sys
 from ddpjob_trainer import zygote
-print("server", zygote.prestart().pid, flush=True)
+print("server", zygote.prestart().process.pid, flush=True)
 sys.exit(subprocess.call([sys.executable, "-m", "ddpjob_trainer.zygote", "zy_worker", "5"]))
 """
 
