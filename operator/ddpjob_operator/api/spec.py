@@ -398,8 +398,9 @@ class ElasticPolicy(_Model):
         "ddpjob-trainer installed in the image (ghcr.io/ddpjob/trainer has it; pip install "
         "ddpjob-trainer otherwise): without it the agents fail to start. rdzvBackend c10d runs as "
         "ddpjob-c10d (torch's c10d rendezvous whose re-rendezvous completes once every node with a "
-        "live heartbeat has joined, instead of waiting out lastCallSeconds; etcd-v3 does this "
-        "anyway), and a module job's workers fork from a per-node server that imported torch once "
+        "live heartbeat has joined, instead of waiting out lastCallSeconds, and drops a node whose "
+        "agent is provably gone without waiting out its keep-alive; etcd-v3 does both anyway), and "
+        "a module job's workers fork from a per-node server that imported torch once "
         "(torchrun -m ddpjob_trainer.zygote MODULE) instead of starting a fresh Python each. "
         "Applies to node pods created after a change."))
     managed_etcd: ManagedEtcd = _object(ManagedEtcd, "A per-job etcd run by the operator.")
