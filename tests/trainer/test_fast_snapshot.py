@@ -44,6 +44,17 @@ def test_a_restarted_writer_first_fills_the_slot_its_meta_does_not_name(tmp_path
     assert again.load(meta)["model"]["w"][0, 0] == 7.0, "the complete copy was left intact"
 
 
+def test_a_failed_copy_is_raised_once_by_the_next_wait_and_the_older_copy_stays(tmp_path):
+    fast = FastSnapshot(tmp_path / "node", local_rank=0)
+    fast.save(state(1), step=1)
+    fast.wait()
+    fast.save({**state(2), "unpicklable": lambda: None}, step=2)  # the same tensors, a record torch.save refuses
+    with pytest.raises(RuntimeError, match=f"fast snapshot to {tmp_path / 'node'} failed: "):
+        fast.wait()
+    fast.wait()  # reported once
+    assert fast.newest()["step"] == 1, "a copy that failed never counts"
+
+
 def test_flatten_and_unflatten_are_inverse():
     skeleton, tensors = flatten(state(4))
     assert len(tensors) == 2 and unflatten(skeleton, tensors)["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)

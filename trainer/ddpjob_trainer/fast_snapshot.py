@@ -35,11 +35,12 @@ import hashlib
 import logging
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .background import BackgroundJob
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,7 @@ class FastSnapshot:
     def __init__(self, directory: str | os.PathLike, local_rank: int):
         self.directory = Path(directory)
         self.local_rank = local_rank
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._copying = BackgroundJob("ddpjob-fast-snapshot", daemon=True)
         self._layout: list[tuple[torch.dtype, tuple[int, ...], int]] | None = None
         self._slots: list[list[torch.Tensor]] = []
         self._next = 0
@@ -107,18 +107,13 @@ class FastSnapshot:
                 dst.copy_(src.detach())
         record = {"slot": slot, "skeleton": skeleton, "layout": [(str(d), s, n) for d, s, n in layout], **meta}
         ready = self._ready_event(big)
-        self._thread = threading.Thread(target=self._copy, args=(big, ready, record), daemon=True,
-                                        name="ddpjob-fast-snapshot")
-        self._thread.start()
+        self._copying.start(self._copy, big, ready, record)
         self._next = 1 - slot
 
     def wait(self) -> None:
         """Blocks until the pending copy is complete; re-raises its error."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
+        error = self._copying.wait()
+        if error is not None:
             raise RuntimeError(f"fast snapshot to {self.directory} failed: {error}") from error
 
     def remove(self) -> None:
@@ -128,20 +123,17 @@ class FastSnapshot:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], ready: Any, record: dict[str, Any]) -> None:
-        try:
-            if ready is not None:  # CUDA: copy on a side stream once the step's kernels are done
-                with torch.cuda.stream(self._stream):
-                    self._stream.wait_event(ready)
-                    for src, dst in pairs:
-                        dst.copy_(src.detach(), non_blocking=False)
-            else:
+        if ready is not None:  # CUDA: copy on a side stream once the step's kernels are done
+            with torch.cuda.stream(self._stream):
+                self._stream.wait_event(ready)
                 for src, dst in pairs:
-                    dst.copy_(src.detach())
-            tmp = self.meta_path.with_name(f".{self.meta_path.name}.tmp-{os.getpid()}")
-            torch.save(record, tmp)
-            os.replace(tmp, self.meta_path)  # the slot counts only from here on
-        except BaseException as error:  # noqa: BLE001 - handed to the training thread
-            self._error = error
+                    dst.copy_(src.detach(), non_blocking=False)
+        else:
+            for src, dst in pairs:
+                dst.copy_(src.detach())
+        tmp = self.meta_path.with_name(f".{self.meta_path.name}.tmp-{os.getpid()}")
+        torch.save(record, tmp)
+        os.replace(tmp, self.meta_path)  # the slot counts only from here on
 
     def _ready_event(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         if not any(src.is_cuda for src, _ in pairs):

@@ -62,7 +62,6 @@ import logging
 import os
 import pickle
 import re
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -71,6 +70,7 @@ from typing import Any
 
 import torch
 
+from .background import BackgroundJob
 from .env import (
     ON_UNREADABLE_CHOICES, SNAPSHOT_ON_UNREADABLE_ENV, TRUST_SNAPSHOTS_ENV, snapshot_on_unreadable, trust_snapshots
 )
@@ -172,8 +172,7 @@ class SnapshotStore:
         self.rank = rank
         self.async_save = async_save
         self.on_saved = on_saved
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._saving = BackgroundJob("ddpjob-snapshot", daemon=False)
         if rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._remove_temporaries()
@@ -196,27 +195,17 @@ class SnapshotStore:
         # Copy now: the training loop mutates parameters and optimizer state
         # in place while the writer thread is still serializing.
         cpu_state = to_cpu(state)
-        self._thread = threading.Thread(target=self._write_in_background, args=(cpu_state, meta), daemon=False)
-        self._thread.start()
+        self._saving.start(self._write, cpu_state, meta)
 
     def wait(self) -> None:
         """Blocks until a pending asynchronous save is complete; re-raises its error."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
+        error = self._saving.wait()
+        if error is not None:
             raise SnapshotError(f"asynchronous snapshot save to {self.directory} failed: {error}") from error
 
     def close(self) -> None:
         """Waits for a pending save (same as ``wait``)."""
         self.wait()
-
-    def _write_in_background(self, state: dict[str, Any], meta: dict[str, int]) -> None:
-        try:
-            self._write(state, meta)
-        except BaseException as error:  # noqa: BLE001 - handed to the training thread
-            self._error = error
 
     def _write(self, state: dict[str, Any], meta: dict[str, int]) -> None:
         stem = snapshot_stem(meta["epoch"], meta["step"])
