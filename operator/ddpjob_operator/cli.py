@@ -22,7 +22,9 @@ from ddpjob_operator.api import constants
 from ddpjob_operator.local import command as local_run
 from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
+from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.render.node_pod import render_pod, render_service
+from ddpjob_operator.render.pdb import render_disruption_budget
 from ddpjob_operator.api.spec import MAX_DEPTH, DDPJobSpec, InvalidSpecError, JobRef, parse_job, validate_job
 
 # Exit codes: 1 = the job is invalid, 2 = the input could not be read at all.
@@ -152,6 +154,10 @@ def render(path: str, namespace: str | None) -> int:
         objects[1:1] = [render_store_service(ref, spec), render_store_pod(ref, spec)]
     if spec.elastic_policy.managed_etcd.enabled:  # the job's own etcd, created with the nodes
         objects[1:1] = [render_etcd_service(ref), render_etcd_pod(ref, spec)]
+    if spec.network_policy.enabled:  # admitting the operator's pods as the chart's defaults select them
+        objects.append(render_network_policy(ref, OperatorPeer()))
+    if spec.run_policy.pod_disruption_budget:
+        objects.append(render_disruption_budget(ref, spec))
     text = yaml.safe_dump_all(objects, sort_keys=False)
     try:
         sys.stdout.write(text)
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("validate", help="report every invalid field of a DDPJob")
     check.add_argument("job", help="DDPJob YAML file, or - for stdin")
-    preview = commands.add_parser("render", help="print the Service and Pods the operator would create")
+    preview = commands.add_parser("render", help="print the Services, Pods, NetworkPolicy and PodDisruptionBudget the operator would create")
     preview.add_argument("job", help="DDPJob YAML file, or - for stdin")
     preview.add_argument("--namespace", help="namespace to render into (default: the file's, else default)")
     local = commands.add_parser("run", help="run the job on this machine: one local torchrun agent per node")

@@ -98,12 +98,21 @@ def test_render_prints_the_service_and_one_pod_per_desired_node(tmp_path, capsys
     assert cli.main(["render", path, "--namespace", "team-a"]) == 0
     objects = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [o["metadata"]["name"] for o in objects] == ["mlp", "mlp-rdzv", "mlp-rdzv", "mlp-node-0", "mlp-node-1",
-                                                         "mlp-node-2"]  # the c10d store pod comes first
-    assert [o["kind"] for o in objects] == ["Service", "Service", "Pod", "Pod", "Pod", "Pod"]
+                                                         "mlp-node-2", "mlp", "mlp"]  # the c10d store pod comes first
+    assert [o["kind"] for o in objects] == ["Service", "Service", "Pod", "Pod", "Pod", "Pod", "NetworkPolicy",
+                                            "PodDisruptionBudget"]
+    assert objects[-1]["spec"]["minAvailable"] == 1 + 1, "min(minReplicas 1, replicas 3 - 1) nodes + the store pod"
     assert all(o["metadata"]["namespace"] == "team-a" for o in objects)
     env = {e["name"]: e.get("value") for e in objects[3]["spec"]["containers"][0]["env"]}
     assert env["PET_RDZV_ID"] == cli.DRY_RUN_UID
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_render_leaves_out_the_policy_and_the_budget_a_job_turns_off(tmp_path, capsys):
+    path = example_with(tmp_path, networkPolicy={"enabled": False}, runPolicy={"podDisruptionBudget": False})
+    assert cli.main(["render", path]) == 0
+    kinds = [o["kind"] for o in yaml.safe_load_all(capsys.readouterr().out)]
+    assert "NetworkPolicy" not in kinds and "PodDisruptionBudget" not in kinds
 
 
 def test_render_refuses_an_invalid_job(tmp_path, capsys):
