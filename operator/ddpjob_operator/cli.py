@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("validate", help="report every invalid field of a DDPJob")
     check.add_argument("job", help="DDPJob YAML file, or - for stdin")
-    preview = commands.add_parser("render", help="print the Services, Pods, NetworkPolicy and PodDisruptionBudget the operator would create")
+    preview = commands.add_parser(
+        "render", help="print the Services, Pods, NetworkPolicy and PodDisruptionBudget the operator would create")
     preview.add_argument("job", help="DDPJob YAML file, or - for stdin")
     preview.add_argument("--namespace", help="namespace to render into (default: the file's, else default)")
     local = commands.add_parser("run", help="run the job on this machine: one local torchrun agent per node")
