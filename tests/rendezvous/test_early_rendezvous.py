@@ -11,7 +11,9 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousJoinOp, _RendezvousState,
 )
 
-from ddpjob_trainer.rendezvous.early import EarlyJoinOp, EarlyRendezvousHandler, everyone_known_joined
+from ddpjob_trainer.rendezvous.early import (
+    MAX_STATE_READS_PER_SECOND, EarlyJoinOp, EarlyRendezvousHandler, everyone_known_joined, poll_interval,
+)
 
 SURVIVOR, DEAD, NEWCOMER = (_NodeDesc("node", pid, 0) for pid in (1, 2, 3))
 LAST_CALL = timedelta(seconds=30)
@@ -78,6 +80,30 @@ def test_redundant_nodes_beyond_max_nodes_do_not_hold_the_round():
 def test_the_early_join_only_completes_a_round_torch_would_complete_later(make_state, kw, why):
     torch_says, early_says = join(make_state(), **kw)
     assert early_says == torch_says, why
+
+
+def test_a_waiting_join_polls_the_state_itself_and_answers_once_another_node_changed_it():
+    """Instead of handing torch's loop a one-second wait: the replacement's joining is seen on
+    the next poll, and the round completes."""
+    waiting = round_with([SURVIVOR], [SURVIVOR, NEWCOMER], wait_list=[NEWCOMER])
+    joined = round_with([SURVIVOR, NEWCOMER], [SURVIVOR, NEWCOMER])
+    reads = []
+
+    def refresh():
+        reads.append(True)
+        return _RendezvousContext(SURVIVOR, waiting if len(reads) < 3 else joined, settings())
+
+    op = EarlyJoinOp(refresh=refresh)
+    action = op(_RendezvousContext(SURVIVOR, waiting, settings()), time.monotonic() + 60)
+    assert action == _Action.MARK_RENDEZVOUS_COMPLETE and len(reads) == 3
+
+
+def test_the_poll_keeps_the_store_within_its_read_budget_or_torchs_own_rate_and_is_never_slower():
+    assert poll_interval(2) == 0.1
+    for nodes in (2, 50, 100, 500, 5000):
+        torch_rate = nodes / 1.0  # torch's join loop: one read per node per second
+        assert nodes / poll_interval(nodes) <= max(MAX_STATE_READS_PER_SECOND, torch_rate)
+        assert poll_interval(nodes) <= 1.0
 
 
 def test_a_handler_keeps_the_last_call_for_its_first_round_and_skips_it_afterwards():

@@ -26,11 +26,19 @@ A node that joins a group already training (a replacement, a scale-up) first let
 server (``elasticPolicy.fastRestart``, :mod:`ddpjob_trainer.zygote`) finish importing torch:
 the group restarts its workers only once the newcomer can start its own at once, so the
 group's pause does not include the newcomer's imports.
+
+torch's join loop re-reads the round state once a second while a node waits. Where the
+membership is known (the rounds above), a waiting node re-reads it every ``poll_interval``
+instead: a round another node opened or completed is seen within ~0.1 s, not up to 1 s, on
+each side of a restart. The interval grows with the group, so the store serves at most
+``MAX_STATE_READS_PER_SECOND`` state reads a second (what torch's own poll costs at that many
+nodes), and in a larger group polls as torch does.
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler, _Action, _RendezvousContext, _RendezvousJoinOp, create_handler,
@@ -42,6 +50,14 @@ log = logging.getLogger(__name__)
 
 # What torch's join op answers while this node waits in an incomplete round it takes part in.
 _WAITING = (_Action.SYNC, _Action.KEEP_ALIVE)
+FAST_POLL_SECONDS = 0.1
+MAX_STATE_READS_PER_SECOND = 500
+TORCH_POLL_SECONDS = 1.0  # the join loop's own delay (torch's executor, _Action.SYNC)
+
+
+def poll_interval(nodes: int) -> float:
+    """Seconds between two reads of the round state by one waiting node of a group of ``nodes``."""
+    return min(TORCH_POLL_SECONDS, max(FAST_POLL_SECONDS, nodes / MAX_STATE_READS_PER_SECOND))
 
 
 def everyone_known_joined(ctx: _RendezvousContext) -> bool:
@@ -59,12 +75,26 @@ def everyone_known_joined(ctx: _RendezvousContext) -> bool:
 
 class EarlyJoinOp(_RendezvousJoinOp):
     """torch's join op that first removes the nodes ``liveness`` proves gone and, when
-    ``complete_early``, marks the round complete when everyone_known_joined."""
+    ``complete_early``, marks the round complete when everyone_known_joined. With ``refresh``
+    (a fresh context from a fresh read of the state), it waits by polling every poll_interval
+    instead of handing torch's loop a one-second wait."""
 
-    def __init__(self, liveness: Liveness | None = None, mark_dirty=None, complete_early: bool = True) -> None:
+    def __init__(self, liveness: Liveness | None = None, mark_dirty=None, complete_early: bool = True,
+                 refresh: Callable[[], _RendezvousContext] | None = None) -> None:
         self._liveness, self._mark_dirty, self._complete_early = liveness, mark_dirty, complete_early
+        self._refresh = refresh
 
     def __call__(self, ctx: _RendezvousContext, deadline: float) -> _Action:
+        action = self._decide(ctx, deadline)
+        # Ends: another node changed the round, a keep-alive is due, or the join timed out (torch's op
+        # answers KEEP_ALIVE or ERROR_TIMEOUT then, never SYNC).
+        while action == _Action.SYNC and self._refresh is not None:
+            time.sleep(poll_interval(len(ctx.state.last_heartbeats)))
+            ctx = self._refresh()
+            action = self._decide(ctx, deadline)
+        return action
+
+    def _decide(self, ctx: _RendezvousContext, deadline: float) -> _Action:
         if self._liveness is not None and not ctx.state.closed and (gone := self._liveness.gone(ctx.state)):
             log.info("Removing %s from the rendezvous: its liveness beacon says it is gone",
                      ", ".join(map(repr, gone)))
@@ -91,8 +121,18 @@ class _EarlyExecutor:
         if type(state_handler) is _RendezvousJoinOp:
             handler = self._handler
             state_handler = EarlyJoinOp(handler.liveness, handler._state_holder.mark_dirty,
-                                        complete_early=handler.membership_known)
+                                        complete_early=handler.membership_known,
+                                        refresh=self._refresh if handler.membership_known else None)
         self._inner.run(state_handler, deadline, update_deadline)
+
+    def _refresh(self) -> _RendezvousContext:
+        """Reads the round state now and hands it to torch's executor, which applies the next
+        action to the state it holds (so an action decided on the fresh state is applied to it)."""
+        holder = self._handler._state_holder
+        holder._last_sync_time = -1.0  # torch's holder serves its cached state for a second
+        holder.sync()
+        self._inner._state = holder.state
+        return _RendezvousContext(self._inner._node, holder.state, self._inner._settings)
 
 
 class EarlyRendezvousHandler(DynamicRendezvousHandler):

@@ -40,6 +40,9 @@ KEY_PREFIX = "ddpjob/liveness/"
 PROBE_TIMEOUT_SECONDS = 0.5
 # A name is at most a host name (253) plus a pid and a counter.
 MAX_NAME_BYTES = 512
+# A late node that answered is probed again at most this often (a waiting node decides several
+# times a second, rendezvous/early.py).
+ALIVE_RECHECK_SECONDS = 1.0
 
 
 class Beacon:
@@ -110,7 +113,7 @@ class Liveness:
     def __init__(self, store, node: _NodeDesc, settings: RendezvousSettings) -> None:
         self._store, self._node, self._settings = store, node, settings
         self._beacon: Beacon | None = None
-        self._unknown_until: dict[str, float] = {}
+        self._next_probe: dict[str, float] = {}  # node name -> monotonic time
 
     def start(self) -> None:
         """Start and publish the beacon (once; a store or socket error leaves liveness to keep-alive)."""
@@ -133,13 +136,14 @@ class Liveness:
         gone = []
         for node, heartbeat in list(state.last_heartbeats.items()):
             name = repr(node)
-            if node == self._node or heartbeat > late or self._unknown_until.get(name, 0) > now:
+            if node == self._node or heartbeat > late or self._next_probe.get(name, 0) > now:
                 continue
             answer = self._probe(node)
             if answer is False:
                 gone.append(node)
-            elif answer is None:
-                self._unknown_until[name] = now + self._settings.keep_alive_interval.total_seconds()
+            else:  # alive, or unknown: keep-alive expiry decides meanwhile
+                wait = ALIVE_RECHECK_SECONDS if answer else self._settings.keep_alive_interval.total_seconds()
+                self._next_probe[name] = now + wait
         return gone
 
     def _probe(self, node: _NodeDesc) -> bool | None:
