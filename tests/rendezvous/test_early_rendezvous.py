@@ -12,7 +12,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ddpjob_trainer.rendezvous.early import (
-    MAX_STATE_READS_PER_SECOND, EarlyJoinOp, EarlyRendezvousHandler, everyone_known_joined, poll_interval,
+    MAX_STATE_READS_PER_SECOND, EarlyJoinOp, EarlyRendezvousHandler, RejoiningExitOp, everyone_known_joined,
+    poll_interval,
 )
 
 SURVIVOR, DEAD, NEWCOMER = (_NodeDesc("node", pid, 0) for pid in (1, 2, 3))
@@ -80,6 +81,21 @@ def test_redundant_nodes_beyond_max_nodes_do_not_hold_the_round():
 def test_the_early_join_only_completes_a_round_torch_would_complete_later(make_state, kw, why):
     torch_says, early_says = join(make_state(), **kw)
     assert early_says == torch_says, why
+
+
+def test_a_node_between_its_exit_and_its_join_is_still_waited_for():
+    """The last participant leaves its round to join the next: the round moves on and the node
+    stays known, so a node already in the next round does not complete it alone meanwhile."""
+    state = round_with([SURVIVOR], [SURVIVOR, NEWCOMER], wait_list=[NEWCOMER], complete=True)
+    dirty = []
+    ctx = _RendezvousContext(SURVIVOR, state, settings())
+    assert RejoiningExitOp(lambda: dirty.append(True))(ctx, time.monotonic() + 60) == _Action.KEEP_ALIVE
+    assert dirty and not state.participants and SURVIVOR in state.last_heartbeats
+    assert (state.round, state.complete) == (3, False), "torch's epilogue: the empty round moved on"
+    state.participants[NEWCOMER] = 0  # the newcomer joins the new round first
+    state.wait_list.discard(NEWCOMER)
+    assert join(state, node=NEWCOMER)[1] in (_Action.SYNC, _Action.KEEP_ALIVE), "it waits for the survivor"
+    assert RejoiningExitOp(lambda: None)(ctx, time.monotonic() + 60) == _Action.FINISH, "out of the round: done"
 
 
 def test_a_waiting_join_polls_the_state_itself_and_answers_once_another_node_changed_it():

@@ -41,7 +41,8 @@ import time
 from collections.abc import Callable
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-    DynamicRendezvousHandler, _Action, _RendezvousContext, _RendezvousJoinOp, create_handler,
+    DynamicRendezvousHandler, _Action, _remove_participant_epilogue, _RendezvousContext, _RendezvousExitOp,
+    _RendezvousJoinOp, create_handler,
 )
 
 from ddpjob_trainer.rendezvous.liveness import Liveness, forget
@@ -109,15 +110,42 @@ class EarlyJoinOp(_RendezvousJoinOp):
         return action
 
 
+class RejoiningExitOp:
+    """torch's exit op (a node leaves its round before joining the next), except that the
+    node's heartbeat stays in the state.
+
+    torch's removes it, so between a node's exit and its join (two writes) the others do not
+    know it: a waiting node that completes rounds early would then form the next round
+    without it, and it would cost the group one more restart to take it in. Kept, it is a
+    known node that has not joined yet, and the round waits for it; should it die on the way,
+    its heartbeat expires (or its beacon says so) as any other's."""
+
+    def __init__(self, mark_dirty) -> None:
+        self._mark_dirty = mark_dirty
+
+    def __call__(self, ctx: _RendezvousContext, deadline: float) -> _Action:
+        state = ctx.state
+        if ctx.node not in state.participants:
+            return _Action.FINISH
+        if time.monotonic() > deadline:
+            return _Action.ERROR_TIMEOUT
+        del state.participants[ctx.node]
+        _remove_participant_epilogue(state, ctx.settings)
+        self._mark_dirty()
+        return _Action.KEEP_ALIVE  # an action that writes (compare-and-set; on a conflict this runs again)
+
+
 class _EarlyExecutor:
-    """The handler's executor, running the join op as EarlyJoinOp (torch builds its join op
-    inside next_rendezvous): with the liveness probe always, completing early once the handler
-    has completed a round."""
+    """The handler's executor, running torch's exit op as RejoiningExitOp and its join op as
+    EarlyJoinOp (torch builds both inside next_rendezvous): with the liveness probe always,
+    completing early once the membership is known."""
 
     def __init__(self, inner, handler: "EarlyRendezvousHandler"):
         self._inner, self._handler = inner, handler
 
     def run(self, state_handler, deadline, update_deadline=None) -> None:
+        if type(state_handler) is _RendezvousExitOp:
+            state_handler = RejoiningExitOp(self._handler._state_holder.mark_dirty)
         if type(state_handler) is _RendezvousJoinOp:
             handler = self._handler
             state_handler = EarlyJoinOp(handler.liveness, handler._state_holder.mark_dirty,
