@@ -169,7 +169,6 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
     def __init__(self, *args, warm=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._warm = warm  # the node's prestarted fork server (zygote.Warm), if any
-        self.rounds_done = 0
         # Whether every node that belongs in the next round is in the state: after a round of
         # our own, or when joining a group that trains (only a job's first round has nodes
         # still starting that the state does not know yet).
@@ -188,15 +187,14 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
 
     def next_rendezvous(self):
         self.liveness.start()
-        if not self.rounds_done and self._group_running():
+        if not self.membership_known and self._group_running():
             self.membership_known = True
-        if not self.rounds_done and self.membership_known and self._warm is not None:
-            started = time.monotonic()
-            self._warm.wait()
-            log.info("Joining a running group after this node's fork server imported torch (%.1f s)",
-                     time.monotonic() - started)
+            if self._warm is not None:
+                started = time.monotonic()
+                self._warm.wait()
+                log.info("Joining a running group after this node's fork server imported torch (%.1f s)",
+                         time.monotonic() - started)
         info = super().next_rendezvous()
-        self.rounds_done += 1
         self.membership_known = True
         return info
 

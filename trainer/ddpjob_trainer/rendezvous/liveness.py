@@ -18,7 +18,8 @@ published in the rendezvous store. A node that has missed a heartbeat is *probed
 
 Only "gone" shortens anything, and it needs a positive answer from the node's host, so a
 live node is never dropped. Probes cost nothing while every node beats on time: only late
-nodes are probed, each at most once per keep-alive interval.
+nodes are probed, one that answered at most once a second, one that did not at most once per
+keep-alive interval.
 """
 from __future__ import annotations
 
@@ -168,4 +169,3 @@ def forget(state: _RendezvousState, nodes: list[_NodeDesc], settings: Rendezvous
         state.redundancy_list.discard(node)
     if removed_participant:
         _remove_participant_epilogue(state, settings)
-
