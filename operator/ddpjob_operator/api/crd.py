@@ -22,7 +22,7 @@ import yaml
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import DNS_LABEL_MAX, NODE_POD_INFIX
-from ddpjob_operator.api.spec import JOB_NAME_PATTERN, JOB_NAME_RULE, DDPJobSpec, DDPJobStatus, cel
+from ddpjob_operator.api.spec import JOB_NAME_PATTERN, JOB_NAME_RULE, MAX_REPLICAS, DDPJobSpec, DDPJobStatus, cel
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # operator/ddpjob_operator/api/crd.py
 CRD_FILES = (
@@ -34,11 +34,23 @@ HEADER = (
     "# operator/ddpjob_operator/api/spec.py. Do not edit: change the model and regenerate.\n"
 )
 
-# names.name_too_long as CEL: "<name>-node-<maxReplicas-1>" must fit a DNS label.
+# names.name_too_long as CEL: "<name>-node-<maxReplicas-1>" must fit a DNS label. The digits of the
+# largest index are counted with comparisons, not size(string(...)): the API server's cost estimator
+# cannot bound string() of an int and would refuse the CRD.
+_LARGEST_NODE_COUNT = ("(has(self.spec.elasticPolicy) && has(self.spec.elasticPolicy.maxReplicas) ? "
+                       "self.spec.elasticPolicy.maxReplicas : (has(self.spec.replicas) ? self.spec.replicas : 1))")
+
+
+def _index_digits(count: str) -> str:
+    """CEL for the number of digits of `count - 1` (the largest node index), up to MAX_REPLICAS."""
+    expression = str(len(str(MAX_REPLICAS - 1)))
+    for digits in range(len(str(MAX_REPLICAS - 1)) - 1, 0, -1):
+        expression = f"({count} <= {10 ** digits} ? {digits} : {expression})"
+    return expression
+
+
 NAME_LENGTH_RULE = cel(
-    "size(self.metadata.name) + size(string((has(self.spec.elasticPolicy) && "
-    "has(self.spec.elasticPolicy.maxReplicas) ? self.spec.elasticPolicy.maxReplicas : "
-    f"(has(self.spec.replicas) ? self.spec.replicas : 1)) - 1)) <= {DNS_LABEL_MAX - len(NODE_POD_INFIX)}",
+    f"size(self.metadata.name) + {_index_digits(_LARGEST_NODE_COUNT)} <= {DNS_LABEL_MAX - len(NODE_POD_INFIX)}",
     "metadata.name is too long: pod names <name>-node-<index> must fit the 63-character DNS label limit",
 )
 # spec._identity_errors' name rule as CEL. The API server itself only checks object names as DNS-1123

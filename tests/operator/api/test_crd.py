@@ -212,6 +212,24 @@ def test_every_list_and_string_a_cel_rule_walks_is_bounded():
                       "volumeMounts[].mountPath": 4096, "snapshot.mountPath": 4096, "resources.limits": 32}
 
 
+def test_every_list_or_string_that_carries_a_rule_is_bounded():
+    """A rule on a list or string (rdzvEndpoints' `self == oldSelf`) costs by its largest size."""
+    unbounded = [path for path, node in walk(SCHEMA) if rules(node) and (
+        (node.get("type") == "array" and "maxItems" not in node)
+        or (node.get("type") == "string" and "maxLength" not in node and "enum" not in node))]
+    assert unbounded == []
+    endpoints = SPEC["properties"]["elasticPolicy"]["properties"]["rdzvEndpoints"]
+    assert (endpoints["maxItems"], endpoints["items"]["maxLength"]) == (16, 261)
+
+
+def test_no_message_expression_converts_a_number_to_a_string():
+    """kube-apiserver's cost estimator has no bound for string(<int>): one such expression and the
+    whole CRD is refused at install. Only bounded strings are concatenated into messages."""
+    expressions = [(path, rule) for path, node in walk(SCHEMA) for rule in rules(node)
+                   if "string(" in rule.get("messageExpression", "") or "string(" in rule["rule"]]
+    assert expressions == []
+
+
 def test_lists_keyed_by_a_field_are_list_maps():
     overrides = SPEC["properties"]["podOverrides"]["properties"]
     keyed = {name: (node.get("x-kubernetes-list-type"), node.get("x-kubernetes-list-map-keys"))

@@ -130,6 +130,17 @@ def test_cel_rejects_names_whose_pod_names_exceed_the_dns_limit_like_the_operato
         "metadata.name is too long: pod names <name>-node-<index> must fit the 63-character DNS label limit"]
 
 
+@pytest.mark.parametrize("max_replicas", [1, 10, 11, 100, 101, 1000])
+def test_cel_counts_the_digits_of_the_largest_node_index_like_the_operator(max_replicas):
+    """The CEL twin counts digits with comparisons (string() of an int has no cost bound):
+    it must agree with names.name_too_long on both sides of every digit boundary."""
+    from ddpjob_operator.api.names import name_too_long
+    spec = make_spec(replicas=1, max_replicas=max_replicas)
+    for length in (50, 54, 55, 56, 57):
+        name = "a" * length
+        assert (job_failures(spec, name=name) == []) == (name_too_long(name, max_replicas) is None), length
+
+
 @pytest.mark.parametrize("field,old,new", [
     ("image", {"image": "a:1"}, {"image": "a:2"}),
     ("spec.elasticPolicy.minReplicas", {"elasticPolicy": {"minReplicas": 1, "maxReplicas": 4}},
