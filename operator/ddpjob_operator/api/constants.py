@@ -228,6 +228,8 @@ MSG_INVALID_PROGRESS_RECORD = ("node pod {pod}: ignored the progress record in i
 MSG_DO_NOT_RETRY = "{what}; its trainer raised DoNotRetry ({reason}): not retried"  # the trainer's own reason
 MSG_LOG_TAIL_HIDDEN = ("the trainer's log tail is not copied here (spec.failurePolicy.includeLogTail "  # a failure message
                        "is false): see the pod's logs")
+MSG_PREFLIGHT_TAIL_HIDDEN = ("the pre-flight check failed; its log tail is not copied here "  # a PreflightFailed message
+                             "(spec.failurePolicy.includeLogTail is false): see the logs of the pod's preflight container")
 PREFLIGHT_CONTAINER = "preflight"  # the pre-flight init container of a node pod (spec.preflight)
 PREFLIGHT_EXIT_CODE = 86  # its exit code on a failed check: outside 1-2 (errors), 126-127 (shell) and 128+N (signals)
 
