@@ -34,6 +34,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -44,6 +45,12 @@ from ddpjob_operator.decide.observed import PodView, view_pod
 logger = logging.getLogger("ddpjob_operator")
 
 WATCH_SECONDS = 300  # the server ends each watch after this; it resumes from the last resourceVersion
+# A deleted object's tombstone keeps out a late, older copy of it (kopf's handler body, a PATCH's
+# answer), which arrives within a pass; it is dropped after this long or once a kind holds this
+# many, oldest first. Kept until the next relist instead, they grew by ~200 bytes per deletion:
+# ~200 MB per million pod deletions in an operator that ran for weeks.
+TOMBSTONE_SECONDS = 600.0
+MAX_TOMBSTONES = 4096
 RETRY_SECONDS = 5.0  # after a failed list or watch (server down, 403): wait, then list again
 OURS = f"{C.LABEL_MANAGED_BY}={C.MANAGED_BY}"  # everything the operator creates carries this label
 
@@ -105,11 +112,13 @@ def _version(obj: Mapping[str, Any]) -> int | None:
 class Store:
     """The objects of one watched kind: by (namespace, name), and by job for kinds with ``job_of``."""
 
-    def __init__(self, kind: Watched):
+    def __init__(self, kind: Watched, clock: Callable[[], float] = time.monotonic):
         self.kind = kind
         self._objects: dict[ObjectKey, tuple[int | None, str | None, Any]] = {}  # version, job, kept
         self._by_job: dict[ObjectKey, dict[str, Any]] = collections.defaultdict(dict)
-        self._gone: dict[ObjectKey, int | None] = {}  # deleted objects' last version: late copies stay out
+        # Deleted objects' last version, and when they went, oldest first: late copies stay out.
+        self._gone: dict[ObjectKey, tuple[int | None, float]] = {}
+        self._clock = clock
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -127,7 +136,7 @@ class Store:
         """Keeps ``obj`` unless a newer copy (or its deletion) is already known; True when kept."""
         meta = obj.get("metadata") or {}
         key, version = (meta.get("namespace") or "", meta.get("name") or ""), _version(obj)
-        if _older(version, self._objects.get(key, (None,))[0]) or _older(version, self._gone.get(key, -1)):
+        if _older(version, self._objects.get(key, (None,))[0]) or _older(version, self._gone.get(key, (-1,))[0]):
             return False
         self._gone.pop(key, None)
         self._drop(key)
@@ -142,7 +151,23 @@ class Store:
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace") or "", meta.get("name") or "")
         self._drop(key)
-        self._gone[key] = _version(obj)
+        self._gone.pop(key, None)  # to the end: the order is the order of deletion
+        self._gone[key] = (_version(obj), self._clock())
+        self._forget_old_tombstones()
+
+    @property
+    def tombstones(self) -> int:
+        """Deleted objects still remembered (at most MAX_TOMBSTONES, none older than TOMBSTONE_SECONDS)."""
+        self._forget_old_tombstones()
+        return len(self._gone)
+
+    def _forget_old_tombstones(self) -> None:
+        oldest = self._clock() - TOMBSTONE_SECONDS
+        while self._gone:
+            key, (_, when) = next(iter(self._gone.items()))
+            if len(self._gone) <= MAX_TOMBSTONES and when >= oldest:
+                return
+            del self._gone[key]
 
     def replace(self, namespace: str | None, objs: Iterable[Mapping[str, Any]]) -> set[ObjectKey]:
         """A fresh list of ``namespace`` (None: all) replaces what was kept there; returns the

@@ -6,7 +6,7 @@ import asyncio
 import kopf
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.controller import kube
+from ddpjob_operator.controller import cache, kube
 from ddpjob_operator.controller.cache import JOBS, PODS, SERVICES, ClusterCache, Store
 
 AGENT = (C.MANAGED_BY,)
@@ -38,6 +38,28 @@ def test_a_deleted_object_stays_out_when_an_older_copy_arrives_late():
     store.put(job("5", "Running"))
     store.remove(job("6", "Running"))
     assert not store.put(job("5", "Running")) and store.get("ns", "mlp") is None
+
+
+def test_tombstones_of_deleted_objects_are_bounded_in_count_without_a_relist(monkeypatch):
+    monkeypatch.setattr(cache, "MAX_TOMBSTONES", 100)
+    store = Store(PODS)
+    for i in range(1000):  # pods come and go for weeks; the watch never expires
+        store.put(pod(f"mlp-node-{i}", version=str(2 * i + 1)))
+        store.remove(pod(f"mlp-node-{i}", version=str(2 * i + 2)))
+    assert store.tombstones == 100 and len(store) == 0
+    assert not store.put(pod("mlp-node-999", version="1")), "the newest deletions still keep late copies out"
+    assert store.put(pod("mlp-node-0", version="1")), "the oldest were forgotten"
+
+
+def test_tombstones_are_forgotten_after_a_while_without_a_relist():
+    now = [0.0]
+    store = Store(JOBS, clock=lambda: now[0])
+    store.put(job("5", "Running"))
+    store.remove(job("6", "Running"))
+    now[0] = cache.TOMBSTONE_SECONDS - 1
+    assert store.tombstones == 1 and not store.put(job("5", "Running")), "a late copy within the window stays out"
+    now[0] = cache.TOMBSTONE_SECONDS + 1
+    assert store.tombstones == 0
 
 
 def test_pods_are_kept_as_views_by_job_in_name_order():
