@@ -7,7 +7,7 @@ import kopf
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import cache, kube
-from ddpjob_operator.controller.cache import JOBS, PODS, SERVICES, ClusterCache, Store
+from ddpjob_operator.controller.cache import DISRUPTION_BUDGETS, JOBS, PODS, SERVICES, ClusterCache, Store
 
 AGENT = (C.MANAGED_BY,)
 
@@ -96,11 +96,11 @@ async def until(predicate, timeout=10.0):
         await asyncio.sleep(0.02)
 
 
-def follow(cluster, k8s, scenario):
-    """Runs ``scenario(cache, poked)`` with a started cache of pods and Services in ``k8s.namespace``."""
+def follow(cluster, k8s, scenario, kinds=(PODS, SERVICES)):
+    """Runs ``scenario(cache, poked)`` with a started cache of ``kinds`` (pods and Services) in ``k8s.namespace``."""
     async def main():
         api, poked = connect(k8s.url), []
-        cache = ClusterCache(api, [k8s.namespace], poke=poked.append, kinds=(PODS, SERVICES))
+        cache = ClusterCache(api, [k8s.namespace], poke=poked.append, kinds=kinds)
         cache.start()
         try:
             await asyncio.wait_for(cache.synced(), 10)
@@ -152,3 +152,48 @@ def test_a_service_is_known_to_exist_once_its_watch_brings_it(cluster, k8s):
         await until(lambda: cache.exists(SERVICES, k8s.namespace, "mlp"))
         return before
     assert follow(cluster, k8s, scenario) is False
+
+
+def budget(name, selector_values, labels=None, owner_uid=None):
+    """A PodDisruptionBudget whose selector lists ``selector_values`` (many make it huge)."""
+    meta = {"name": name, "labels": labels or {}, "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:x": {}}}]}
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": C.API_VERSION, "kind": C.KIND, "name": name, "uid": owner_uid,
+                                    "controller": True, "blockOwnerDeletion": True}]
+    return {"apiVersion": C.POLICY_API_VERSION, "kind": "PodDisruptionBudget", "metadata": meta,
+            "spec": {"minAvailable": 1, "selector": {"matchExpressions": [
+                {"key": "app", "operator": "In", "values": selector_values}]}}}
+
+
+def test_a_foreign_budget_is_never_listed_and_ours_keep_only_what_a_pass_compares(cluster, k8s):
+    huge = [f"value-{i:06d}-" + "x" * 50 for i in range(10_000)]  # a ~640 KiB selector
+    k8s.create("poddisruptionbudgets", budget("theirs", huge))
+    k8s.create("poddisruptionbudgets", budget("mlp", ["a"], {C.LABEL_MANAGED_BY: C.MANAGED_BY}, "uid-1"))
+    k8s.create("poddisruptionbudgets", budget("grown", huge, {C.LABEL_MANAGED_BY: C.MANAGED_BY}, "uid-2"))
+
+    async def scenario(cache, poked):
+        store = cache.stores[DISRUPTION_BUDGETS.plural]
+        await until(lambda: cluster.emulator.request_counts(AGENT, "poddisruptionbudgets")["WATCH"] == 1)
+        return len(store), [store.get(k8s.namespace, name) for name in ("theirs", "mlp", "grown")]
+    held, (theirs, mlp, grown) = follow(cluster, k8s, scenario, kinds=(DISRUPTION_BUDGETS,))
+    assert held == 2 and theirs is None, "a budget the operator did not make never reaches it"
+    assert mlp == {"metadata": {"ownerReferences": [{"uid": "uid-1", "controller": True}]},
+                   "spec": {"minAvailable": 1, "selector": {"matchExpressions": [
+                       {"key": "app", "operator": "In", "values": ["a"]}]}}}
+    assert grown["spec"]["selector"].startswith("<not kept: ") and len(str(grown)) < 300, \
+        "ours, grown by someone who may edit budgets: marked (the pass patches it back), not held"
+    asked = [(r.action, r.params.get("labelSelector")) for r in cluster.emulator._requests
+             if r.resource is not None and r.resource.plural == "poddisruptionbudgets"
+             and (r.headers.get("User-Agent") or "").startswith(C.MANAGED_BY)]
+    ours = f"{C.LABEL_MANAGED_BY}={C.MANAGED_BY}"
+    assert sorted(asked) == [("LIST", ours), ("WATCH", ours)], "the server filters: the list and the watch say what"
+
+
+def test_a_cached_job_leaves_out_kubectls_copy_of_its_spec_and_the_field_owners():
+    store = Store(JOBS)
+    body = job("5", "Running")
+    body["metadata"] |= {"managedFields": [{"manager": "kubectl"}], "uid": "u", "annotations": {
+        "kubectl.kubernetes.io/last-applied-configuration": "{...the whole spec again...}", "team": "a"}}
+    store.put(body)
+    assert store.get("ns", "mlp")["metadata"] == {"name": "mlp", "namespace": "ns", "resourceVersion": "5",
+                                                  "uid": "u", "annotations": {"team": "a"}}
