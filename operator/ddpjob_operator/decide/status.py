@@ -79,7 +79,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
     # Before failures: the failed pods' records tell whether training progressed.
-    ingested = progress.ingest(observed.pods, status, observed.live_progress, parse_time(ref.created))
+    ingested = progress.ingest(observed.pods, status, observed.live_progress, parse_time(ref.created), now)
     status.update(ingested.changes)
     status.update(_counts(ref, spec, observed.node_pods))
     status["observedGeneration"] = ref.generation
