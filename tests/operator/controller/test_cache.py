@@ -197,3 +197,28 @@ def test_a_cached_job_leaves_out_kubectls_copy_of_its_spec_and_the_field_owners(
     store.put(body)
     assert store.get("ns", "mlp")["metadata"] == {"name": "mlp", "namespace": "ns", "resourceVersion": "5",
                                                   "uid": "u", "annotations": {"team": "a"}}
+
+
+def test_a_pod_is_held_with_only_the_ports_and_conditions_a_pass_reads():
+    store = Store(PODS)
+    body = pod("mlp-node-0")
+    body["spec"]["containers"][0]["ports"] = [{"name": f"p{i}", "containerPort": 1000 + i} for i in range(5000)] + [
+        {"name": C.PROGRESS_PORT_NAME, "containerPort": C.PROGRESS_PORT}]
+    body["status"] = {"phase": "Running", "conditions": [
+        {"type": f"example.com/gate-{i}", "status": "True", "message": "m" * 1000} for i in range(500)] + [
+        {"type": "Ready", "status": "True"}]}
+    store.put(body)
+    [view] = store.of_job("ns", "mlp")
+    assert dict(view.ports) == {C.PROGRESS_PORT_NAME: C.PROGRESS_PORT}
+    assert list(view.conditions) == ["Ready"] and view.ready
+
+
+def test_every_kind_but_the_jobs_is_listed_and_watched_with_the_operators_label_selector(cluster, k8s):
+    async def scenario(cache, poked):
+        await until(lambda: cluster.emulator.request_counts(AGENT)["WATCH"] == len(cache.stores))
+    follow(cluster, k8s, scenario, kinds=cache.WATCHED)
+    asked = {(r.resource.plural, r.action.value, r.params.get("labelSelector")) for r in cluster.emulator._requests
+             if r.resource is not None and (r.headers.get("User-Agent") or "").startswith(C.MANAGED_BY)}
+    ours = f"{C.LABEL_MANAGED_BY}={C.MANAGED_BY}"
+    assert asked == {(kind.plural, verb, ours if kind is not cache.JOBS else None)
+                     for kind in cache.WATCHED for verb in ("LIST", "WATCH")}
