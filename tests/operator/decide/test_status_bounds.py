@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+import pytest
+
 from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
@@ -120,3 +122,19 @@ def test_bounded_keeps_the_newest_entries_and_cuts_strings_at_their_end():
     assert cut["failures"][0]["stalledNodes"] == [str(n) for n in range(100 - C.MAX_STALLED_NODES, 100)]
     assert cut["handledFailures"][0] == "uid-5" and cut["phase"] == "Running"
     assert bounds.bounded(cut) == cut, "a status within its bounds is left as it is"
+
+
+@pytest.mark.parametrize("was_valid", [False, True])  # True: it goes on with its last valid spec (last_valid.py)
+def test_a_validation_message_over_the_conditions_bound_is_reported_once_not_every_pass(was_valid):
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"})
+    pods = [make_pod(job, 0), make_pod(job, 1)] if was_valid else []
+    job["status"] = reconcile(job, observe(pods), at(0)).status if was_valid else None
+    job["spec"] = {**job["spec"], "env": [{"name": f"bad name {i} " + "x" * 100, "value": "v"} for i in range(120)]}
+    first = reconcile(job, observe(pods), at(10))
+    assert first.status["phase"] == (C.PHASE_RUNNING if was_valid else C.PHASE_FAILED)
+    [invalid] = [c for c in first.status["conditions"] if c["type"] == C.COND_INVALID_SPEC]
+    assert len(invalid["message"]) == C.MAX_CONDITION_MESSAGE_CHARS
+    job["status"] = first.status
+    again = reconcile(job, observe(pods), at(30))
+    assert [e.reason for e in first.events].count(C.REASON_INVALID_SPEC) == 1
+    assert [e.reason for e in again.events if e.reason == C.REASON_INVALID_SPEC] == [], "nothing changed"
