@@ -64,6 +64,11 @@ MAX_NODE_CHARS = 63  # a node index as text (a label value's length)
 MAX_NODES = 128  # entries in `nodes`
 MAX_TIME_CHARS = 40  # '2026-11-23T01:02:03.123456789+00:00' is 35
 VALUE_CHARS = 40  # how much of an offending value an explanation quotes
+# How much of an unknown key a field path quotes: the key is the writer's, up to MAX_RECORD_BYTES,
+# and the operator keeps the path in the job's status and an Event. The longest path is then
+# "nodes[127]." and this: MAX_FIELD_CHARS in all.
+KEY_CHARS = 40
+MAX_FIELD_CHARS = 64
 
 _NODE = re.compile(r"[A-Za-z0-9._-]*")
 _REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,63}")  # UpperCamelCase, like every Kubernetes reason
@@ -311,7 +316,7 @@ def _object(fields: Mapping[str, Check], required: tuple[str, ...] = ()) -> Chec
                 return Invalid(prefix + key, "missing", "is required")
         for key in value:
             if key not in fields:
-                return _bad(prefix + str(key), value[key],
+                return _bad(prefix + shorten(str(key), KEY_CHARS), value[key],
                             f"is not a field of a version-{VERSION} progress record (known: {', '.join(fields)})")
         for key, field_check in fields.items():
             problem = field_check(prefix + key, value[key]) if key in value else None

@@ -29,7 +29,7 @@ IO_ONLY = ("kopf", "aiohttp", "prometheus_client", "kubernetes", "kubernetes_asy
 # (which never import one another), then the modules that compose policies into one pass.
 ROOM_TIERS = {
     "render": [{"common", "launch", "kueue", "preflight"}, {"node_pod", "store_pod", "etcd_pod", "network_policy", "pdb"}],
-    "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation"},
+    "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation", "bounds"},
                {"capacity", "topology", "progress", "stuck", "managed_etcd", "last_valid", "avoided_nodes", "hang",
                 "straggler"},
                {"plan", "status"}, {"reconcile"}],

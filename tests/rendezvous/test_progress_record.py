@@ -202,3 +202,16 @@ def test_the_contract_imports_neither_torch_nor_pydantic():
     code = "import sys, ddpjob_rdzv.progress_record; print(sorted({'torch', 'pydantic'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("where", "prefix"), [((), ""), (("snapshot",), "snapshot."), (("nodes", 0), "nodes[0].")])
+def test_an_unknown_key_is_quoted_short_in_the_field_wherever_it_stands(where, prefix):
+    key = "k" + "x" * (P.MAX_RECORD_BYTES - 600)  # the reader's status and Events keep the field
+    body = record(snapshot={"epoch": 1, "step": 1, "time": T, "path": "/s"}, nodes=[{"node": "0"}])
+    target = body
+    for step in where:
+        target = target[step]
+    target[key] = 1
+    refused = P.parse(json.dumps(body))
+    assert refused.field == prefix + "k" + "x" * (P.KEY_CHARS - 4) + "..."
+    assert len(refused.field) <= P.MAX_FIELD_CHARS and len(refused.message) < 400

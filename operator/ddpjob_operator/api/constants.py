@@ -178,9 +178,12 @@ PROGRESS_PORT_NAME = "progress"
 PROGRESS_POLL_SECONDS = 30.0  # a running job's progress endpoint is read this often (--progress-poll-seconds)
 PROGRESS_RECORD_KIND = progress_record.KIND  # "kind" of the trainer's record (ddpjob_rdzv/progress_record.py)
 MAX_FAILURES_KEPT = 10  # status.failures keeps this many newest entries
-# status.invalidProgressRecords keeps this many (pod, field) pairs already reported; pruned to
-# observed pods, so only a job with more refused records than this could see one reported twice.
+# status.invalidProgressRecords keeps this many (pod, field) pairs already reported, newest last;
+# pruned to observed pods. A pod's progress endpoint gets at most one entry (and one Warning
+# Event) per INVALID_RECORD_WARNING_SECONDS, whatever it answers: a fresh unknown key in every
+# answer to the poll once grew the status by 24 KiB and posted a 24 KiB Event each time.
 MAX_RECORD_PROBLEMS_KEPT = 64
+INVALID_RECORD_WARNING_SECONDS = 60.0
 SOURCE_TERMINATION_MESSAGE = "termination message"  # where a refused record was found (in Events)
 SOURCE_PROGRESS_ENDPOINT = "progress endpoint"  # ... or read from (GET /progress, live_progress.py)
 
@@ -228,6 +231,8 @@ MSG_INVALID_PROGRESS_RECORD = ("node pod {pod}: ignored the progress record in i
 MSG_DO_NOT_RETRY = "{what}; its trainer raised DoNotRetry ({reason}): not retried"  # the trainer's own reason
 MSG_LOG_TAIL_HIDDEN = ("the trainer's log tail is not copied here (spec.failurePolicy.includeLogTail "  # a failure message
                        "is false): see the pod's logs")
+MSG_PREFLIGHT_TAIL_HIDDEN = ("the pre-flight check failed; its log tail is not copied here "  # a PreflightFailed message
+                             "(spec.failurePolicy.includeLogTail is false): see the logs of the pod's preflight container")
 PREFLIGHT_CONTAINER = "preflight"  # the pre-flight init container of a node pod (spec.preflight)
 PREFLIGHT_EXIT_CODE = 86  # its exit code on a failed check: outside 1-2 (errors), 126-127 (shell) and 128+N (signals)
 
@@ -272,3 +277,27 @@ RULE_MAX_REPLICAS = "must be <= {limit}, the operator's --max-replicas setting" 
 # --max-replicas: node pods one job may ask for; half the CRD's fixed spec.MAX_REPLICAS (1000), so a
 # dozen of the largest jobs can be reconciled at once within the chart's 256Mi (see docs/install.md).
 DEFAULT_MAX_REPLICAS = 500
+
+# --- What a pod or the cluster can grow in the status (decide/bounds.py, docs/security.md) -----------
+# Each is a maxItems/maxLength of the status schema (api/spec.py), so the API server refuses more,
+# and decide/bounds.py cuts every status to them before it is written (newest entries kept, a
+# string's end replaced by "..."), so the write never meets the refusal. Past etcd's object limit
+# (1.5 MiB) a status write fails for good and the job is no longer reconciled.
+MAX_NAME_CHARS = 253  # an object or Kubernetes node name (a DNS subdomain)
+MAX_POD_NAME_CHARS = 63  # a pod's name: the operator's names fit a DNS label (api/names.py)
+MAX_UID_CHARS = 40  # a uid (36 characters)
+MAX_TIME_CHARS = 64  # an RFC 3339 time (at most 35 characters)
+MAX_WORD_CHARS = 128  # a reason, cause, condition type, node index or count such as "3/4"
+MAX_SELECTOR_CHARS = 1024  # status.selector: the node pods' label selector (job name and fixed labels)
+MAX_CONDITION_MESSAGE_CHARS = 4096  # conditions[].message: every validation error, or the unschedulable pods
+MAX_CONDITIONS = 16  # conditions[]: one per type, and there are eight
+MAX_FAILURE_MESSAGE_CHARS = 1024  # failures[].message (failure.py keeps 300 characters of a log tail)
+MAX_STALLED_NODES = 32  # failures[].stalledNodes: stalled node indexes kept (the Hang Event names them too)
+MAX_HANDLED_FAILURES = 2048  # handledFailures: failed pods still observed; 2x the CRD's 1000 replicas
+MAX_UNSCHEDULABLE = 32  # unschedulable[]: pending pods listed (their count is desiredReplicas - scheduledReplicas)
+MAX_UNSCHEDULABLE_CHARS = 512  # one '<pod>: <scheduler reason>: <message>' entry
+MAX_WORKER_RESTARTS_BY_POD = 1024  # workerRestartsByPod: observed node pods (the CRD allows 1000 replicas)
+MAX_RECORD_FIELD_CHARS = progress_record.MAX_FIELD_CHARS  # invalidProgressRecords[].field (an unknown key cut)
+MAX_SNAPSHOT_PATH_CHARS = progress_record.MAX_PATH_CHARS  # lastSnapshot.path, as the record contract allows
+# An Event's message: the note of events.k8s.io/v1 may hold 1 KB, and client-go cuts to it too.
+MAX_EVENT_MESSAGE_CHARS = 1024

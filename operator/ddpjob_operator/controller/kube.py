@@ -26,7 +26,8 @@ import aiohttp
 import kopf
 
 from ddpjob_operator.api.constants import (
-    API_VERSION, GROUP, MANAGED_BY, NETWORKING_API_VERSION, PLURAL, POLICY_API_VERSION, VERSION
+    API_VERSION, GROUP, MANAGED_BY, MAX_EVENT_MESSAGE_CHARS, NETWORKING_API_VERSION, PLURAL, POLICY_API_VERSION,
+    VERSION
 )
 
 RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
@@ -323,7 +324,7 @@ class Kube:
             "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": job.get("kind", "DDPJob"),
                                "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid"),
                                "resourceVersion": meta.get("resourceVersion")},
-            "type": event_type, "reason": reason, "message": message[:1024],  # the API caps messages
+            "type": event_type, "reason": reason, "message": message[:MAX_EVENT_MESSAGE_CHARS],  # the API caps messages
             "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
             "reportingInstance": socket.gethostname(), "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }

@@ -10,14 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
+from ddpjob_operator.api import constants as C
+
 
 @dataclass(frozen=True)
 class Event:
-    """A Kubernetes Event to record on the DDPJob."""
+    """A Kubernetes Event to record on the DDPJob; its message is cut to C.MAX_EVENT_MESSAGE_CHARS
+    (it may quote what a pod sent, a scheduler's message or every pending pod)."""
 
     type: str  # C.EVENT_NORMAL or C.EVENT_WARNING
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        if len(self.message) > C.MAX_EVENT_MESSAGE_CHARS:  # cut as bounds.cut cuts (not imported: it reads the CRD)
+            object.__setattr__(self, "message", self.message[:C.MAX_EVENT_MESSAGE_CHARS - 3] + "...")
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,10 @@ def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = (), *,
     if pod.fatal is not None:
         return Diagnosis(outcome, C.CAUSE_DO_NOT_RETRY, pod.exit_code, pod.fatal["reason"], pod.fatal["message"])
     if pod.preflight_failure is not None:  # the trainer never started: the node failed the check
-        return Diagnosis(outcome, C.CAUSE_PREFLIGHT, pod.exit_code, C.CAUSE_PREFLIGHT, _shortened(pod.preflight_failure))
+        # Its message is the init container's log tail (FallbackToLogsOnError): the image's own code
+        # runs before the check and may print anything, so the tail follows includeLogTail too.
+        shown = pod.preflight_failure if include_log_tail else C.MSG_PREFLIGHT_TAIL_HIDDEN
+        return Diagnosis(outcome, C.CAUSE_PREFLIGHT, pod.exit_code, C.CAUSE_PREFLIGHT, _shortened(shown))
     disruption = pod.disruption
     reason = (disruption or {}).get("reason") or pod.reason or ""
     if outcome == Outcome.DISRUPTION:

@@ -25,6 +25,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, validate_spec
 from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.bounds import cut
 from ddpjob_operator.decide.conditions import condition_of, set_condition
 from ddpjob_operator.decide.creation import replica_limit_errors
 
@@ -60,8 +61,9 @@ def record(status: Mapping[str, Any], body: Mapping[str, Any], errors: list[Fiel
     finished = prev.get("phase") in C.FINISHED_PHASES and prev.get("completionTime")
     if not kept or finished:
         return status, []
-    message = C.MSG_INVALID_KEPT.format(errors="; ".join(e.message for e in errors),
-                                        generation=prev["lastValid"].get("generation"))
+    message = cut(C.MSG_INVALID_KEPT.format(errors="; ".join(e.message for e in errors),  # as the condition keeps it
+                                            generation=prev["lastValid"].get("generation")),
+                  C.MAX_CONDITION_MESSAGE_CHARS)
     old = condition_of(prev.get("conditions"), C.COND_INVALID_SPEC)
     # The pass ran as if valid, which turned a True InvalidSpec False: put the old one back first,
     # so that lastTransitionTime stays where the condition last flipped.

@@ -22,6 +22,10 @@ from ddpjob_operator.api.clock import parse_time
 Pod = Mapping[str, Any]
 Node = Mapping[str, Any]
 ACTIVE_PHASES = ("Pending", "Running", "Unknown")  # a pod in these may still do work
+# The pod conditions and trainer ports a decision reads; a view keeps no other (the cache holds a
+# view of every pod that carries the operator's label, and whoever may create pods can add those).
+READ_CONDITIONS = ("Ready", "PodScheduled", "DisruptionTarget")
+READ_PORTS = (C.PROGRESS_PORT_NAME,)
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ def view_pod(pod: Pod) -> PodView:
     labels = meta.get("labels") or {}
     container = _trainer_status(status)
     terminated = (container.get("state") or {}).get("terminated") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []
+                  if isinstance(c, Mapping) and c.get("type") in READ_CONDITIONS}
     code = terminated.get("exitCode")
     return PodView(
         name=meta.get("name") or "", uid=meta.get("uid") or "", index=_number(labels.get(C.LABEL_NODE_INDEX)),
@@ -161,7 +166,7 @@ def _trainer_status(status: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _ports(spec: Mapping[str, Any]) -> dict[str, int]:
     container = next((c for c in spec.get("containers") or [] if c.get("name") == C.CONTAINER_NAME), {})
-    return {p["name"]: p.get("containerPort") for p in container.get("ports") or [] if p.get("name")}
+    return {p["name"]: p.get("containerPort") for p in container.get("ports") or [] if p.get("name") in READ_PORTS}
 
 
 def _records(container: Mapping[str, Any]) -> dict[str, Any]:

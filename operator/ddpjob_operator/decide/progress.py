@@ -13,8 +13,9 @@ the container exits. From the records of all observed pods this module keeps:
     span for the first run when no failure came before it). ``accountedRestarts`` and ``snapshotAtLastFailure`` are the
     bookkeeping of the restart budget by progress (budget.py);
   * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod);
-  * ``status.invalidProgressRecords`` [{pod, podUID, field}]: records the contract refused
-    (ddpjob_rdzv/progress_record.py), each reported once in a Warning Event.
+  * ``status.invalidProgressRecords`` [{pod, podUID, field, time}]: records the contract refused
+    (ddpjob_rdzv/progress_record.py), each reported once in a Warning Event, at most one per pod
+    per C.INVALID_RECORD_WARNING_SECONDS.
 
 Records arrive when a container exits, and while a job runs from each node's progress
 endpoint, which the operator polls (live_progress.py); where the operator cannot reach pods,
@@ -47,11 +48,13 @@ class Ingested:
 
 
 def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
-           live: Iterable[Mapping[str, Any] | RecordProblem] = (), created: datetime | None = None) -> Ingested:
+           live: Iterable[Mapping[str, Any] | RecordProblem] = (), created: datetime | None = None,
+           now: datetime | None = None) -> Ingested:
     """lastSnapshot and recovery from every record found (in the pods' termination messages,
     and ``live`` ones read from running pods); idempotent per record. Records the contract
-    refused are left out, with a Warning Event for each one not reported before. ``created``:
-    the job's creationTimestamp (a snapshot older than it is an earlier job's)."""
+    refused are left out, with a Warning Event for each one not reported before (see
+    record_problems). ``created``: the job's creationTimestamp (a snapshot older than it is an
+    earlier job's); ``now``: the pass's clock."""
     pods, live = list(pods), list(live)
     records = [r for pod in pods for r in pod.progress] + [r for r in live if not isinstance(r, RecordProblem)]
     last = status.get("lastSnapshot")
@@ -66,7 +69,7 @@ def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
         recovery = _with_resume(recovery, resume, status)
     problems = [RecordProblem.of(pod, C.SOURCE_TERMINATION_MESSAGE, invalid) for pod in pods
                 for invalid in pod.record_problems] + [p for p in live if isinstance(p, RecordProblem)]
-    reported, events = record_problems(pods, problems, status.get("invalidProgressRecords"))
+    reported, events = record_problems(pods, problems, status.get("invalidProgressRecords"), now)
     restarts, restart_events = worker_restarts(pods, live, status)
     return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported,
                      **restarts}, events + restart_events + earlier)
@@ -125,23 +128,52 @@ def _index(record: Mapping[str, Any]) -> int | None:
 
 
 def record_problems(pods: Iterable[PodView], problems: Iterable[RecordProblem],
-                    reported: Iterable[Mapping[str, Any]] | None) -> tuple[list[dict[str, Any]] | None, list[Event]]:
+                    reported: Iterable[Mapping[str, Any]] | None,
+                    now: datetime | None = None) -> tuple[list[dict[str, Any]] | None, list[Event]]:
     """status.invalidProgressRecords with the new problems, and a Warning Event for each refused
     record whose (pod, field) is not listed yet: a termination message stays in the pod and an
-    endpoint is polled every pass, so without the list each pass would warn again. Entries of
-    pods no longer observed are dropped."""
+    endpoint is polled every pass, so without the list each pass would warn again.
+
+    A pod whose endpoint sends a fresh field every time (an unknown key it makes up) would still
+    grow the list and post an Event per poll: so the endpoint's refusals get one entry and one
+    Event per pod per C.INVALID_RECORD_WARNING_SECONDS; one within that is neither listed nor
+    reported, and is once the time is over if the pod still sends it. A termination message is
+    not held back: it is read once per container exit (node pods never restart in place), so it
+    adds at most its two records (current and last state) over a pod's life, and holding it back
+    would often lose it (the failed pod is replaced, and its entries go with it). The list keeps
+    the newest C.MAX_RECORD_PROBLEMS_KEPT; entries of pods no longer observed are dropped.
+    """
     observed = {p.uid for p in pods}
     kept = [dict(e) for e in reported or [] if e.get("podUID") in observed]
     seen = {(e.get("podUID"), e.get("field")) for e in kept}
+    last = _last_warnings(kept)
     events = []
     for problem in problems:
         if (problem.uid, problem.invalid.field) in seen:
             continue
+        if problem.source == C.SOURCE_PROGRESS_ENDPOINT and _warned_lately(last.get(problem.uid), now):
+            continue
         seen.add((problem.uid, problem.invalid.field))
-        kept.append({"pod": problem.pod, "podUID": problem.uid, "field": problem.invalid.field})
+        last[problem.uid] = now
+        entry = {"pod": problem.pod, "podUID": problem.uid, "field": problem.invalid.field}
+        kept.append(entry | ({"time": format_time(now)} if now is not None else {}))
         events.append(Event(C.EVENT_WARNING, C.REASON_INVALID_PROGRESS_RECORD, C.MSG_INVALID_PROGRESS_RECORD.format(
             pod=problem.pod, source=problem.source, problem=problem.invalid.message)))
     return kept[-C.MAX_RECORD_PROBLEMS_KEPT:] or None, events
+
+
+def _last_warnings(entries: Iterable[Mapping[str, Any]]) -> dict[str, datetime | None]:
+    """The newest warning time of each pod listed (the list keeps the newest entries)."""
+    last: dict[str, datetime | None] = {}
+    for entry in entries:
+        when = parse_time(entry.get("time"))
+        if when is not None and (last.get(entry.get("podUID")) or when) <= when:
+            last[entry.get("podUID")] = when
+    return last
+
+
+def _warned_lately(last: datetime | None, now: datetime | None) -> bool:
+    return last is not None and now is not None and seconds_between(last, now) < C.INVALID_RECORD_WARNING_SECONDS
 
 
 def _with_resume(recovery: dict[str, Any], resume: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:

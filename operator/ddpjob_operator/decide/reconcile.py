@@ -12,7 +12,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
-from ddpjob_operator.decide import last_valid
+from ddpjob_operator.decide import bounds, last_valid
 from ddpjob_operator.decide.creation import CreateFailure, replica_limit_errors
 from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
@@ -54,7 +54,7 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
     update = compute_status(ref, spec, observed, body.get("status"), now, errors=[] if kept else errors,
                             create_failure=create_failure)
     status, invalid_edit = last_valid.record(update.status, body, errors, kept, now)
-    update = StatusUpdate(status, update.events + invalid_edit)
+    update = StatusUpdate(bounds.bounded(status), update.events + invalid_edit)
     actions = plan_actions(ref, spec, update.status, observed, now, operator=operator)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), observed.managed_etcd) + actions
     actions, forced = with_force_deletions(spec, observed.pods, observed.nodes, now, actions)

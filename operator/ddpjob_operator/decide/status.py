@@ -28,6 +28,7 @@ from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
 from ddpjob_operator.decide import avoided_nodes, capacity, creation, progress, topology
 from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.bounds import cut
 from ddpjob_operator.decide.conditions import condition_of, set_condition  # set_condition: callers import it here too
 from ddpjob_operator.decide.budget import (
     failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
@@ -79,7 +80,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     prev, errors = dict(previous or {}), list(errors)
     status = _carried(prev)
     # Before failures: the failed pods' records tell whether training progressed.
-    ingested = progress.ingest(observed.pods, status, observed.live_progress, parse_time(ref.created))
+    ingested = progress.ingest(observed.pods, status, observed.live_progress, parse_time(ref.created), now)
     status.update(ingested.changes)
     status.update(_counts(ref, spec, observed.node_pods))
     status["observedGeneration"] = ref.generation
@@ -248,7 +249,8 @@ def _report_creation(update: StatusUpdate, prev: Mapping[str, Any], failure: cre
 
 
 def _invalid(errors: list[FieldError]) -> _Verdict:
-    message = "; ".join(e.message for e in errors) or "spec could not be parsed"
+    # Cut as the condition keeps it: the next pass compares the two to tell a new message (an Event).
+    message = cut("; ".join(e.message for e in errors) or "spec could not be parsed", C.MAX_CONDITION_MESSAGE_CHARS)
     return _Verdict(C.PHASE_FAILED, C.REASON_INVALID_SPEC, message)
 
 

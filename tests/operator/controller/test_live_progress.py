@@ -8,6 +8,7 @@ operator over the API emulator; hostile endpoints: test_live_progress_hostile.py
 import json
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import parse_time
 from ddpjob_operator.controller.live_progress import progress_urls
 from ddpjob_operator.decide.observed import view_pods
 from ddpjob_sandbox.jobs import make_ddpjob
@@ -98,8 +99,9 @@ def test_malformed_records_at_the_endpoint_and_in_a_termination_message_cannot_s
         assert invalid_record_events(k8s) == [
             'node pod mlp-node-0: ignored the progress record in its progress endpoint: snapshot.step ("40a") '
             "must be an integer from 0 to 9007199254740991"], "reported once, not every poll"
-        assert status(k8s)["invalidProgressRecords"] == [{"pod": "mlp-node-0", "podUID": first_uid,
-                                                          "field": "snapshot.step"}]
+        [listed] = status(k8s)["invalidProgressRecords"]
+        assert listed == {"pod": "mlp-node-0", "podUID": first_uid, "field": "snapshot.step", "time": listed["time"]}
+        assert parse_time(listed["time"]) is not None, "when it was reported: the endpoint's one a minute"
 
         set_terminated(k8s, "mlp-node-0", 1, message=bad_time)
         k8s.wait_for(lambda: len(invalid_record_events(k8s)) == 2, timeout=20,

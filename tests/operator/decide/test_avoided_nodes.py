@@ -102,7 +102,8 @@ def failed_preflight(job: dict, index: int, node: str) -> dict:
 
 
 def test_a_failed_preflight_is_listed_with_its_message_and_its_node_avoided_when_it_failed_alone():
-    job = make_ddpjob(replicas=2, preflight={"enabled": True})
+    # Its message is a log tail: shown because the job opts in (test_log_tail.py: hidden otherwise).
+    job = make_ddpjob(replicas=2, preflight={"enabled": True}, failurePolicy={"includeLogTail": True})
     result = reconcile(job, observe(with_store(job, [make_pod(job, 0), failed_preflight(job, 1, "gpu-x")])), at(10))
     failure = result.status["failures"][-1]
     assert {k: failure[k] for k in ("node", "cause", "message")} == {

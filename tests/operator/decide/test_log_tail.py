@@ -32,3 +32,24 @@ def test_the_log_tail_is_in_status_and_events_only_when_the_job_opts_in(include,
     assert node_failed[0] == (f"node pod mlp-node-1 failed (exit code 1): {shown}; "
                               "1 of spec.failurePolicy.maxRestarts (3) used")
     assert ("hunter2" in str(result.status) + str(result.events)) is bool(include)
+
+
+def failed_preflight_with_tail(job: dict) -> dict:
+    """Node pod 1 whose pre-flight init container failed; the image printed TAIL before the check ran."""
+    pod = make_pod(job, 1, phase="Pending")
+    pod["status"] = {"phase": "Failed", "initContainerStatuses": [{"name": C.PREFLIGHT_CONTAINER, "state": {
+        "terminated": {"exitCode": C.PREFLIGHT_EXIT_CODE, "message": TAIL + "\npreflight failed: 0 GPU(s) visible"}}}],
+        "containerStatuses": [{"name": C.CONTAINER_NAME, "state": {"waiting": {"reason": "PodInitializing"}}}]}
+    return pod
+
+
+@pytest.mark.parametrize("include", [None, False, True])
+def test_the_preflight_containers_log_tail_follows_include_log_tail_too(include):
+    policy = {"maxRestarts": 3} if include is None else {"maxRestarts": 3, "includeLogTail": include}
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"}, failurePolicy=policy, preflight={"enabled": True})
+    result = reconcile(job, observe([make_pod(job, 0), failed_preflight_with_tail(job)]), at(0))
+    [failure] = result.status["failures"]
+    assert failure["cause"] == C.CAUSE_PREFLIGHT
+    shown = " ".join(TAIL.split()) + " preflight failed: 0 GPU(s) visible"
+    assert failure["message"] == (shown if include else C.MSG_PREFLIGHT_TAIL_HIDDEN)
+    assert ("hunter2" in str(result.status) + str(result.events)) is bool(include)

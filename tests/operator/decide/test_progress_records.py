@@ -12,7 +12,7 @@ import pytest
 from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.clock import parse_time
+from ddpjob_operator.api.clock import format_time, parse_time
 from ddpjob_operator.decide.actions import CreatePod, Event
 from ddpjob_operator.decide.failure import Outcome, classify_pod, diagnose_pod
 from ddpjob_operator.decide.observed import RecordProblem, view_pod
@@ -64,7 +64,7 @@ def test_a_malformed_termination_record_is_dropped_and_the_pass_still_replaces_t
                                 f"{problem}"]
     field = problem.split(" ")[0]
     assert result.status["invalidProgressRecords"] == [{"pod": "mlp-node-1", "podUID": "mlp-node-1-uid",
-                                                        "field": field}]
+                                                        "field": field, "time": format_time(at(20))}]
 
 
 def test_a_refused_record_is_reported_once_per_pod_and_field_and_forgotten_with_the_pod():
@@ -81,7 +81,8 @@ def test_a_refused_record_is_reported_once_per_pod_and_field_and_forgotten_with_
     assert warnings(third) == ["node pod mlp-node-1: ignored the progress record in its termination message: "
                                'resume.time ("yesterday") must be an RFC 3339 time such as 2026-01-02T03:04:05Z']
     assert third.status["invalidProgressRecords"] == [{"pod": "mlp-node-1", "podUID": "node-1-second",
-                                                       "field": "resume.time"}], "the first pod is gone"
+                                                       "field": "resume.time", "time": format_time(at(200))}], \
+        "the first pod is gone"
 
 
 def test_a_refused_live_record_is_reported_naming_the_endpoint_and_a_valid_one_is_still_taken():
