@@ -157,6 +157,12 @@ def check_snapshot(snapshot: Any) -> Invalid | None:
     return _SNAPSHOT("snapshot", snapshot)
 
 
+def check_node_entry(entry: Any) -> Invalid | None:
+    """Checks one ``nodes`` entry on its own: a rank's heartbeat has its layout, and the trainer
+    checks each before folding it in (one malformed heartbeat must not stop the others)."""
+    return _NODE_FIGURES("nodes[]", entry)
+
+
 def check_reason(reason: Any) -> Invalid | None:
     """Checks a ``fatal.reason`` (the trainer checks it when DoNotRetry is raised)."""
     return _reason("fatal.reason", reason)

@@ -70,6 +70,7 @@ MAX_REQUEST_BYTES = 8192  # request line and headers; a GET needs ~100
 HEARTBEAT_PREFIX = "ddpjob/heartbeat/"  # + rank: each rank's heartbeat key in the process group's store
 HEARTBEAT_SECONDS = 1.0  # each rank writes its heartbeat, and each reporter gathers them, this often
 GATHER_RANKS = 64  # above this many ranks, reporters gather less often (every node reads every key)
+MAX_BEAT_BYTES = 4096  # one rank's heartbeat; ours is ~200 bytes
 STEP_WINDOW = 20  # the figures are medians over this many recent steps (one slow step is not a straggler)
 
 
@@ -203,12 +204,19 @@ class ProgressReport:
 
     def _gather_forever(self, heartbeats: Heartbeats) -> None:
         while not self._closed.wait(heartbeats.gather_seconds):
-            self.refresh()  # a training thread stuck in a collective no longer copies progress.json
-            nodes = heartbeats.gather()
-            if nodes:
-                with self._lock:
-                    self.record["nodes"] = nodes
-                self._write(message=False)
+            try:
+                self._gather(heartbeats)
+            except Exception:  # noqa: BLE001 - one bad pass must not end the reporting for good
+                log.warning("gathering heartbeats failed; trying again in %.1f s", heartbeats.gather_seconds,
+                            exc_info=True)
+
+    def _gather(self, heartbeats: Heartbeats) -> None:
+        self.refresh()  # a training thread stuck in a collective no longer copies progress.json
+        nodes = heartbeats.gather()
+        if nodes:
+            with self._lock:
+                self.record["nodes"] = nodes
+            self._write(message=False)
 
     def _write(self, message: bool = True) -> None:
         with self._lock:
@@ -402,6 +410,7 @@ class Heartbeats:
         self.step: int | None = None
         self.phase = "local"
         self._stop = threading.Event()
+        self._refused: set[tuple[str, str, str]] = set()  # (key, field, rule) of beats already logged as skipped
 
     def start(self, step: int | None) -> None:
         """Beats from now on (the training thread only updates ``step`` and ``phase``)."""
@@ -473,15 +482,37 @@ class Heartbeats:
         except Exception as error:  # the store is gone (its host failed): nothing to report
             log.debug("heartbeats not read: %s", error)
             return []
-        return fold([b for b in map(_beat, raw) if b is not None])
+        beats = [self._beat(key, data) for key, data in zip(keys, raw)]
+        return fold([b for b in beats if b is not None])
+
+    def _beat(self, key: str, raw: bytes) -> dict[str, Any] | None:
+        """The heartbeat at ``key``, or None when there is none or it breaks the record's rules for
+        a ``nodes`` entry (logged once per key and rule): the store is writable by every worker,
+        and one bad beat must cost only its own entry."""
+        beat, problem = parse_beat(raw)
+        if problem is not None and (key, problem.field, problem.rule) not in self._refused:
+            self._refused.add((key, problem.field, problem.rule))
+            log.warning("skipping the heartbeat at %s: %s", key, problem.message)
+        return beat
 
 
-def _beat(raw: bytes) -> dict[str, Any] | None:
+def parse_beat(raw: bytes) -> tuple[dict[str, Any] | None, progress_record.Invalid | None]:
+    """(the heartbeat, None), (None, why it is refused), or (None, None) when ``raw`` is empty."""
+    if not raw:
+        return None, None
+    if len(raw) > MAX_BEAT_BYTES:
+        return None, progress_record.Invalid("heartbeat", f"{len(raw)} bytes", f"must be at most {MAX_BEAT_BYTES}")
     try:
-        beat = json.loads(raw) if raw else None
-    except ValueError:
-        return None
-    return beat if isinstance(beat, dict) else None
+        beat = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as error:
+        return None, progress_record.Invalid("heartbeat", progress_record.shorten(repr(raw)),
+                                             f"must be a JSON object ({progress_record.shorten(str(error), 80)})")
+    problem = progress_record.check_node_entry(beat)
+    return (None, problem) if problem is not None else (beat, None)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def fold(beats: list[dict[str, Any]]) -> list[dict[str, Any]]:
