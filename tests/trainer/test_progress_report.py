@@ -422,3 +422,16 @@ def closed_by_server(client: socket.socket, timeout: float) -> bool:
         return True
     except (socket.timeout, BlockingIOError):
         return False
+
+
+def test_the_record_names_its_job_and_pod_from_the_rendered_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPJOB_JOB_UID", "6f1c2a9e-0000-4000-8000-000000000001")
+    monkeypatch.setenv("DDPJOB_POD_NAME", "mlp-node-1")
+    report = ProgressReport(None, None, node="1", port=0)
+    try:
+        report.resumed(None, None)
+        record = fetch(report.port)[1]
+        assert (record["jobUID"], record["pod"]) == ("6f1c2a9e-0000-4000-8000-000000000001", "mlp-node-1")
+        assert isinstance(progress_record.parse(json.dumps(record)), progress_record.Record)
+    finally:
+        report.close()

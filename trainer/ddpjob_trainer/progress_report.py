@@ -63,6 +63,9 @@ DEFAULT_PATH = "/dev/termination-log"  # Kubernetes' default terminationMessageP
 RECORD_BYTES = 1024  # minimum padded size of the message (the kubelet keeps up to 4096 bytes)
 POLL_SECONDS = 5.0  # how often nodes other than rank 0's copy progress.json from the shared volume
 PORT_ENV = "DDPJOB_PROGRESS_PORT"  # serve the record at GET /progress on this port (rendered pods set it)
+# Whose record it is (rendered pods set both; ddpjob run the uid): the operator refuses a record
+# that names another job or pod (decide/progress.py), e.g. one read at a pod IP another pod reused.
+IDENTITY_ENV = {"jobUID": "DDPJOB_JOB_UID", "pod": "DDPJOB_POD_NAME"}
 HTTP_PATH = "/progress"
 READ_TIMEOUT_SECONDS = 2.0  # a client of /progress has this long to send its request and read the answer
 MAX_CONNECTIONS = 8  # open /progress connections; a new one beyond closes the oldest
@@ -112,6 +115,7 @@ class ProgressReport:
         self.path = Path(path) if path else None
         self.progress_file = Path(progress_file) if progress_file else None
         self.record: dict[str, Any] = progress_record.new_record(node, progress_record.now())
+        self.record.update(identity())
         fatal = _fatal_in(self.path)
         if fatal is not None:  # an earlier worker of this container said: do not retry
             self.record["fatal"] = dict(fatal)
@@ -253,6 +257,23 @@ class ProgressReport:
             self.path = None
             return
         self._size = len(padded)
+
+
+def identity(environ: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
+    """The record's jobUID and pod, from the variables the operator renders (IDENTITY_ENV); a
+    value the contract would refuse is left out with a warning (the record stays publishable)."""
+    found = {}
+    for key, name in IDENTITY_ENV.items():
+        value = environ.get(name, "")
+        if not value:
+            continue
+        problem = progress_record.validate({"kind": progress_record.KIND, "version": progress_record.VERSION,
+                                            key: value})
+        if isinstance(problem, progress_record.Invalid):
+            log.warning("not naming the %s in the progress record: %s=%s", key, name, problem.message)
+            continue
+        found[key] = value
+    return found
 
 
 def _fatal_in(path: Path | None) -> dict[str, Any] | None:
