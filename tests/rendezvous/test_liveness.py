@@ -15,7 +15,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ddpjob_trainer.rendezvous.early import EarlyJoinOp, EarlyRendezvousHandler
-from ddpjob_trainer.rendezvous.liveness import KEY_PREFIX, Beacon, Liveness, probe
+from ddpjob_trainer.rendezvous.liveness import KEY_PREFIX, Beacon, Liveness, network_namespace, probe
 from tests.support.listeners import listeners
 
 SURVIVOR, DEAD, LATE, QUIET = (_NodeDesc("127.0.0.1", pid, 0) for pid in (1, 2, 3, 4))
@@ -119,6 +119,21 @@ def test_a_node_is_probed_at_its_published_address_not_by_its_name(monkeypatch):
     assert survivor._probe(unresolvable) is True, "alive at its published address"
     node.stop()
     assert survivor.gone(state) == [unresolvable]
+
+
+def test_a_loopback_address_published_from_another_network_namespace_is_unknown_not_gone():
+    """Another machine's node that published 127.0.1.1 (its name in Debian's /etc/hosts): probing
+    it here would ask this machine's loopback, whose refusal says nothing about that node."""
+    store = HashStore()
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: a probe here is refused
+    store.set(KEY_PREFIX + repr(DEAD), json.dumps({"addr": "127.0.0.1", "port": port, "token": "t" * 32,
+                                                   "netns": "another-boot/4026531840"}))
+    assert Liveness(store, SURVIVOR, settings()).gone(heartbeats(survivor=0, dead=3)) == []
+    store.set(KEY_PREFIX + repr(DEAD), json.dumps({"addr": "127.0.0.1", "port": port, "token": "t" * 32,
+                                                   "netns": network_namespace()}))
+    assert Liveness(store, SURVIVOR, settings()).gone(heartbeats(survivor=0, dead=3)) == [DEAD], "same namespace"
 
 
 def test_the_beacon_listens_on_ddpjob_listen_host_only(monkeypatch):

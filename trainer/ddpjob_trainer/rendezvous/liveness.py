@@ -28,7 +28,11 @@ time: only late nodes are probed, one that answered at most once a second, one t
 most once per keep-alive interval.
 
 The beacon listens on ``DDPJOB_LISTEN_HOST`` (ddpjob_trainer.listen): every interface in a
-pod, where peers probe it at the pod's address, loopback in ``ddpjob run``.
+pod, where peers probe it at the pod's address, loopback in ``ddpjob run``. A loopback address
+(``ddpjob run``, or a host name that resolves to 127.0.1.1, as Debian's /etc/hosts has it) names
+a listener only within one network namespace: it is published with this agent's (boot id and
+namespace inode), and a prober in another one counts it unknown rather than probe its own loopback
+and take the refusal for a death.
 """
 from __future__ import annotations
 
@@ -36,11 +40,13 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import secrets
 import socket
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings, _NodeDesc, _remove_participant_epilogue, _RendezvousState,
@@ -138,7 +144,8 @@ class Liveness:
             host = listen_host()
             token = secrets.token_hex(TOKEN_BYTES)
             self._beacon = Beacon(token, host)
-            published = {"addr": advertised_address(host, self._node.addr), "port": self._beacon.port, "token": token}
+            published = {"addr": advertised_address(host, self._node.addr), "port": self._beacon.port, "token": token,
+                         "netns": network_namespace()}
             self._store.set(KEY_PREFIX + repr(self._node), json.dumps(published))
         except Exception as error:  # noqa: BLE001 - an optimisation: keep-alive still works without it
             log.warning("liveness beacon not published (%s); dead nodes expire by keep-alive only", error)
@@ -174,7 +181,10 @@ class Liveness:
             return None
         if published is None:  # an older agent's port alone, or not ours: unknown
             return None
-        return probe(*published)
+        addr, port, token, netns = published
+        if ipaddress.ip_address(addr).is_loopback and netns != network_namespace():
+            return None  # another machine's (or pod's) loopback: this one's would answer for it
+        return probe(addr, port, token)
 
 
 def advertised_address(host: str, node_addr: str) -> str:
@@ -186,19 +196,29 @@ def advertised_address(host: str, node_addr: str) -> str:
     return socket.getaddrinfo(node_addr, None, type=socket.SOCK_STREAM)[0][4][0]
 
 
-def parse_published(raw: bytes) -> tuple[str, int, str] | None:
-    """(address, port, token) of a published beacon; None for anything else."""
+def parse_published(raw: bytes) -> tuple[str, int, str, str] | None:
+    """(address, port, token, network namespace) of a published beacon; None for anything else."""
     try:
         if len(raw) > MAX_PUBLISHED_BYTES:
             return None
         found = json.loads(raw)
-        addr, port, token = found["addr"], found["port"], found["token"]
+        addr, port, token, netns = found["addr"], found["port"], found["token"], found.get("netns", "")
         ipaddress.ip_address(addr)  # an address, never a name to resolve
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
     if type(port) is not int or not 0 < port < 65536 or not isinstance(token, str) or not 0 < len(token) <= 64:
         return None
-    return addr, port, token
+    return addr, port, token, str(netns)
+
+
+def network_namespace() -> str:
+    """This machine's boot id and this process's network namespace: where a loopback address
+    means the same listener ("" where /proc does not say)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return ""
 
 
 def forget(state: _RendezvousState, nodes: list[_NodeDesc], settings: RendezvousSettings) -> None:
