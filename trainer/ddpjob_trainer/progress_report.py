@@ -314,9 +314,11 @@ class _ProgressServer:
             asyncio.start_server(self._connected, sock=server, limit=MAX_REQUEST_BYTES))
         self._loop.run_forever()
         listening.close()
-        for writer in list(self._open):
-            writer.transport.abort()
-        self._loop.run_until_complete(asyncio.sleep(0))  # let the aborted handlers end
+        # Every connection's handler ends here, so none is left pending when the loop closes.
+        handlers = asyncio.all_tasks(self._loop)
+        for handler in handlers:
+            handler.cancel()
+        self._loop.run_until_complete(asyncio.gather(*handlers, return_exceptions=True))
         self._loop.close()
 
     def close(self) -> None:
