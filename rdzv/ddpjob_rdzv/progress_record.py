@@ -11,6 +11,7 @@ Version 1 (every key but ``kind`` and ``version`` may be left out; ``null`` wher
 
     {"kind": "ddpjob.progress", "version": 1,
      "node": "2",                                   # DDPJOB_NODE_INDEX of the writer
+     "jobUID": "6f1c2a9e-...", "pod": "mlp-node-2", # DDPJOB_JOB_UID and DDPJOB_POD_NAME: whose record it is
      "written": "2026-11-23T01:02:03.456Z",         # when this copy was written
      "snapshot": {"epoch": 3, "step": 120, "time": "<RFC 3339>", "path": "/snapshots/...",
                   "samples_consumed": 0} | null,    # <snapshot dir>/progress.json, the newest complete one
@@ -61,6 +62,7 @@ MAX_STEP_SECONDS = 7 * 24 * 3600.0  # a step longer than a week is a broken cloc
 MAX_ERROR_CHARS = 600  # error and fatal.message: enough for a type and a message, far below 4096 bytes
 MAX_PATH_CHARS = 1024  # a snapshot path inside the snapshot volume
 MAX_NODE_CHARS = 63  # a node index as text (a label value's length)
+MAX_NAME_CHARS = 253  # jobUID and pod: a Kubernetes object name (or uid) at its longest
 MAX_NODES = 128  # entries in `nodes`
 MAX_TIME_CHARS = 40  # '2026-11-23T01:02:03.123456789+00:00' is 35
 VALUE_CHARS = 40  # how much of an offending value an explanation quotes
@@ -160,6 +162,12 @@ def validate(record: Mapping[str, Any]) -> Record | Invalid:
 def check_snapshot(snapshot: Any) -> Invalid | None:
     """Checks progress.json (a record's ``snapshot``) on its own: the trainer copies it in."""
     return _SNAPSHOT("snapshot", snapshot)
+
+
+def check_node_entry(entry: Any) -> Invalid | None:
+    """Checks one ``nodes`` entry on its own: a rank's heartbeat has its layout, and the trainer
+    checks each before folding it in (one malformed heartbeat must not stop the others)."""
+    return _NODE_FIGURES("nodes[]", entry)
 
 
 def check_reason(reason: Any) -> Invalid | None:
@@ -291,6 +299,7 @@ def _text(limit: int, pattern: re.Pattern | None = None, what: str = "") -> Chec
 
 _reason = _text(64, _REASON, "an UpperCamelCase word such as BadDataset")
 _node = _text(MAX_NODE_CHARS, _NODE, "a node index (letters, digits, '.', '_', '-')")
+_name = _text(MAX_NAME_CHARS, _NODE, "a Kubernetes name or uid (letters, digits, '.', '_', '-')")
 
 
 def _exactly(expected: Any) -> Check:
@@ -347,7 +356,7 @@ _NODE_FIGURES = _object({"node": _node, "step": _nullable(_integer), "phase": _P
                          "computeSeconds": _nullable(_seconds), "heartbeat": _nullable(_time)}, required=("node",))
 _RECORD = _object({
     "kind": _exactly(KIND), "version": _exactly(VERSION),
-    "node": _node, "written": _nullable(_time),
+    "node": _node, "jobUID": _name, "pod": _name, "written": _nullable(_time),
     "snapshot": _nullable(_SNAPSHOT), "resume": _nullable(_RESUME),
     "error": _text(MAX_ERROR_CHARS), "fatal": _FATAL, "nodes": _list_of(_NODE_FIGURES, MAX_NODES),
 }, required=("kind", "version"))

@@ -5,7 +5,7 @@ import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError
 from ddpjob_operator.local.plan import (
-    FAST_RDZV_TIMEOUTS, fast_restart_installed, inherited_env, local_plan, local_spec, localize,
+    FAST_RDZV_TIMEOUTS, LOOPBACK_ENV, fast_restart_installed, inherited_env, local_plan, local_spec, localize,
 )
 from ddpjob_operator.render.launch import zygote_socket
 from ddpjob_operator.render.node_pod import render_pod
@@ -53,11 +53,16 @@ def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
         # Pod-only variables (the kubelet's termination log) are fine; a torchrun flag missing locally is not.
         assert not [k for k in set(pod_env) - set(node.env) if k.startswith("PET_")]
         assert differ == {"PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_NPROC_PER_NODE",
-                          "PET_RDZV_BACKEND", "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE", "DDPJOB_ZYGOTE_SOCKET"}
+                          "PET_RDZV_BACKEND", "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE", "DDPJOB_ZYGOTE_SOCKET",
+                          "DDPJOB_JOB_UID", *LOOPBACK_ENV}
         assert node.env["PET_RDZV_ENDPOINT"] == "127.0.0.1:29555"
         assert node.env["PET_RDZV_ID"] == "mlp-run-1"
         assert node.env["DDPJOB_SNAPSHOT_DIR"] == str(SNAP)
         assert node.env["DDPJOB_NODE_INDEX"] == str(index) and node.env["FOO"] == "bar"
+        assert node.env["DDPJOB_JOB_UID"] == "mlp-run-1"
+        assert {k: node.env[k] for k in LOOPBACK_ENV} == {
+            "DDPJOB_LISTEN_HOST": "127.0.0.1", "PET_LOCAL_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_SOCKET_IFNAME": "lo"}, "every listener of a local run on loopback"
 
 
 @pytest.mark.parametrize("backend, fast, expected", [

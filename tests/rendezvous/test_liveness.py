@@ -1,5 +1,7 @@
 """A node whose agent is gone leaves the rendezvous at once, not after its keep-alive expired
 (ddpjob_trainer.rendezvous.liveness), and a live node is never taken for a dead one."""
+import json
+import os
 import socket
 import threading
 import time
@@ -13,7 +15,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ddpjob_trainer.rendezvous.early import EarlyJoinOp, EarlyRendezvousHandler
-from ddpjob_trainer.rendezvous.liveness import Beacon, Liveness, probe
+from ddpjob_trainer.rendezvous.liveness import KEY_PREFIX, Beacon, Liveness, network_namespace, probe
+from tests.support.listeners import listeners
 
 SURVIVOR, DEAD, LATE, QUIET = (_NodeDesc("127.0.0.1", pid, 0) for pid in (1, 2, 3, 4))
 INTERVAL = timedelta(seconds=2)
@@ -24,12 +27,12 @@ def settings(min_nodes=1, max_nodes=4) -> RendezvousSettings:
                               keep_alive_max_attempt=3)
 
 
-def test_a_beacon_answers_its_name_and_is_refused_once_closed():
-    beacon = Beacon("node_7_0")
-    assert probe("127.0.0.1", beacon.port, "node_7_0") is True
-    assert probe("127.0.0.1", beacon.port, "node_8_0") is False, "another node's beacon on that port"
+def test_a_beacon_answers_its_token_and_is_refused_once_closed():
+    beacon = Beacon("token-of-node-7")
+    assert probe("127.0.0.1", beacon.port, "token-of-node-7") is True
+    assert probe("127.0.0.1", beacon.port, "token-of-node-8") is False, "another node's beacon on that port"
     beacon.close()
-    assert probe("127.0.0.1", beacon.port, "node_7_0") is False
+    assert probe("127.0.0.1", beacon.port, "token-of-node-7") is False
 
 
 def test_a_host_that_accepts_but_never_answers_is_unknown_not_gone():
@@ -69,6 +72,80 @@ def test_only_a_node_that_missed_a_heartbeat_and_whose_beacon_is_gone_is_gone():
     published = Published().alive(SURVIVOR).dead(DEAD).alive(LATE)
     state = heartbeats(survivor=0, dead=3, late=3, quiet=3)  # QUIET never published a beacon
     assert Liveness(published.store, SURVIVOR, settings()).gone(state) == [DEAD]
+
+
+def answer_forever(server: socket.socket, answer: bytes) -> None:
+    while True:
+        try:
+            connection, _ = server.accept()
+        except OSError:
+            return
+        with connection:
+            connection.sendall(answer)
+
+
+def test_another_listener_answering_with_the_nodes_name_is_not_that_node():
+    """The dead node's port taken by another process that answers with the node's name (all
+    the old probe compared): the token does not match, so the node is gone."""
+    store = HashStore()
+    liveness = Liveness(store, DEAD, settings())
+    liveness.start()
+    port = json.loads(store.get(KEY_PREFIX + repr(DEAD)))["port"]
+    liveness.stop()
+    impostor = socket.create_server(("127.0.0.1", port))
+    threading.Thread(target=answer_forever, args=(impostor, repr(DEAD).encode()), daemon=True).start()
+    try:
+        Liveness(store, SURVIVOR, settings()).start()
+        assert Liveness(store, SURVIVOR, settings()).gone(heartbeats(survivor=0, dead=3)) == [DEAD]
+    finally:
+        impostor.close()
+
+
+def test_a_node_is_probed_at_its_published_address_not_by_its_name(monkeypatch):
+    """A name that resolves nowhere (or, with DNS spoofed, somewhere else) does not matter: the
+    probe goes to the address the node published."""
+    unresolvable = _NodeDesc("node-0.ddpjob.invalid", 5, 0)
+    store = HashStore()
+    monkeypatch.setenv("DDPJOB_LISTEN_HOST", "127.0.0.1")
+    node = Liveness(store, unresolvable, settings())
+    node.start()
+    monkeypatch.delenv("DDPJOB_LISTEN_HOST")
+    published = json.loads(store.get(KEY_PREFIX + repr(unresolvable)))
+    assert published["addr"] == "127.0.0.1" and len(published["token"]) == 32, published
+    state = _RendezvousState()
+    state.last_heartbeats = {SURVIVOR: datetime.now(timezone.utc),
+                             unresolvable: datetime.now(timezone.utc) - timedelta(seconds=3)}
+    survivor = Liveness(store, SURVIVOR, settings())
+    assert survivor._probe(unresolvable) is True, "alive at its published address"
+    node.stop()
+    assert survivor.gone(state) == [unresolvable]
+
+
+def test_a_loopback_address_published_from_another_network_namespace_is_unknown_not_gone():
+    """Another machine's node that published 127.0.1.1 (its name in Debian's /etc/hosts): probing
+    it here would ask this machine's loopback, whose refusal says nothing about that node."""
+    store = HashStore()
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: a probe here is refused
+    store.set(KEY_PREFIX + repr(DEAD), json.dumps({"addr": "127.0.0.1", "port": port, "token": "t" * 32,
+                                                   "netns": "another-boot/4026531840"}))
+    assert Liveness(store, SURVIVOR, settings()).gone(heartbeats(survivor=0, dead=3)) == []
+    store.set(KEY_PREFIX + repr(DEAD), json.dumps({"addr": "127.0.0.1", "port": port, "token": "t" * 32,
+                                                   "netns": network_namespace()}))
+    assert Liveness(store, SURVIVOR, settings()).gone(heartbeats(survivor=0, dead=3)) == [DEAD], "same namespace"
+
+
+def test_the_beacon_listens_on_ddpjob_listen_host_only(monkeypatch):
+    monkeypatch.setenv("DDPJOB_LISTEN_HOST", "127.0.0.1")
+    store = HashStore()
+    liveness = Liveness(store, QUIET, settings())
+    liveness.start()
+    try:
+        port = json.loads(store.get(KEY_PREFIX + repr(QUIET)))["port"]
+        assert [(s.address, s.port) for s in listeners({os.getpid()}) if s.port == port] == [("127.0.0.1", port)]
+    finally:
+        liveness.stop()
 
 
 def test_a_dead_node_is_not_probed_before_it_has_missed_a_heartbeat():

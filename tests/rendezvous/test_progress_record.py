@@ -94,8 +94,10 @@ def test_other_text_is_not_a_record(text):
     ({"nodes": [{"node": "0"}] * 129}, "nodes (129 entries) must be a list of at most 128 entries"),
     ({"nodes": [{"step": 1}]}, "nodes[0].node (missing) is required"),
     ({"extra": {"a": list(range(20))}}, 'extra ({"a": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, ...) is not a field of a '
-                                        "version-1 progress record (known: kind, version, node, written, snapshot, "
-                                        "resume, error, fatal, nodes)"),
+                                        "version-1 progress record (known: kind, version, node, jobUID, pod, "
+                                        "written, snapshot, resume, error, fatal, nodes)"),
+    ({"pod": "mlp node 1"}, "pod (\"mlp node 1\") must be a Kubernetes name or uid (letters, digits, '.', '_', "
+                            "'-'), at most 253 characters"),
 ])
 def test_a_record_that_breaks_a_rule_is_refused_naming_field_value_and_rule(fields, message):
     assert message_of(json.dumps(record(**fields))) == message

@@ -1,5 +1,7 @@
 """The process group: gloo on CPU, nccl on GPU, torn down on every way out."""
 import dataclasses
+import datetime
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,9 +11,10 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from ddpjob_trainer.dist import backend_for, device_for, distributed
+from ddpjob_trainer.dist import backend_for, device_for, distributed, group_store
 from ddpjob_trainer.env import DistEnv
 from ddpjob_sandbox.procs import free_port
+from tests.support.listeners import listeners
 
 
 def single_worker(monkeypatch, local_rank=0) -> DistEnv:
@@ -92,3 +95,23 @@ def test_on_a_gpu_the_group_uses_nccl_and_binds_the_local_rank(monkeypatch):
         assert torch_dist.get_backend() == "nccl"
         assert torch.cuda.current_device() == 0
     assert not torch_dist.is_initialized()
+
+
+def test_with_a_listen_host_rank_0s_group_store_listens_there_only(monkeypatch):
+    """torch's env:// would have rank 0's store listen on every interface (`ddpjob run` sets
+    DDPJOB_LISTEN_HOST=127.0.0.1); the group works as before over it."""
+    env = single_worker(monkeypatch)
+    monkeypatch.setenv("DDPJOB_LISTEN_HOST", "127.0.0.1")
+    with distributed(env, timeout=datetime.timedelta(seconds=30)):
+        found = [(s.address, s.port) for s in listeners({os.getpid()}) if s.port == env.master_port]
+        tensor = torch.ones(1)
+        torch_dist.all_reduce(tensor)
+    assert found == [("127.0.0.1", env.master_port)], found
+    assert tensor.item() == 1.0
+
+
+def test_without_a_listen_host_the_group_store_is_torchs_env_rendezvous():
+    """Pods set no DDPJOB_LISTEN_HOST: nothing changes there."""
+    env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0, restart_count=0,
+                  run_id="test", master_addr="127.0.0.1", master_port=1)
+    assert group_store(env, datetime.timedelta(seconds=1), environ={}) is None

@@ -1,13 +1,15 @@
 """The fast snapshot tier in one process: the shared-memory copy itself, and a resume from it
 that loses only the step in flight and ends with an uninterrupted run's weights."""
 import dataclasses
+import os
+import stat
 
 import pytest
 import torch
 
 from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, read_metrics
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
-from ddpjob_trainer.fast_snapshot import FastSnapshot, fast_root, flatten, unflatten
+from ddpjob_trainer.fast_snapshot import FastSnapshot, UnsafeDirectory, fast_root, flatten, unflatten
 from ddpjob_trainer.metrics import read_raw_metrics
 
 DATA = make_dataset(200, seed=3)
@@ -101,3 +103,69 @@ def test_a_crash_resumes_from_shared_memory_losing_only_the_step_in_flight(env, 
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7, msg=name)
     assert not any(shm.iterdir()), "a finished job removes its copies"
+
+
+# --- /dev/shm is shared by every user of the machine: the node's directory must be ours alone ---
+
+OTHER_UID = 1001  # a second user of the machine
+
+
+def saved(fast: FastSnapshot, step: int = 1) -> FastSnapshot:
+    fast.save(state(step), step=step)
+    fast.wait()
+    return fast
+
+
+def test_the_directory_is_created_0700_and_every_state_file_0600(tmp_path):
+    fast = saved(FastSnapshot(tmp_path / "shm" / "node", local_rank=0), 1)
+    saved(fast, 2)
+    assert stat.S_IMODE((tmp_path / "shm" / "node").stat().st_mode) == 0o700
+    files = sorted((tmp_path / "shm" / "node").iterdir())
+    assert [f.name for f in files] == ["fast-0-slot0.bin", "fast-0-slot1.bin", "fast-0.meta"]
+    assert {oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {oct(0o600)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_a_directory_another_user_created_is_refused_and_nothing_is_written_there(tmp_path):
+    planted = tmp_path / "node"
+    planted.mkdir(mode=0o755)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(UnsafeDirectory) as refused:
+        saved(FastSnapshot(planted, local_rank=0))
+    assert str(refused.value) == (
+        f"fast snapshot directory {planted} (owner uid {OTHER_UID}, mode drwxr-xr-x) belongs to uid {OTHER_UID}: "
+        f"it must be a real directory owned by uid {os.geteuid()} that no other user can write; remove it, "
+        "or set DDPJOB_FAST_SNAPSHOT_ROOT to a directory of your own")
+    assert refused.value.reason == "UnsafeFastSnapshotDirectory"
+    assert list(planted.iterdir()) == []
+
+
+def test_a_symbolic_link_in_place_of_the_directory_is_refused_and_its_target_untouched(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "node").symlink_to(victim)
+    with pytest.raises(UnsafeDirectory, match=r"node \(owner uid \d+, mode l[-rwx]+\) is a symbolic link: "):
+        saved(FastSnapshot(tmp_path / "node", local_rank=0))
+    assert list(victim.iterdir()) == []
+
+
+def test_a_directory_others_can_write_is_refused(tmp_path):
+    (tmp_path / "node").mkdir()
+    os.chmod(tmp_path / "node", 0o777)
+    with pytest.raises(UnsafeDirectory, match="mode drwxrwxrwx.* is writable by its group or by others: "):
+        FastSnapshot(tmp_path / "node", local_rank=0)
+
+
+def test_a_symbolic_link_in_place_of_a_state_file_is_replaced_never_followed(tmp_path):
+    """A link left in the directory (from before it was ours alone) points at a file elsewhere:
+    the save writes fresh files in the directory and the file elsewhere keeps its bytes."""
+    node = tmp_path / "node"
+    node.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    for name in ("fast-0-slot0.bin", "fast-0-slot1.bin", f".fast-0.meta.tmp-{os.getpid()}"):
+        (node / name).symlink_to(victim)
+    fast = saved(FastSnapshot(node, local_rank=0), 3)
+    assert victim.read_bytes() == b"precious"
+    assert not any(p.is_symlink() for p in node.iterdir())
+    assert fast.load(fast.newest())["step"] == 3

@@ -230,3 +230,37 @@ def test_a_worker_forked_by_the_zygote_stops_the_agent_its_client_names(tmp_path
 def test_a_large_group_is_gathered_less_often(world_size, seconds):
     # Every node's reporter reads every rank's key: the store's load grows with the square of the size.
     assert Heartbeats(None, 0, world_size, "0").gather_seconds == seconds
+
+
+@pytest.mark.parametrize("bad", [
+    b'{"node": "1", "step": 3, "dataSeconds": "x"}',  # a string where a number goes: fold raised TypeError
+    b'{"node": "1", "heartbeat": 5}',
+    b'{"node": "1", "step": NaN}',
+    b'not json',
+])
+def test_a_malformed_heartbeat_is_skipped_and_the_gatherer_keeps_going(bad, caplog):
+    server = store()
+    good = Heartbeats(server, 0, 2, "0")
+    good.start(step=3)
+    server.set(HEARTBEAT_PREFIX + "1", bad)  # rank 1's key, written by anything that reaches the store
+    report = ProgressReport(None, None, node="0", port=0)
+    report.refresh(force=True)
+    report.watch(good)
+    try:
+        assert wait_for_nodes(report, 1) == [("0", 3)], "the good beat is reported, the bad one skipped"
+        assert "skipping the heartbeat at ddpjob/heartbeat/1" in caplog.text
+        Heartbeats(server, 1, 2, "1").beat()  # rank 1 beats properly again
+        assert wait_for_nodes(report, 2) == [("0", 3), ("1", None)], "the gatherer outlived the bad beat"
+    finally:
+        report.close()
+        good.stop()
+
+
+def wait_for_nodes(report, count, timeout=10):
+    deadline = time.monotonic() + timeout
+    while True:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{report.port}/progress", timeout=5).read()
+        nodes = [(n["node"], n.get("step")) for n in json.loads(body).get("nodes") or []]
+        if len(nodes) == count or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.2)

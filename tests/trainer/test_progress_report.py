@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -21,13 +23,16 @@ from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
 from ddpjob_trainer.progress_report import (
     DEFAULT_PATH,
     ENV_PATH,
+    MAX_CONNECTIONS,
     PORT_ENV,
+    READ_TIMEOUT_SECONDS,
     RECORD_BYTES,
     ProgressReport,
     default_path,
     progress_port,
 )
 from ddpjob_sandbox.procs import free_port
+from tests.support.listeners import listeners
 
 DATA = make_dataset(96, seed=5)
 
@@ -351,3 +356,82 @@ def test_the_trainer_serves_its_progress_while_training_and_stops_at_the_end(env
     assert [record["snapshot"]["epoch"] for record in seen] == [1, 2], "each epoch start sees the last snapshot"
     with pytest.raises(OSError):
         fetch(port)
+
+
+def half_sent_requests(port: int, count: int) -> list[socket.socket]:
+    """Connections that send the start of a request and then nothing (a slow or hostile client)."""
+    held = []
+    for _ in range(count):
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        client.sendall(b"GET /progress HTTP/1.1\r\nHost: x\r\n")  # no blank line: the request never ends
+        held.append(client)
+    return held
+
+
+def test_half_sent_requests_hold_neither_threads_nor_the_endpoint(tmp_path):
+    write_progress(tmp_path, 5)
+    report = ProgressReport(None, tmp_path / "progress.json", node="1", port=0)
+    held = []
+    try:
+        report.resumed(None, None)
+        threads_before = threading.active_count()
+        held = half_sent_requests(report.port, 50)
+        time.sleep(0.3)  # the server has accepted them
+        assert threading.active_count() - threads_before <= 1, "no thread per connection"
+        started = time.monotonic()
+        status, record = fetch(report.port)
+        assert status == 200 and record["snapshot"]["step"] == 5
+        assert time.monotonic() - started < READ_TIMEOUT_SECONDS, "answered at once, not after the slow ones"
+        open_now = [c for c in held if not closed_by_server(c, timeout=0)]
+        assert len(open_now) <= MAX_CONNECTIONS, f"{len(open_now)} connections kept open"
+    finally:
+        for client in held:
+            client.close()
+        report.close()
+
+
+def test_a_connection_that_never_finishes_its_request_is_closed_after_the_read_timeout(tmp_path):
+    report = ProgressReport(None, None, port=0)
+    try:
+        report.resumed(None, None)
+        [client] = half_sent_requests(report.port, 1)
+        started = time.monotonic()
+        assert closed_by_server(client, timeout=READ_TIMEOUT_SECONDS + 5)
+        assert READ_TIMEOUT_SECONDS - 0.5 <= time.monotonic() - started < READ_TIMEOUT_SECONDS + 1
+        client.close()
+    finally:
+        report.close()
+
+
+def test_the_endpoint_listens_on_ddpjob_listen_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPJOB_LISTEN_HOST", "127.0.0.1")
+    report = ProgressReport(None, None, port=0)
+    try:
+        assert [(s.address, s.port) for s in listeners({os.getpid()}) if s.port == report.port] == \
+            [("127.0.0.1", report.port)]
+    finally:
+        report.close()
+
+
+def closed_by_server(client: socket.socket, timeout: float) -> bool:
+    """Whether the server closed ``client`` (an end of stream or a reset) within ``timeout``."""
+    client.settimeout(timeout or 0.01)
+    try:
+        return client.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except (socket.timeout, BlockingIOError):
+        return False
+
+
+def test_the_record_names_its_job_and_pod_from_the_rendered_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPJOB_JOB_UID", "6f1c2a9e-0000-4000-8000-000000000001")
+    monkeypatch.setenv("DDPJOB_POD_NAME", "mlp-node-1")
+    report = ProgressReport(None, None, node="1", port=0)
+    try:
+        report.resumed(None, None)
+        record = fetch(report.port)[1]
+        assert (record["jobUID"], record["pod"]) == ("6f1c2a9e-0000-4000-8000-000000000001", "mlp-node-1")
+        assert isinstance(progress_record.parse(json.dumps(record)), progress_record.Record)
+    finally:
+        report.close()

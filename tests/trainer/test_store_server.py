@@ -2,13 +2,18 @@
 TCPStore that clients share, and a SIGTERM (the kubelet's stop) ends it cleanly."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from datetime import timedelta
 
+import pytest
 import torch.distributed as dist
+
+from ddpjob_trainer.listen import tcp_store_server
+from tests.support.listeners import listeners
 
 from ddpjob_sandbox.procs import free_port, start_in_own_group, stop_process_group
 
@@ -55,3 +60,29 @@ def test_the_old_module_path_still_starts_the_store():
     result = subprocess.run([sys.executable, "-m", "ddpjob_trainer.rdzv_store", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "--port" in result.stdout, result.stderr
+
+
+def test_the_store_listens_only_on_the_host_it_is_given():
+    """torch's TCPStore alone listens on every interface (`*:<port>`) whatever host it is given."""
+    port = free_port()
+    store = start_in_own_group([sys.executable, "-m", "ddpjob_trainer.store_server", "--host", "127.0.0.1",
+                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_line(store, "listening")
+        found = [(s.address, s.port) for s in listeners({store.pid})]
+        assert found == [("127.0.0.1", port)], found
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+    finally:
+        stop_process_group(store)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_tcp_store_server_binds_the_given_loopback_address_only(host):
+    server = tcp_store_server(host, 0, wait_for_workers=False, timeout=timedelta(seconds=10))
+    found = [(s.address, s.port) for s in listeners({os.getpid()}) if s.port == server.port]
+    assert found == [(host, server.port)], found
+    client = dist.TCPStore(host, server.port, is_master=False, timeout=timedelta(seconds=10))
+    client.set("k", "v")
+    assert server.get("k") == b"v"

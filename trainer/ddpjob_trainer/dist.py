@@ -25,6 +25,7 @@ import torch.distributed as torch_dist
 
 from . import marks
 from .env import DistEnv, dist_env
+from .listen import EVERY_INTERFACE, listen_host, tcp_store_server
 
 log = logging.getLogger(__name__)
 marks.mark_imports_done()  # a worker imports this module right after torch (bench/recovery.py)
@@ -90,9 +91,11 @@ def distributed(env: DistEnv | None = None, timeout: datetime.timedelta | None =
         # Before init: NCCL picks the current device for its communicator.
         torch.cuda.set_device(env.local_rank)
         device_id = torch.device("cuda", env.local_rank)
+    store = group_store(env, timeout)
     torch_dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        init_method=None if store is not None else "env://",
+        store=store,
         rank=env.rank,
         world_size=env.world_size,
         timeout=timeout,
@@ -111,6 +114,24 @@ def distributed(env: DistEnv | None = None, timeout: datetime.timedelta | None =
     finally:
         if torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+
+
+def group_store(env: DistEnv, timeout: datetime.timedelta,
+                environ: Mapping[str, str] = os.environ) -> torch_dist.Store | None:
+    """The process group's store at MASTER_ADDR:MASTER_PORT, as torch's env:// makes it, except
+    that rank 0's server listens on DDPJOB_LISTEN_HOST only (torch's binds every interface);
+    None where no listen host is set (a pod) or the agent serves the store: torch's env:// then.
+    """
+    host = listen_host(environ)
+    if host in EVERY_INTERFACE or environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
+        return None
+    addr, port = environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
+    if env.rank == 0:
+        store = tcp_store_server(host, port, world_size=env.world_size, timeout=timeout, multi_tenant=True)
+    else:
+        store = torch_dist.TCPStore(addr, port, world_size=env.world_size, is_master=False, timeout=timeout)
+    # What init_process_group puts over the store it makes for env:// (keys apart from other users).
+    return torch_dist.PrefixStore("default_pg", store)
 
 
 def release_process_groups_at_exit() -> None:

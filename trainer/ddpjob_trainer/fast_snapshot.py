@@ -21,6 +21,14 @@ membership change) at almost no cost to throughput:
 
 Each worker keeps two copies of the whole state in ``/dev/shm``: size its limit for it.
 
+``/dev/shm`` is shared by every user of a machine (a local run's), and the directory's name is
+predictable. So the node's directory is created with mode 0700 in one mkdir, and an existing one
+is used only when it is a real directory (not a symbolic link) of this process's user that
+nobody else can write; anything else is refused (UnsafeDirectory) before a byte is read or
+written. Files are created afresh (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) under a temporary name
+and renamed into place, so no link planted beforehand is followed and no state is readable by
+another user.
+
 Usage (each rank)::
 
     fast = FastSnapshot(fast_root("/snapshots"), local_rank=env.local_rank)
@@ -35,12 +43,14 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .background import BackgroundJob
+from .errors import DoNotRetry
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,57 @@ NODE_ENV = "DDPJOB_NODE_INDEX"  # the operator's node index; several nodes may s
 SMALL_NUMEL = 1 << 16  # tensors up to this size are copied at once (the forward pass may change buffers)
 ALIGN = 64  # bytes: every tensor's offset in a slot, enough for any dtype's alignment
 _TENSOR = "__fast_tensor__"  # placeholder key in the skeleton: {_TENSOR: index into the slot's tensors}
+DIR_MODE = 0o700  # the node's directory: its state is nobody else's to read or replace
+FILE_MODE = 0o600
+
+
+class UnsafeDirectory(DoNotRetry):
+    """The node's fast snapshot directory exists but is not safely ours; retrying cannot fix it."""
+
+    reason = "UnsafeFastSnapshotDirectory"
+
+
+def own_directory(path: Path) -> None:
+    """Makes ``path`` a directory of this process's user, mode DIR_MODE: created in one mkdir,
+    or, when it exists, accepted only as a real directory of ours that nobody else can write.
+
+    Raises:
+        UnsafeDirectory: a symbolic link, not a directory, another user's, or writable by others.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)  # the root: /dev/shm, or $DDPJOB_FAST_SNAPSHOT_ROOT
+    try:
+        os.mkdir(path, DIR_MODE)
+        return
+    except FileExistsError:
+        pass
+    found = os.lstat(path)
+    problem = _unsafe(found)
+    if problem is not None:
+        raise UnsafeDirectory(
+            f"fast snapshot directory {path} (owner uid {found.st_uid}, mode {stat.filemode(found.st_mode)}) "
+            f"{problem}: it must be a real directory owned by uid {os.geteuid()} that no other user can write; "
+            f"remove it, or set {ROOT_ENV} to a directory of your own")
+    if stat.S_IMODE(found.st_mode) != DIR_MODE:  # ours, from an older version: hide the state it will hold
+        os.chmod(path, DIR_MODE)
+
+
+def _unsafe(found: os.stat_result) -> str | None:
+    if stat.S_ISLNK(found.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(found.st_mode):
+        return "is not a directory"
+    if found.st_uid != os.geteuid():
+        return f"belongs to uid {found.st_uid}"
+    if found.st_mode & 0o022:
+        return "is writable by its group or by others"
+    return None
+
+
+def create_private(path: Path) -> int:
+    """A new file at ``path`` (a stale one of ours is removed first), mode FILE_MODE, write-only;
+    never through a link (O_NOFOLLOW) nor onto an existing file (O_EXCL)."""
+    path.unlink(missing_ok=True)  # a leftover of a process with our pid; removes a link, not its target
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
 
 
 def fast_root(snapshot_dir: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
@@ -69,12 +130,16 @@ class FastSnapshot:
     """One rank's double-buffered copy of its training state in ``directory``.
 
     Args:
-        directory: this node's directory (fast_root); created on the first save.
+        directory: this node's directory (fast_root); created here (own_directory).
         local_rank: names this worker's files (stable across restarts on the node).
+
+    Raises:
+        UnsafeDirectory: see own_directory.
     """
 
     def __init__(self, directory: str | os.PathLike, local_rank: int):
         self.directory = Path(directory)
+        own_directory(self.directory)  # before anything is read from it (a resume) or written
         self.local_rank = local_rank
         self._copying = BackgroundJob("ddpjob-fast-snapshot", daemon=True)
         self._layout: list[tuple[torch.dtype, tuple[int, ...], int]] | None = None
@@ -132,7 +197,8 @@ class FastSnapshot:
             for src, dst in pairs:
                 dst.copy_(src.detach())
         tmp = self.meta_path.with_name(f".{self.meta_path.name}.tmp-{os.getpid()}")
-        torch.save(record, tmp)
+        with os.fdopen(create_private(tmp), "wb") as file:
+            torch.save(record, file)
         os.replace(tmp, self.meta_path)  # the slot counts only from here on
 
     def _ready_event(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
@@ -149,7 +215,7 @@ class FastSnapshot:
         are and writes first into the one its meta does not name, so the complete copy stays
         usable until a newer one is; a new layout (a fresh start) allocates both anew."""
         if layout != self._layout:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            own_directory(self.directory)  # remove() took it away after a finished run
             current = self.newest()
             if current is not None and _parse_layout(current["layout"]) == layout:
                 self._next = 1 - current["slot"]
@@ -237,8 +303,13 @@ def _map_slot(path: Path, layout: list[tuple[torch.dtype, tuple[int, ...], int]]
     """Tensors viewing the file ``path`` (created at the layout's size when ``create``)."""
     offsets, total = _offsets(layout)
     if create:
-        with open(path, "wb") as handle:
-            handle.truncate(total)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        fd = create_private(tmp)
+        try:
+            os.ftruncate(fd, total)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # replaces whatever is at `path`, a link included, never its target
     elif path.stat().st_size != total:
         raise RuntimeError(f"fast snapshot slot {path} holds {path.stat().st_size} bytes, its meta says {total}")
     flat = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)

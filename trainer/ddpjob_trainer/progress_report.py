@@ -10,7 +10,8 @@ keeps it current and publishes it two ways, neither of which gives training pods
   into ``status.containerStatuses[].state.terminated.message`` whenever the container exits
   (crash, kill, success), and the operator already watches its pods. It is seen only once
   the container has exited, and holds at most ``TERMINATION_MESSAGE_BYTES`` (4096);
-* **GET /progress** on ``$DDPJOB_PROGRESS_PORT`` (set in rendered pods) while the worker
+* **GET /progress** on ``$DDPJOB_PROGRESS_PORT`` (set in rendered pods; the address is
+  ``$DDPJOB_LISTEN_HOST``, every interface unless set, ddpjob_trainer/listen.py) while the worker
   runs: the operator polls it (controller/live_progress.py) the way Prometheus reaches pods,
   so a job that has not failed yet shows its progress too. A port that is taken only turns
   the endpoint off, with a warning.
@@ -33,13 +34,14 @@ the trailing spaces). The kubelet reads it only after the exit.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
-import http.server
 import json
 import logging
 import os
 import signal
+import socket
 import statistics
 import threading
 import time
@@ -52,6 +54,7 @@ from ddpjob_rdzv.progress_record import MAX_ERROR_CHARS, TERMINATION_MESSAGE_BYT
 
 from . import zygote
 from .errors import DoNotRetry
+from .listen import listen_host, listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +63,17 @@ DEFAULT_PATH = "/dev/termination-log"  # Kubernetes' default terminationMessageP
 RECORD_BYTES = 1024  # minimum padded size of the message (the kubelet keeps up to 4096 bytes)
 POLL_SECONDS = 5.0  # how often nodes other than rank 0's copy progress.json from the shared volume
 PORT_ENV = "DDPJOB_PROGRESS_PORT"  # serve the record at GET /progress on this port (rendered pods set it)
+# Whose record it is (rendered pods set both; ddpjob run the uid): the operator refuses a record
+# that names another job or pod (decide/progress.py), e.g. one read at a pod IP another pod reused.
+IDENTITY_ENV = {"jobUID": "DDPJOB_JOB_UID", "pod": "DDPJOB_POD_NAME"}
 HTTP_PATH = "/progress"
+READ_TIMEOUT_SECONDS = 2.0  # a client of /progress has this long to send its request and read the answer
+MAX_CONNECTIONS = 8  # open /progress connections; a new one beyond closes the oldest
+MAX_REQUEST_BYTES = 8192  # request line and headers; a GET needs ~100
 HEARTBEAT_PREFIX = "ddpjob/heartbeat/"  # + rank: each rank's heartbeat key in the process group's store
 HEARTBEAT_SECONDS = 1.0  # each rank writes its heartbeat, and each reporter gathers them, this often
 GATHER_RANKS = 64  # above this many ranks, reporters gather less often (every node reads every key)
+MAX_BEAT_BYTES = 4096  # one rank's heartbeat; ours is ~200 bytes
 STEP_WINDOW = 20  # the figures are medians over this many recent steps (one slow step is not a straggler)
 
 
@@ -105,6 +115,7 @@ class ProgressReport:
         self.path = Path(path) if path else None
         self.progress_file = Path(progress_file) if progress_file else None
         self.record: dict[str, Any] = progress_record.new_record(node, progress_record.now())
+        self.record.update(identity())
         fatal = _fatal_in(self.path)
         if fatal is not None:  # an earlier worker of this container said: do not retry
             self.record["fatal"] = dict(fatal)
@@ -123,7 +134,7 @@ class ProgressReport:
     @property
     def port(self) -> int | None:
         """The port the record is served on; None when it is not served."""
-        return self._server.server_address[1] if self._server is not None else None
+        return self._server.port if self._server is not None else None
 
     def published(self) -> bytes:
         with self._lock:
@@ -133,8 +144,7 @@ class ProgressReport:
         """Stops serving the record and gathering heartbeats (the termination message stays for the kubelet)."""
         self._closed.set()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
 
     def resumed(self, step: int | None, snapshot_time: str | None, worker_restarts: int | None = None) -> None:
@@ -198,12 +208,19 @@ class ProgressReport:
 
     def _gather_forever(self, heartbeats: Heartbeats) -> None:
         while not self._closed.wait(heartbeats.gather_seconds):
-            self.refresh()  # a training thread stuck in a collective no longer copies progress.json
-            nodes = heartbeats.gather()
-            if nodes:
-                with self._lock:
-                    self.record["nodes"] = nodes
-                self._write(message=False)
+            try:
+                self._gather(heartbeats)
+            except Exception:  # noqa: BLE001 - one bad pass must not end the reporting for good
+                log.warning("gathering heartbeats failed; trying again in %.1f s", heartbeats.gather_seconds,
+                            exc_info=True)
+
+    def _gather(self, heartbeats: Heartbeats) -> None:
+        self.refresh()  # a training thread stuck in a collective no longer copies progress.json
+        nodes = heartbeats.gather()
+        if nodes:
+            with self._lock:
+                self.record["nodes"] = nodes
+            self._write(message=False)
 
     def _write(self, message: bool = True) -> None:
         with self._lock:
@@ -242,6 +259,23 @@ class ProgressReport:
         self._size = len(padded)
 
 
+def identity(environ: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
+    """The record's jobUID and pod, from the variables the operator renders (IDENTITY_ENV); a
+    value the contract would refuse is left out with a warning (the record stays publishable)."""
+    found = {}
+    for key, name in IDENTITY_ENV.items():
+        value = environ.get(name, "")
+        if not value:
+            continue
+        problem = progress_record.validate({"kind": progress_record.KIND, "version": progress_record.VERSION,
+                                            key: value})
+        if isinstance(problem, progress_record.Invalid):
+            log.warning("not naming the %s in the progress record: %s=%s", key, name, problem.message)
+            continue
+        found[key] = value
+    return found
+
+
 def _fatal_in(path: Path | None) -> dict[str, Any] | None:
     """``fatal`` of the record already in the termination message (an earlier worker's), if any."""
     if path is None:
@@ -255,32 +289,77 @@ def _fatal_in(path: Path | None) -> dict[str, Any] | None:
     return found.fatal if isinstance(found, progress_record.Record) else None
 
 
-class _ProgressHandler(http.server.BaseHTTPRequestHandler):
-    report: ProgressReport  # set per server by _serve
+class _ProgressServer:
+    """GET /progress on one thread, an event loop, whatever the number of clients.
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = self.report.published() if self.path == HTTP_PATH else b""
-        self.send_response(200 if body else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    The endpoint is reachable by whatever reaches the pod, so a client is not trusted to finish:
+    http.server's ThreadingHTTPServer had no timeout and a thread per connection (measured: 50
+    half-sent requests held 50 threads, each until its client left). Here each connection has
+    READ_TIMEOUT_SECONDS for its whole exchange, and at most MAX_CONNECTIONS are open: a new one
+    beyond closes the oldest, so a client that holds connections open delays nobody long (the
+    operator's poll gives a pod 2 s, controller/live_progress.py).
+    """
 
-    def log_message(self, format: str, *args: Any) -> None:  # every poll would log a line
-        pass
+    def __init__(self, report: ProgressReport, server: socket.socket):
+        self._report = report
+        self.port = server.getsockname()[1]
+        self._open: dict[asyncio.StreamWriter, None] = {}  # the open connections, oldest first
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, args=(server,), name="ddpjob-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self, server: socket.socket) -> None:
+        asyncio.set_event_loop(self._loop)
+        listening = self._loop.run_until_complete(
+            asyncio.start_server(self._connected, sock=server, limit=MAX_REQUEST_BYTES))
+        self._loop.run_forever()
+        listening.close()
+        # Every connection's handler ends here, so none is left pending when the loop closes.
+        handlers = asyncio.all_tasks(self._loop)
+        for handler in handlers:
+            handler.cancel()
+        self._loop.run_until_complete(asyncio.gather(*handlers, return_exceptions=True))
+        self._loop.close()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._open) >= MAX_CONNECTIONS:
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            oldest.transport.abort()  # its handler sees the end of its stream and returns
+        self._open[writer] = None
+        try:
+            await asyncio.wait_for(self._exchange(reader, writer), READ_TIMEOUT_SECONDS)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # too slow, gone, or a request over MAX_REQUEST_BYTES: nothing to answer
+        finally:
+            self._open.pop(writer, None)
+            writer.transport.abort()  # a no-op once the answer was sent and the connection closed
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        request = head.split(b"\r\n", 1)[0].split()
+        ours = len(request) == 3 and request[0] == b"GET" and request[1] == HTTP_PATH.encode()
+        body = self._report.published() if ours else b""
+        status = b"200 OK" if body else b"404 Not Found"
+        writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        writer.close()  # after the answer is sent (drain() alone returns while it is still buffered)
+        await writer.wait_closed()
 
 
-def _serve(report: ProgressReport, port: int) -> http.server.ThreadingHTTPServer | None:
-    handler = type("Handler", (_ProgressHandler,), {"report": report})
+def _serve(report: ProgressReport, port: int) -> _ProgressServer | None:
+    host = listen_host()
     try:
-        server = http.server.ThreadingHTTPServer(("", port), handler)
+        server = listening_socket(host, port)
     except OSError as error:
-        log.warning("not serving training progress on port %d (%s): the operator will learn it only when "
-                    "this container exits", port, error)
+        log.warning("not serving training progress on port %d of %s (%s): the operator will learn it only when "
+                    "this container exits", port, host or "every interface", error)
         return None
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="ddpjob-progress", daemon=True).start()
-    return server
+    return _ProgressServer(report, server)
 
 
 # --- Liveness: every rank's heartbeat, gathered into the record's `nodes` ------------------
@@ -354,6 +433,7 @@ class Heartbeats:
         self.step: int | None = None
         self.phase = "local"
         self._stop = threading.Event()
+        self._refused: set[tuple[str, str, str]] = set()  # (key, field, rule) of beats already logged as skipped
 
     def start(self, step: int | None) -> None:
         """Beats from now on (the training thread only updates ``step`` and ``phase``)."""
@@ -425,15 +505,37 @@ class Heartbeats:
         except Exception as error:  # the store is gone (its host failed): nothing to report
             log.debug("heartbeats not read: %s", error)
             return []
-        return fold([b for b in map(_beat, raw) if b is not None])
+        beats = [self._beat(key, data) for key, data in zip(keys, raw)]
+        return fold([b for b in beats if b is not None])
+
+    def _beat(self, key: str, raw: bytes) -> dict[str, Any] | None:
+        """The heartbeat at ``key``, or None when there is none or it breaks the record's rules for
+        a ``nodes`` entry (logged once per key and rule): the store is writable by every worker,
+        and one bad beat must cost only its own entry."""
+        beat, problem = parse_beat(raw)
+        if problem is not None and (key, problem.field, problem.rule) not in self._refused:
+            self._refused.add((key, problem.field, problem.rule))
+            log.warning("skipping the heartbeat at %s: %s", key, problem.message)
+        return beat
 
 
-def _beat(raw: bytes) -> dict[str, Any] | None:
+def parse_beat(raw: bytes) -> tuple[dict[str, Any] | None, progress_record.Invalid | None]:
+    """(the heartbeat, None), (None, why it is refused), or (None, None) when ``raw`` is empty."""
+    if not raw:
+        return None, None
+    if len(raw) > MAX_BEAT_BYTES:
+        return None, progress_record.Invalid("heartbeat", f"{len(raw)} bytes", f"must be at most {MAX_BEAT_BYTES}")
     try:
-        beat = json.loads(raw) if raw else None
-    except ValueError:
-        return None
-    return beat if isinstance(beat, dict) else None
+        beat = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as error:
+        return None, progress_record.Invalid("heartbeat", progress_record.shorten(repr(raw)),
+                                             f"must be a JSON object ({progress_record.shorten(str(error), 80)})")
+    problem = progress_record.check_node_entry(beat)
+    return (None, problem) if problem is not None else (beat, None)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def fold(beats: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,6 +6,10 @@ process instead (the operator's `<job>-rdzv` pod, `elasticPolicy.rdzvStore: pod`
 start every agent with `is_host=false` in its rdzv conf: the store then outlives any
 training node, and a lost node is replaced while the others keep their rendezvous.
 
+It listens on ``--host`` only: torch's TCPStore would listen on every interface whatever host
+it is given, so the socket is bound here and handed over (listen.tcp_store_server). ``ddpjob
+run`` starts it with ``--host 127.0.0.1``; a store pod keeps the default, every interface.
+
 The store keeps its keys in memory only; when this process dies the rendezvous state is
 gone and the whole group must start a new rendezvous under a new id.
 """
@@ -26,7 +30,8 @@ DEFAULT_PORT = 29400  # torchrun's conventional c10d rendezvous port
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ddpjob_trainer.store_server", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: every interface)")
+    parser.add_argument("--host", default="0.0.0.0",
+                        help="address to listen on (default: every interface, IPv4 and IPv6)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a client request may wait on a key (TCPStore timeout)")
@@ -36,10 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def start_store(host: str, port: int, timeout: float) -> Any:
     """The listening TCPStore server. wait_for_workers=False: agents come and go, the store
     must not wait for a fixed number of them; world_size stays unset for the same reason."""
-    import torch.distributed as dist  # here, not at import time: `--help` stays instant
+    from .listen import tcp_store_server  # imports torch: here, not at import time, so `--help` stays instant
 
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout))
+    return tcp_store_server(host, port, wait_for_workers=False, timeout=timedelta(seconds=timeout))
 
 
 def serve(host: str, port: int, timeout: float, stop: threading.Event) -> None:

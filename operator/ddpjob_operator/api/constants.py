@@ -56,6 +56,11 @@ ENV_SNAPSHOT_DIR = "DDPJOB_SNAPSHOT_DIR"  # where the trainer reads and writes s
 ENV_JOB_NAME = "DDPJOB_JOB_NAME"  # metadata.name of the job, for logs and metrics
 ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"  # node index of this pod or local agent
 ENV_NAMESPACE = "DDPJOB_NAMESPACE"  # namespace of the job ("" for local runs)
+ENV_JOB_UID = "DDPJOB_JOB_UID"  # metadata.uid of the job (a local run's rendezvous id): the progress record's job
+ENV_POD_NAME = "DDPJOB_POD_NAME"  # the node pod's name (pods only): the progress record's pod
+# Where the trainer's own listeners bind (ddpjob_trainer/listen.py): unset in pods (every interface,
+# reached at the pod IP); ddpjob run sets loopback.
+ENV_LISTEN_HOST = "DDPJOB_LISTEN_HOST"
 ENV_ZYGOTE_SOCKET = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the node's worker fork server ("@": an abstract Unix name)
 ZYGOTE_MODULE = "ddpjob_trainer.zygote"  # fastRestart: python -m entry point of that server's client (trainer image)
 # spec.snapshot.onUnreadable: what the trainer does when no snapshot can be read (Fail, StartOver);

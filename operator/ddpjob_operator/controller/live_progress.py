@@ -21,7 +21,8 @@ chart limit is 256 Mi) and held a pass 4.8 s despite a 2 s timeout, a 400 MiB bo
   body that passes the cap while it streams in is cut there and its connection closed;
 * one deadline, DEADLINE_SECONDS, covers connect, headers and body together, so a pod that
   trickles its answer cannot hold a pass;
-* the body must pass the record contract (ddpjob_rdzv/progress_record.py). A refused
+* the body must pass the record contract (ddpjob_rdzv/progress_record.py) and name the job
+  and pod it was read from where it names any (decide/progress.identity_problem). A refused
   record, an oversized body or a compressed one comes back as a RecordProblem naming the
   pod, which the pass reports once in a Warning Event; the other refusals are only logged
   (at debug level: a pass runs every --progress-poll-seconds).
@@ -41,6 +42,7 @@ from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.observed import PodView, RecordProblem
+from ddpjob_operator.decide.progress import identity_problem
 
 log = logging.getLogger("ddpjob_operator")
 
@@ -107,6 +109,8 @@ async def read_live_progress(pods: Iterable[PodView],
             # (11 KiB, 128 `nodes` entries; ~10x json.loads), at most twice a pass. A thread would
             # hold the GIL as long and add a hop.
             parsed = progress_record.parse(fetched.body) if fetched.body is not None else fetched.problem
+            if isinstance(parsed, progress_record.Record):
+                parsed = identity_problem(parsed.data, pod) or parsed
             if isinstance(parsed, progress_record.Record):
                 return found + [dict(parsed.data)]
             if isinstance(parsed, progress_record.Invalid):

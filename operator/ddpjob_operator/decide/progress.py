@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
+from ddpjob_rdzv import progress_record
+
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.decide.actions import Event
@@ -73,6 +75,19 @@ def ingest(pods: Iterable[PodView], status: Mapping[str, Any],
     restarts, restart_events = worker_restarts(pods, live, status)
     return Ingested({"lastSnapshot": last, "recovery": recovery or None, "invalidProgressRecords": reported,
                      **restarts}, events + restart_events + earlier)
+
+
+def identity_problem(record: Mapping[str, Any], pod: PodView) -> progress_record.Invalid | None:
+    """Why a record read from ``pod``'s progress endpoint is not that pod's: it names another job
+    (``jobUID``, the pod's controller uid) or another pod (``pod``). The endpoint is reached by pod
+    IP, and an IP freed by one pod is soon another's, of this job or any other; a record that
+    says whose it is must say ours. Records of older trainers name neither and are accepted."""
+    for field, expected in (("jobUID", pod.controller_uid), ("pod", pod.name)):
+        found = record.get(field)
+        if found is not None and expected and found != expected:
+            return progress_record.Invalid(field, progress_record.shorten(f'"{found}"'),
+                                           f'must be "{expected}": the record of another job or pod')
+    return None
 
 
 def earlier_job_resume(resumes: list[Mapping[str, Any]], recovery: dict[str, Any],

@@ -11,6 +11,11 @@ the port first becomes the host (then killing "node 1" can take the store
 down with it); the launch plan's `is_host` (as in the Pods) keeps it on node 0. With
 `rdzvStore: pod` the store is a local process instead (the store pod's command,
 listening on loopback) and every agent is a client, as in the Pods.
+
+Nothing a run opens listens beyond loopback (docs/security.md): LOOPBACK_ENV binds ddpjob's own
+listeners (the store, each agent's liveness beacon and node 0's c10d store, the progress
+endpoint, rank 0's worker store) to 127.0.0.1, gives torchrun 127.0.0.1 as the node's address
+(its MASTER_ADDR) and keeps the process group's gloo and NCCL sockets on the loopback interface.
 """
 
 from __future__ import annotations
@@ -26,8 +31,17 @@ from ddpjob_operator.render.launch import WORK_DIR_NAME, launch_plan, merged_env
 from ddpjob_operator.api.spec import DDPJobSpec
 
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
+LOOPBACK_INTERFACE = "lo"  # Linux's loopback interface, for gloo's and NCCL's socket choice
+# Set on every local node over the launch plan and spec.env (a run must not listen beyond this machine):
+LOOPBACK_ENV = {
+    C.ENV_LISTEN_HOST: LOOPBACK,  # ddpjob's own listeners (ddpjob_trainer/listen.py)
+    "PET_LOCAL_ADDR": LOOPBACK,  # torchrun's node address: MASTER_ADDR and the rendezvous' node names
+    "GLOO_SOCKET_IFNAME": LOOPBACK_INTERFACE,  # gloo binds the address of its interface
+    "NCCL_SOCKET_IFNAME": LOOPBACK_INTERFACE,  # NCCL's bootstrap and socket transport likewise
+}
 ENV_METRICS_FILE = "DDPJOB_METRICS_FILE"  # the trainer's metrics path (default: <snapshot dir>/metrics.jsonl)
 METRICS_NAME = "metrics.jsonl"  # the trainer's default metrics file name in the snapshot dir
+TRAINER_PACKAGE = "ddpjob_trainer"  # a module job under it joins the process group through ddpjob_trainer.dist
 
 # Rendezvous timeouts for local runs. Agents on one machine start together and
 # talk over loopback, so waiting 30 s in last call for stragglers (torch's
@@ -140,6 +154,7 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
     """
     spec, notes = local_spec(spec, port=port, fast_rendezvous=fast_rendezvous)
     spec = _with_fast_restart(spec, fast_restart, notes)
+    notes += exposed_listeners(spec)
     if spec.script:  # before the working directory changes (see local_work_dir)
         spec = spec.model_copy(update={"script": str(Path(spec.script).resolve())})
     mount = spec.snapshot.mount_path if spec.snapshot else None
@@ -150,6 +165,7 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
                              rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None)
         env = {name: localize(value, mount, snapshot_dir) for name, value in merged_env(launch, spec.env).items()}
+        env.update(LOOPBACK_ENV)
         if snapshot_dir is None:
             # Without a snapshot volume the trainer has no default metrics path; the view needs one.
             env.setdefault(ENV_METRICS_FILE, str(run_dir / METRICS_NAME))
@@ -157,6 +173,28 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         nodes.append(LocalNode(index, [torchrun, *args], env, cwd))
     metrics = nodes[0].env.get(ENV_METRICS_FILE) or str(snapshot_dir / METRICS_NAME)
     return LocalPlan(job, rdzv_id, spec, nodes, snapshot_dir, Path(metrics), notes, _store(spec, torchrun))
+
+
+# What torch opens itself on every interface, with no address to give it (measured with `ss -ltnp`
+# during local runs; docs/security.md): named in the run's output.
+NOTE_OWN_PROCESS_GROUP = (
+    "a script that calls torch.distributed.init_process_group itself has rank 0's process-group store "
+    "(MASTER_PORT) listen on every interface: torch's TCPStore takes no address to bind; ddpjob_trainer's "
+    "distributed() and Job keep it on 127.0.0.1 like every other listener of this run")
+NOTE_TORCH_C10D_STORE = (
+    "node 0's torchrun hosts torch's own c10d store, which listens on every interface (rdzvStore: pod, "
+    "or ddpjob-trainer beside ddpjob, keeps it on 127.0.0.1)")
+
+
+def exposed_listeners(spec: DDPJobSpec) -> list[str]:
+    """Notes naming the listeners of this run that torch opens beyond loopback."""
+    notes = []
+    if not (spec.module or "").startswith(TRAINER_PACKAGE + "."):
+        notes.append(NOTE_OWN_PROCESS_GROUP)
+    ep = spec.elastic_policy
+    if ep.rdzv_backend == "c10d" and ep.store_on_node and not ep.fast_restart:
+        notes.append(NOTE_TORCH_C10D_STORE)
+    return notes
 
 
 def fast_restart_installed() -> bool:

@@ -171,6 +171,7 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         "PYTHONUNBUFFERED": "1",
         C.ENV_JOB_NAME: job,
         C.ENV_NAMESPACE: namespace,
+        C.ENV_JOB_UID: uid,  # the progress record names its job, the operator compares (decide/progress.py)
         C.ENV_NODE_INDEX: str(node_index),
         # A stuck collective fails the workers in bounded time (ddpjob_trainer.dist.collective_timeout).
         C.ENV_COLLECTIVE_TIMEOUT: str(spec.failure_policy.collective_timeout_seconds),

@@ -129,7 +129,7 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
         "imagePullPolicy": spec.image_pull_policy,
         "command": launch.command,
         "args": launch.args,
-        "env": _env(launch, spec),
+        "env": _env(launch, spec, pod_name(ref.name, index)),
         # Relative saves land on the snapshot volume, shared by every node and replacement.
         **({"workingDir": work} if (work := working_dir(ref.name, spec)) else {}),
         # The trainer keeps its last complete snapshot here (DDPJOB_TERMINATION_LOG); the kubelet
@@ -152,13 +152,15 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
     return container
 
 
-def _env(launch: NodeLaunch, spec: DDPJobSpec) -> list[dict[str, Any]]:
+def _env(launch: NodeLaunch, spec: DDPJobSpec, pod: str) -> list[dict[str, Any]]:
     """Operator variables, then spec.env; a user entry replaces the operator's of the same
     name (Kubernetes would let the later one win too, but warns about the duplicate)."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     overridden = {e["name"] for e in user}
     # Not in the launch plan: local runs have no kubelet, and their nodes share one address.
-    pod_only = {C.ENV_TERMINATION_LOG: C.TERMINATION_LOG_PATH, C.ENV_PROGRESS_PORT: str(C.PROGRESS_PORT)}
+    pod_only = {C.ENV_TERMINATION_LOG: C.TERMINATION_LOG_PATH, C.ENV_PROGRESS_PORT: str(C.PROGRESS_PORT),
+                # The progress record names its pod: the operator refuses one read from another pod.
+                C.ENV_POD_NAME: pod}
     ours = [{"name": k, "value": v} for k, v in {**launch.env, **pod_only}.items() if k not in overridden]
     return ours + user
 

@@ -136,3 +136,27 @@ def test_an_error_status_or_an_unreachable_pod_is_no_record(pods):
     fetched = fetch_once(closed.url)
     assert fetched.refused.startswith("ClientConnectorError: ") and fetched.body is None
     assert asyncio.run(read_live_progress([pod_at(missing, 0), pod_at(closed, 1)])) == []
+
+
+def naming(**identity):
+    return json.dumps({**json.loads(VALID), **identity})
+
+
+def test_a_record_naming_its_own_job_and_pod_is_taken(pods):
+    fake = pods(None)
+    pod = pod_at(fake)
+    fake.answer = record_answer(naming(jobUID=pod.controller_uid, pod=pod.name))
+    assert asyncio.run(read_live_progress([pod])) == [json.loads(naming(jobUID=pod.controller_uid, pod=pod.name))]
+
+
+@pytest.mark.parametrize("field, value", [("jobUID", "0000-another-job"), ("pod", "other-node-0")])
+def test_a_record_of_another_job_or_pod_is_reported_invalid(pods, field, value):
+    """What a pod IP another pod reused answers: a valid record, but not this pod's."""
+    fake = pods(None)
+    pod = pod_at(fake)
+    identity = {"jobUID": pod.controller_uid, "pod": pod.name, field: value}
+    fake.answer = record_answer(naming(**identity))
+    (problem,) = asyncio.run(read_live_progress([pod]))
+    assert isinstance(problem, RecordProblem) and problem.pod == pod.name
+    expected = pod.controller_uid if field == "jobUID" else pod.name
+    assert problem.invalid.message == f'{field} ("{value}") must be "{expected}": the record of another job or pod'

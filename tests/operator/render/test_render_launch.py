@@ -35,6 +35,7 @@ def test_local_launch_of_a_c10d_job():
         "PYTHONUNBUFFERED": "1",
         "DDPJOB_JOB_NAME": "mlp",
         "DDPJOB_NAMESPACE": "ns",
+        "DDPJOB_JOB_UID": "uid-1",
         "DDPJOB_NODE_INDEX": "1",
         "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS": "300",
         "DDPJOB_SNAPSHOT_DIR": "/tmp/snaps",

@@ -39,12 +39,30 @@ def _prestart_workers():
 
 def create_c10d_handler(params):
     """torch's c10d backend and store under the early re-rendezvous (``--rdzv_backend=ddpjob-c10d``)."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
-
     from ddpjob_trainer.rendezvous.early import create_early_handler
 
-    backend, store = create_backend(params)
+    backend, store = _c10d_backend(params)
     return create_early_handler(store, backend, params, _prestart_workers())
+
+
+def _c10d_backend(params):
+    """torch's ``create_backend(params)``, except that an agent hosting the store (``is_host=true``,
+    as ddpjob renders it for node 0) listens on DDPJOB_LISTEN_HOST only where that is set (``ddpjob
+    run``: loopback); torch's store would listen on every interface (ddpjob_trainer.listen)."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend, create_backend
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    from ddpjob_trainer.listen import EVERY_INTERFACE, listen_host, tcp_store_server
+
+    host = listen_host()
+    if host in EVERY_INTERFACE or not params.get_as_bool("is_host") or params.get("store_type", "tcp") != "tcp":
+        return create_backend(params)
+    _, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)  # torch's DEFAULT_PORT
+    timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))  # torch's default
+    store = tcp_store_server(host, port, multi_tenant=True, timeout=timeout)
+    return C10dRendezvousBackend(store, params.run_id), store
 
 
 def c10d_handler_factory():

@@ -7,31 +7,52 @@ death is a process death on a host that is still up (a SIGKILLed or OOM-killed a
 container killed with its pod): then the kernel can say so at once, by refusing connections.
 
 So every agent under ddpjob's rendezvous keeps a *beacon*: a listening socket, closed by the
-kernel when the agent dies, that answers each connection with the node's name. Its port is
-published in the rendezvous store. A node that has missed a heartbeat is *probed*:
+kernel when the agent dies, that answers each connection with a random token of its own. Its
+address, port and token are published in the rendezvous store. A node that has missed a
+heartbeat is *probed* at that published address (never by resolving its name: DNS, or a name
+another process can claim, must not decide that a node is dead):
 
-* connection refused, or another name answered (the port was freed and taken again): the
-  node is **gone**, and is removed from the round as keep-alive expiry would have removed it;
-* its own name answered: alive, merely late;
+* connection refused, or an answer other than its token (the port was freed and taken again,
+  by another beacon or another program): the node is **gone**, and is removed from the round
+  as keep-alive expiry would have removed it;
+* its own token answered: alive, merely late;
 * anything else (a timeout, an unreachable host: a lost machine, a pod whose network went
-  with it, no beacon published): **unknown**, and keep-alive expiry decides as before.
+  with it, no beacon or an unreadable one published): **unknown**, and keep-alive expiry
+  decides as before.
 
 Only "gone" shortens anything, and it needs a positive answer from the node's host, so a
-live node is never dropped. Probes cost nothing while every node beats on time: only late
-nodes are probed, one that answered at most once a second, one that did not at most once per
-keep-alive interval.
+live node is never dropped. The token tells this agent's beacon from any other listener; it is
+not a secret (whoever connects reads it), and a stranger answering with it only makes a node
+look alive, which leaves it to keep-alive expiry. Probes cost nothing while every node beats on
+time: only late nodes are probed, one that answered at most once a second, one that did not at
+most once per keep-alive interval.
+
+The beacon listens on ``DDPJOB_LISTEN_HOST`` (ddpjob_trainer.listen): every interface in a
+pod, where peers probe it at the pod's address, loopback in ``ddpjob run``. A loopback address
+(``ddpjob run``, or a host name that resolves to 127.0.1.1, as Debian's /etc/hosts has it) names
+a listener only within one network namespace: it is published with this agent's (boot id and
+namespace inode), and a prober in another one counts it unknown rather than probe its own loopback
+and take the refusal for a death.
 """
 from __future__ import annotations
 
+import hmac
+import ipaddress
+import json
 import logging
+import os
+import secrets
 import socket
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings, _NodeDesc, _remove_participant_epilogue, _RendezvousState,
 )
+
+from ddpjob_trainer.listen import EVERY_INTERFACE, listen_host, listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -39,23 +60,22 @@ KEY_PREFIX = "ddpjob/liveness/"
 # One probe's bound for connecting and for reading the answer; a node whose host does not
 # answer within it is "unknown", never "gone".
 PROBE_TIMEOUT_SECONDS = 0.5
-# A name is at most a host name (253) plus a pid and a counter.
-MAX_NAME_BYTES = 512
+TOKEN_BYTES = 16  # random bytes of a beacon's token (sent as 32 hex digits)
+# A probe reads at most this much: a token, or enough of another answer to know it is not one.
+MAX_ANSWER_BYTES = 512
+MAX_PUBLISHED_BYTES = 256  # a published {"addr", "port", "token"}; anything longer is not ours
 # A late node that answered is probed again at most this often (a waiting node decides several
 # times a second, rendezvous/early.py).
 ALIVE_RECHECK_SECONDS = 1.0
 
 
 class Beacon:
-    """A listening socket that answers each connection with ``name`` and closes it; the kernel
-    refuses connections once the process that holds it is gone."""
+    """A socket listening on ``host`` (EVERY_INTERFACE: all) that answers each connection with
+    ``token`` and closes it; the kernel refuses connections once the process that holds it is gone."""
 
-    def __init__(self, name: str) -> None:
-        self._answer = name.encode()
-        if socket.has_dualstack_ipv6():
-            self._socket = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
-        else:
-            self._socket = socket.create_server(("", 0))
+    def __init__(self, token: str, host: str = "") -> None:
+        self._answer = token.encode()
+        self._socket = listening_socket(host, 0)
         self.port = self._socket.getsockname()[1]
         threading.Thread(target=self._serve, name="ddpjob-liveness-beacon", daemon=True).start()
 
@@ -82,9 +102,9 @@ class Beacon:
         self._socket.close()
 
 
-def probe(addr: str, port: int, name: str, timeout: float = PROBE_TIMEOUT_SECONDS) -> bool | None:
-    """True: ``name``'s beacon answered at ``addr:port``; False: it is provably gone there;
-    None: unknown."""
+def probe(addr: str, port: int, token: str, timeout: float = PROBE_TIMEOUT_SECONDS) -> bool | None:
+    """True: the beacon of ``token`` answered at ``addr:port``; False: it is provably gone there
+    (refused, or something else answered); None: unknown."""
     try:
         with socket.create_connection((addr, port), timeout=timeout) as connection:
             connection.settimeout(timeout)
@@ -95,13 +115,13 @@ def probe(addr: str, port: int, name: str, timeout: float = PROBE_TIMEOUT_SECOND
         return None
     if not answer:
         return None
-    return answer == name.encode()
+    return hmac.compare_digest(answer, token.encode())
 
 
 def _read_all(connection: socket.socket) -> bytes:
     answer = b""
-    while len(answer) <= MAX_NAME_BYTES:
-        chunk = connection.recv(MAX_NAME_BYTES + 1 - len(answer))
+    while len(answer) <= MAX_ANSWER_BYTES:
+        chunk = connection.recv(MAX_ANSWER_BYTES + 1 - len(answer))
         if not chunk:
             break
         answer += chunk
@@ -121,8 +141,12 @@ class Liveness:
         if self._beacon is not None:
             return
         try:
-            self._beacon = Beacon(repr(self._node))
-            self._store.set(KEY_PREFIX + repr(self._node), str(self._beacon.port))
+            host = listen_host()
+            token = secrets.token_hex(TOKEN_BYTES)
+            self._beacon = Beacon(token, host)
+            published = {"addr": advertised_address(host, self._node.addr), "port": self._beacon.port, "token": token,
+                         "netns": network_namespace()}
+            self._store.set(KEY_PREFIX + repr(self._node), json.dumps(published))
         except Exception as error:  # noqa: BLE001 - an optimisation: keep-alive still works without it
             log.warning("liveness beacon not published (%s); dead nodes expire by keep-alive only", error)
 
@@ -152,10 +176,49 @@ class Liveness:
         try:
             if not self._store.check([key]):
                 return None
-            port = int(self._store.get(key))
+            published = parse_published(self._store.get(key))
         except Exception:  # noqa: BLE001 - no beacon to ask: unknown
             return None
-        return probe(node.addr, port, repr(node))
+        if published is None:  # an older agent's port alone, or not ours: unknown
+            return None
+        addr, port, token, netns = published
+        if ipaddress.ip_address(addr).is_loopback and netns != network_namespace():
+            return None  # another machine's (or pod's) loopback: this one's would answer for it
+        return probe(addr, port, token)
+
+
+def advertised_address(host: str, node_addr: str) -> str:
+    """The address peers probe this node's beacon at: the one it listens on, or, listening on
+    every interface, what this node's own name resolves to here (a pod's /etc/hosts names its IP),
+    resolved once by the node itself so that no peer has to trust a name service."""
+    if host not in EVERY_INTERFACE:
+        return host
+    return socket.getaddrinfo(node_addr, None, type=socket.SOCK_STREAM)[0][4][0]
+
+
+def parse_published(raw: bytes) -> tuple[str, int, str, str] | None:
+    """(address, port, token, network namespace) of a published beacon; None for anything else."""
+    try:
+        if len(raw) > MAX_PUBLISHED_BYTES:
+            return None
+        found = json.loads(raw)
+        addr, port, token, netns = found["addr"], found["port"], found["token"], found.get("netns", "")
+        ipaddress.ip_address(addr)  # an address, never a name to resolve
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if type(port) is not int or not 0 < port < 65536 or not isinstance(token, str) or not 0 < len(token) <= 64:
+        return None
+    return addr, port, token, str(netns)
+
+
+def network_namespace() -> str:
+    """This machine's boot id and this process's network namespace: where a loopback address
+    means the same listener ("" where /proc does not say)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return ""
 
 
 def forget(state: _RendezvousState, nodes: list[_NodeDesc], settings: RendezvousSettings) -> None:
