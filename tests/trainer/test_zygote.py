@@ -1,11 +1,11 @@
 """Workers forked from a per-node server that imported torch once (ddpjob_trainer.zygote),
 driven as torchrun drives a worker: a process per worker, its exit code, its signals."""
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -28,7 +28,9 @@ sys.exit(int(sys.argv[1]))
 def zygote(tmp_path):
     """Runs `python -m ddpjob_trainer.zygote zy_worker ARGS` under a shell standing in for the agent."""
     (tmp_path / "zy_worker.py").write_text(WORKER)
-    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": f"@test-zygote-{uuid.uuid4().hex}",
+    # The shell stands in for the agent: it hands its workers the token, as torchrun's agent does.
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": str(tmp_path / "zygote" / "socket"),
+           "DDPJOB_ZYGOTE_TOKEN": secrets.token_hex(32),
            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = []
 
@@ -101,8 +103,9 @@ sys.exit(subprocess.call([sys.executable, "-m", "ddpjob_trainer.zygote", "zy_wor
 
 def test_an_agent_starts_its_nodes_server_before_its_first_worker_which_then_uses_it(tmp_path):
     (tmp_path / "zy_worker.py").write_text(WORKER)
-    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": f"@test-zygote-{uuid.uuid4().hex}",
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": str(tmp_path / "zygote" / "socket"),
            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("DDPJOB_ZYGOTE_TOKEN", None)  # the agent makes its own
     # A file, not a pipe: the server writes to the agent's streams (the container log) and holds them.
     with open(tmp_path / "agent.log", "w") as log:
         code = subprocess.run([sys.executable, "-c", AGENT], env=env, stdout=log, timeout=120).returncode
@@ -113,10 +116,11 @@ def test_an_agent_starts_its_nodes_server_before_its_first_worker_which_then_use
     assert wait_gone(parent), "that server leaves with its agent"
 
 
-def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_one_at_once(monkeypatch):
+def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_one_at_once(monkeypatch, tmp_path):
     from ddpjob_trainer import zygote
 
-    monkeypatch.setenv("DDPJOB_ZYGOTE_SOCKET", f"@test-zygote-{uuid.uuid4().hex}")
+    monkeypatch.setenv("DDPJOB_ZYGOTE_SOCKET", str(tmp_path / "zygote" / "socket"))
+    monkeypatch.setenv("DDPJOB_ZYGOTE_TOKEN", secrets.token_hex(32))  # else prestart would leave its token in this process
     first = zygote.prestart()
     try:
         assert first.wait(timeout=120) is True
