@@ -42,6 +42,8 @@ SHM_VOLUME = "dshm"  # pod volume name of the memory-backed /dev/shm
 SHM_MOUNT_PATH = "/dev/shm"  # where DataLoader workers and NCCL put shared memory
 RDZV_SECRET_VOLUME = "rdzv-credentials"  # pod volume name of spec.elasticPolicy.rdzvSecretName
 RDZV_SECRET_MOUNT_PATH = "/etc/ddpjob/rdzv"  # read-only mount of that Secret; rdzv_conf points here
+ZYGOTE_VOLUME = "zygote"  # pod volume name of the fork server's emptyDir (fastRestart, module jobs)
+ZYGOTE_MOUNT_PATH = "/run/ddpjob-zygote"  # where the trainer container alone mounts it
 COMPONENT_ETCD = "etcd"  # value of LABEL_COMPONENT on a job's managed etcd pod and Service
 ETCD_CONTAINER = "etcd"  # the one container of the managed etcd pod
 MANAGED_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # default managed etcd (3.5: the last with the v2 API)
@@ -56,7 +58,9 @@ ENV_SNAPSHOT_DIR = "DDPJOB_SNAPSHOT_DIR"  # where the trainer reads and writes s
 ENV_JOB_NAME = "DDPJOB_JOB_NAME"  # metadata.name of the job, for logs and metrics
 ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"  # node index of this pod or local agent
 ENV_NAMESPACE = "DDPJOB_NAMESPACE"  # namespace of the job ("" for local runs)
-ENV_ZYGOTE_SOCKET = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the node's worker fork server ("@": an abstract Unix name)
+ENV_ZYGOTE_SOCKET = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the socket file of the node's worker fork server
+# fastRestart: the secret each node's agent makes and hands its workers (never rendered: a pod's spec is readable)
+ENV_ZYGOTE_TOKEN = "DDPJOB_ZYGOTE_TOKEN"
 ZYGOTE_MODULE = "ddpjob_trainer.zygote"  # fastRestart: python -m entry point of that server's client (trainer image)
 # spec.snapshot.onUnreadable: what the trainer does when no snapshot can be read (Fail, StartOver);
 # the same name as ddpjob_trainer.env.SNAPSHOT_ON_UNREADABLE_ENV
