@@ -129,3 +129,21 @@ def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_o
     finally:
         first.process.kill()
         first.process.wait()
+
+
+def test_a_socket_path_longer_than_a_socket_address_holds_is_served_too(tmp_path):
+    # The sandbox maps a pod's emptyDir to a deep per-pod directory: sun_path holds 107 bytes.
+    (tmp_path / "zy_worker.py").write_text(WORKER)
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": str(deep / "zygote" / "socket"),
+           "DDPJOB_ZYGOTE_TOKEN": secrets.token_hex(32),
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    assert len(env["DDPJOB_ZYGOTE_SOCKET"]) > 107
+    # Files, not pipes: the server holds the agent's streams until it leaves.
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        code = subprocess.run(["sh", "-c", f"{sys.executable} -m ddpjob_trainer.zygote zy_worker 4; exit $?"],
+                              env=env, stdout=out, stderr=err, timeout=120).returncode
+    preloaded, server = facts((tmp_path / "out").read_text())
+    assert (code, preloaded, (tmp_path / "err").read_text()) == (4, True, ""), "forked by the server, no fallback"
+    assert wait_gone(server), "the server leaves with its agent"

@@ -82,6 +82,8 @@ def start(base: Path, token: str, user: list[str] = ()) -> tuple[subprocess.Pope
     readable, _, _ = select.select([ready_read], [], [], 180)
     ready = bool(readable) and os.read(ready_read, 1) == b"1"
     os.close(ready_read)
+    if not ready:
+        stop(process)
     assert ready, (base / "server.log").read_text()
     return process, Served(path, token, env, process.pid, base / "server.log")
 
@@ -103,10 +105,14 @@ def open_base(prefix: str) -> Path:
 @pytest.fixture(scope="module")
 def served():
     base = open_base("zygote-security-")
-    process, served = start(base, secrets.token_hex(32))
-    yield served
-    stop(process)
-    shutil.rmtree(base)
+    try:
+        process, served = start(base, secrets.token_hex(32))
+        try:
+            yield served
+        finally:
+            stop(process)
+    finally:
+        shutil.rmtree(base)
 
 
 def run_client(served: Served, marker: Path) -> int:

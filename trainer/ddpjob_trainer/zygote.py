@@ -42,7 +42,7 @@ from typing import TextIO
 from . import marks
 from .zygote_checks import (
     MAX_REQUEST_BYTES, RECEIVE_SECONDS, TOKEN_ENV, RefusedError, RequestReader, agent_token, check_peer,
-    check_private_dir, make_private_dir, parse_request,
+    check_private_dir, make_private_dir, open_dir, parse_request, socket_address,
 )
 
 SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"  # the socket file; its directory is the server's own (mode 0700)
@@ -139,16 +139,9 @@ def _connect_or_start(path: str) -> socket.socket:
     deadline, server = time.monotonic() + CONNECT_SECONDS, None
     while True:
         with contextlib.suppress(FileNotFoundError):  # no directory, no socket: no server yet
-            check_private_dir(os.path.dirname(path))
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                conn.connect(path)
+            conn = _connect(path)
+            if conn is not None:
                 return conn
-            except ConnectionRefusedError:  # a socket left by a server that was killed
-                conn.close()
-            except FileNotFoundError:
-                conn.close()
-                raise
         if server is None:  # the parent is the torchrun agent: the server lives as long as it does
             server = start_server(path, os.getppid())
         elif server.poll():  # 0: another server of this node holds the directory
@@ -156,6 +149,30 @@ def _connect_or_start(path: str) -> socket.socket:
         if time.monotonic() > deadline:
             raise RefusedError(f"no fork server answered at {path} within {CONNECT_SECONDS:g} s")
         time.sleep(0.05)
+
+
+def _connect(path: str) -> socket.socket | None:
+    """A connection to the server at ``path``; None for a socket left by a server that was killed.
+
+    Raises:
+        FileNotFoundError: no directory or no socket yet.
+        RefusedError: the directory is not this user's own (zygote_checks.check_private_dir).
+    """
+    directory = os.path.dirname(path)
+    check_private_dir(directory)
+    dir_fd = open_dir(directory)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(socket_address(path, dir_fd))
+        return conn
+    except ConnectionRefusedError:
+        conn.close()
+        return None
+    except BaseException:
+        conn.close()
+        raise
+    finally:
+        os.close(dir_fd)
 
 
 def start_server(path: str, agent: int, ready_fd: int | None = None) -> subprocess.Popen:
@@ -272,14 +289,14 @@ class Server:
             raise RefusedError(f"{TOKEN_ENV} is not set: the agent that starts the server makes it")
         directory = os.path.dirname(path)
         make_private_dir(directory)
-        lock = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        lock = open_dir(directory)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(lock)
             return None
         try:
-            return cls(path, _listen(path), lock, token)
+            return cls(path, _listen(path, lock), lock, token)
         except OSError as e:
             os.close(lock)
             raise RefusedError(f"cannot listen at {path}: {e}") from None
@@ -397,12 +414,12 @@ class Server:
             conn.close()
 
 
-def _listen(path: str) -> socket.socket:
+def _listen(path: str, dir_fd: int) -> socket.socket:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a socket left by a server that was killed (we hold the directory's lock)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(path)
+        listener.bind(socket_address(path, dir_fd))
         os.chmod(path, 0o600)
         listener.listen(64)
     except OSError:

@@ -33,6 +33,7 @@ MAX_REQUEST_BYTES = 1 << 20  # a worker's environment is a few KiB; 1 MiB is far
 RECEIVE_SECONDS = 10.0  # a client sends its request at once; one that does not is dropped after this
 STREAMS = 4  # stdin, stdout, stderr and the client's life pipe, in that order
 DIR_MODE = 0o700
+SUN_PATH_MAX = 107  # the longest socket path: sun_path holds 108 bytes with the terminating NUL (unix(7))
 
 
 class RefusedError(Exception):
@@ -82,6 +83,20 @@ def check_private_dir(path: str) -> None:
     if stat.S_IMODE(info.st_mode) != DIR_MODE:
         raise RefusedError(f"{where} has mode {stat.S_IMODE(info.st_mode):04o}; it must be 0700 "
                            "(only its owner may reach the socket): remove it")
+
+
+def open_dir(path: str) -> int:
+    """A descriptor of directory ``path`` (not of a link to one), for flock and socket_address."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
+def socket_address(path: str, dir_fd: int) -> str:
+    """Where to bind or connect for socket file ``path`` in the directory open as ``dir_fd``:
+    ``path`` itself, or, when longer than a socket address holds (the sandbox's per-pod
+    directories are deep), the same file reached through /proc/self/fd."""
+    if len(path.encode()) <= SUN_PATH_MAX:
+        return path
+    return f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}"
 
 
 def check_peer(conn: socket.socket, side: str) -> None:

@@ -17,7 +17,6 @@ a per-pod override would split the rendezvous.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -191,9 +190,6 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
     return with_fast_restart(launch, spec, node_index, zygote_dir) if ep.fast_restart else launch
 
 
-SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL (unix(7))
-
-
 def zygote_socket(base_dir: str, rendezvous_id: str, node_index: int) -> str:
     """DDPJOB_ZYGOTE_SOCKET: ``<base_dir>/ddpjob-zygote-<rdzv id>-<node>/socket``.
 
@@ -204,15 +200,10 @@ def zygote_socket(base_dir: str, rendezvous_id: str, node_index: int) -> str:
     is the pod's emptyDir (ZYGOTE_MOUNT_PATH), or a local run's private runtime directory.
     The sandbox's pods and `ddpjob run`'s nodes share one machine: the rendezvous id keeps jobs
     (and whole-group restarts) apart, the node index the nodes of one job; a replacement node
-    reuses its index's directory once the old node's server has left with its agent. An id
-    too long for a socket path (sun_path) is replaced by its digest.
+    reuses its index's directory once the old node's server has left with its agent. A path
+    longer than a socket address holds is reached through /proc/self/fd by the trainer.
     """
-    def path(name: str) -> str:
-        return f"{base_dir.rstrip('/')}/ddpjob-zygote-{name}-{node_index}/socket"
-
-    if len(path(rendezvous_id).encode()) <= SOCKET_PATH_MAX:
-        return path(rendezvous_id)
-    return path(hashlib.sha256(rendezvous_id.encode()).hexdigest()[:16])
+    return f"{base_dir.rstrip('/')}/ddpjob-zygote-{rendezvous_id}-{node_index}/socket"
 
 
 def forks_workers(spec: DDPJobSpec) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 
 from ddpjob_operator.api.spec import InvalidSpecError, JobRef, parse_spec
@@ -97,11 +95,3 @@ def test_pods_without_a_fork_server_get_no_such_volume(elastic, fields):
     volumes, mounts, _ = volumes_and_mounts(elastic, **fields)
     assert "zygote" not in volumes and "zygote" not in mounts
 
-
-def test_a_rendezvous_id_too_long_for_a_socket_path_is_replaced_by_its_digest():
-    from ddpjob_operator.render.launch import zygote_socket
-
-    long_id = "j" * 63 + "-20261125-213000-abcdef"
-    path = zygote_socket("/run/user/1000", long_id, 3)
-    assert path == "/run/user/1000/ddpjob-zygote-" + hashlib.sha256(long_id.encode()).hexdigest()[:16] + "-3/socket"
-    assert zygote_socket("/run/user/1000", "short", 3) == "/run/user/1000/ddpjob-zygote-short-3/socket"
