@@ -286,7 +286,8 @@ def test_a_directory_made_before_the_server_is_refused_unless_its_own_and_0700(t
     server = subprocess.run([sys.executable, "-m", "ddpjob_trainer.zygote", "--serve", str(directory / "socket"),
                              str(os.getpid())], env=env, capture_output=True, text=True, timeout=60)
     message = f"{WHERE.format(directory)} {problem}"
-    assert (server.returncode, server.stderr) == (1, f"ddpjob_trainer.zygote: the fork server does not start: {message}\n")
+    assert (server.returncode, server.stderr) == (
+        1, f"ddpjob_trainer.zygote: the fork server does not start: {message}\n")
     # A worker does not use what is there: it says why and runs its module itself.
     marker = tmp_path / "ran"
     client = subprocess.run([sys.executable, "-m", "ddpjob_trainer.zygote", "zy_touch", str(marker)], env=env,

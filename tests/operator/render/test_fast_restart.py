@@ -38,7 +38,8 @@ def test_a_module_job_forks_its_workers_from_the_nodes_server_and_rendezvouses_e
 def test_the_socket_is_per_node_and_per_rendezvous_generation():
     sockets = [container({"fastRestart": True}, index=i, generation=g)[1]["DDPJOB_ZYGOTE_SOCKET"]
                for i, g in ((0, 0), (1, 0), (1, 2))]
-    assert sockets == ["/run/ddpjob-zygote/ddpjob-zygote-uid-1-0/socket", "/run/ddpjob-zygote/ddpjob-zygote-uid-1-1/socket",
+    assert sockets == ["/run/ddpjob-zygote/ddpjob-zygote-uid-1-0/socket",
+                       "/run/ddpjob-zygote/ddpjob-zygote-uid-1-1/socket",
                        "/run/ddpjob-zygote/ddpjob-zygote-uid-1-2-1/socket"]
 
 
@@ -90,7 +91,10 @@ def test_the_fork_servers_socket_lies_in_an_empty_dir_only_the_trainer_container
     assert env["DDPJOB_ZYGOTE_SOCKET"].startswith("/run/ddpjob-zygote/")
 
 
-@pytest.mark.parametrize("elastic, fields", [({}, {}), ({"fastRestart": True}, {"module": None, "script": "/app/t.py"})])
+@pytest.mark.parametrize("elastic, fields", [
+    ({}, {}),
+    ({"fastRestart": True}, {"module": None, "script": "/app/t.py"}),  # the server runs modules only
+])
 def test_pods_without_a_fork_server_get_no_such_volume(elastic, fields):
     volumes, mounts, _ = volumes_and_mounts(elastic, **fields)
     assert "zygote" not in volumes and "zygote" not in mounts
