@@ -147,3 +147,23 @@ def test_a_socket_path_longer_than_a_socket_address_holds_is_served_too(tmp_path
     preloaded, server = facts((tmp_path / "out").read_text())
     assert (code, preloaded, (tmp_path / "err").read_text()) == (4, True, ""), "forked by the server, no fallback"
     assert wait_gone(server), "the server leaves with its agent"
+
+
+# What torchrun's agent does first, whatever its --rdzv_backend (torch's etcd too, which has no
+# prestart): import torch's rendezvous package, which calls every torchrun.handlers entry point.
+AGENT_IMPORT = """
+import os
+import torch.distributed.elastic.rendezvous  # noqa: F401
+print(len(os.environ.get("DDPJOB_ZYGOTE_TOKEN", "")))
+"""
+
+
+@pytest.mark.parametrize(("socket_set", "token_length"), [(True, 64), (False, 0)])
+def test_every_agent_of_a_node_with_a_fork_server_makes_its_token_before_its_workers(tmp_path, socket_set,
+                                                                                     token_length):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPJOB_ZYGOTE_")}
+    if socket_set:
+        env["DDPJOB_ZYGOTE_SOCKET"] = str(tmp_path / "zygote" / "socket")
+    printed = subprocess.run([sys.executable, "-c", AGENT_IMPORT], env=env, capture_output=True, text=True,
+                             timeout=120).stdout
+    assert int(printed) == token_length  # in its environment: the workers torchrun starts inherit it
