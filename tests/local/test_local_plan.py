@@ -1,11 +1,13 @@
 """The local launch plan: the Pods' command and environment, moved onto this machine."""
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError
 from ddpjob_operator.local.plan import (
-    FAST_RDZV_TIMEOUTS, LOOPBACK_ENV, fast_restart_installed, inherited_env, local_plan, local_spec, localize,
+    FAST_RDZV_TIMEOUTS, LOOPBACK_ENV, fast_restart_installed, inherited_env, local_plan, local_runtime_dir,
+    local_spec, localize,
 )
 from ddpjob_operator.render.launch import zygote_socket
 from ddpjob_operator.render.node_pod import render_pod
@@ -88,8 +90,8 @@ def test_fast_restart_is_the_pods_rule_with_the_runs_rendezvous_id():
         (pod,) = render_pod(ref, spec, index)["spec"]["containers"]
         pod_env = {e["name"]: e.get("value") for e in pod["env"]}
         assert node.argv[1:] == pod["args"] and node.env["PET_RDZV_BACKEND"] == pod_env["PET_RDZV_BACKEND"]
-        assert pod_env["DDPJOB_ZYGOTE_SOCKET"] == zygote_socket("uid-1", index)
-        assert node.env["DDPJOB_ZYGOTE_SOCKET"] == zygote_socket("mlp-run-1", index)
+        assert pod_env["DDPJOB_ZYGOTE_SOCKET"] == zygote_socket("/run/ddpjob-zygote", "uid-1", index)
+        assert node.env["DDPJOB_ZYGOTE_SOCKET"] == zygote_socket("/tmp", "mlp-run-1", index)
 
 
 @pytest.mark.parametrize("field, argument, used, noted", [
@@ -131,7 +133,21 @@ def test_with_the_zygote_each_node_forks_its_workers_from_its_own_server():
     assert [node.argv for node in plan.nodes] == [
         ["/venv/bin/torchrun", "-m", "ddpjob_trainer.zygote", "ddpjob_trainer.examples.mlp", "--epochs", "2"]] * 2
     assert [node.env["DDPJOB_ZYGOTE_SOCKET"] for node in plan.nodes] == [
-        "@ddpjob-zygote-mlp-run-1-0", "@ddpjob-zygote-mlp-run-1-1"]
+        "/tmp/ddpjob-zygote-mlp-run-1-0/socket", "/tmp/ddpjob-zygote-mlp-run-1-1/socket"]
+
+
+def test_the_fork_servers_live_in_the_runtime_directory_it_is_given():
+    plan = plan_of(spec_of(replicas=1), fast_restart=True, runtime_dir=Path("/run/user/1000"))
+    assert plan.nodes[0].env["DDPJOB_ZYGOTE_SOCKET"] == "/run/user/1000/ddpjob-zygote-mlp-run-1-0/socket"
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"XDG_RUNTIME_DIR": "/run/user/1000"}, "/run/user/1000"),  # the user's own, 0700
+    ({"XDG_RUNTIME_DIR": "relative"}, tempfile.gettempdir()),
+    ({}, tempfile.gettempdir()),
+])
+def test_a_local_run_puts_them_in_the_users_runtime_directory_else_the_temporary_one(environ, expected):
+    assert local_runtime_dir(environ) == Path(expected)
 
 
 def test_env_values_under_the_mount_path_point_into_the_run_directory():

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from ddpjob_operator.local.procs import MARKER_ENV, marked_pids, marked_processes
+from ddpjob_operator.local.plan import LocalNode
+from ddpjob_operator.local.procs import MARKER_ENV, marked_pids, marked_processes, remove_fork_server_dirs
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -50,3 +51,18 @@ def test_a_zombie_is_not_a_live_process(marked):
     process.kill()
     os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie
     assert marked_pids(marker) == []
+
+
+def test_the_fork_server_directories_of_a_finished_run_are_removed_but_not_through_a_link(tmp_path):
+    ours = tmp_path / "ddpjob-zygote-run-0"
+    ours.mkdir(mode=0o700)
+    (ours / "socket").write_text("")  # left by a killed server
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "socket").write_text("keep")
+    (tmp_path / "ddpjob-zygote-run-1").symlink_to(target)  # put there by someone else
+    nodes = [LocalNode(i, ["torchrun"], {"DDPJOB_ZYGOTE_SOCKET": str(tmp_path / f"ddpjob-zygote-run-{i}" / "socket")})
+             for i in (0, 1)] + [LocalNode(2, ["torchrun"], {})]
+    remove_fork_server_dirs(nodes)
+    assert not ours.exists()
+    assert (target / "socket").read_text() == "keep"

@@ -11,6 +11,7 @@ policy's budget and permanent codes) is the example's.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed
 from ddpjob_sandbox.readers import condition, events
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.metrics import JobProgress, is_event
+from ddpjob_sandbox.node.launch import container_launch
 from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
 
 EPOCHS = 4
@@ -56,6 +58,12 @@ def zygote_servers() -> set[str]:
     return found
 
 
+def local_env(k8s, node_agent, name: str) -> dict[str, str]:
+    """Pod ``name``'s environment as the sandbox node runs it: paths under its mounts made local."""
+    pod = k8s.get("pods", name)
+    return container_launch(pod, node_agent.root, node_agent.reporter.service_names(), os.environ).env
+
+
 def pod_env(k8s, name: str) -> dict[str, str]:
     (container,) = k8s.get("pods", name)["spec"]["containers"]
     return {e["name"]: e.get("value") for e in container["env"]}
@@ -70,8 +78,9 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_the_snapshot_to_suc
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     env = pod_env(k8s, "mlp-node-0")
     assert env["PET_RDZV_BACKEND"] == ("ddpjob-c10d" if fast_restart else "c10d")
-    # The survivor's workers are forked by its node's server (none without fastRestart).
-    assert (env.get("DDPJOB_ZYGOTE_SOCKET") in zygote_servers()) is fast_restart
+    # The survivor's workers are forked by its node's server (none without fastRestart), whose
+    # socket lies in the pod's emptyDir: the sandbox node maps it to a directory of the pod's.
+    assert (local_env(k8s, node_agent, "mlp-node-0").get("DDPJOB_ZYGOTE_SOCKET") in zygote_servers()) is fast_restart
     snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60,
                              "a mid-epoch snapshot")
     # As in a cluster, the store pod (the c10d default, the pod the endpoint names) hosts the store.

@@ -1,11 +1,11 @@
 """Workers forked from a per-node server that imported torch once (ddpjob_trainer.zygote),
 driven as torchrun drives a worker: a process per worker, its exit code, its signals."""
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -28,7 +28,9 @@ sys.exit(int(sys.argv[1]))
 def zygote(tmp_path):
     """Runs `python -m ddpjob_trainer.zygote zy_worker ARGS` under a shell standing in for the agent."""
     (tmp_path / "zy_worker.py").write_text(WORKER)
-    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": f"@test-zygote-{uuid.uuid4().hex}",
+    # The shell stands in for the agent: it hands its workers the token, as torchrun's agent does.
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": str(tmp_path / "zygote" / "socket"),
+           "DDPJOB_ZYGOTE_TOKEN": secrets.token_hex(32),
            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = []
 
@@ -101,8 +103,9 @@ sys.exit(subprocess.call([sys.executable, "-m", "ddpjob_trainer.zygote", "zy_wor
 
 def test_an_agent_starts_its_nodes_server_before_its_first_worker_which_then_uses_it(tmp_path):
     (tmp_path / "zy_worker.py").write_text(WORKER)
-    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": f"@test-zygote-{uuid.uuid4().hex}",
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": str(tmp_path / "zygote" / "socket"),
            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("DDPJOB_ZYGOTE_TOKEN", None)  # the agent makes its own
     # A file, not a pipe: the server writes to the agent's streams (the container log) and holds them.
     with open(tmp_path / "agent.log", "w") as log:
         code = subprocess.run([sys.executable, "-c", AGENT], env=env, stdout=log, timeout=120).returncode
@@ -113,10 +116,11 @@ def test_an_agent_starts_its_nodes_server_before_its_first_worker_which_then_use
     assert wait_gone(parent), "that server leaves with its agent"
 
 
-def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_one_at_once(monkeypatch):
+def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_one_at_once(monkeypatch, tmp_path):
     from ddpjob_trainer import zygote
 
-    monkeypatch.setenv("DDPJOB_ZYGOTE_SOCKET", f"@test-zygote-{uuid.uuid4().hex}")
+    monkeypatch.setenv("DDPJOB_ZYGOTE_SOCKET", str(tmp_path / "zygote" / "socket"))
+    monkeypatch.setenv("DDPJOB_ZYGOTE_TOKEN", secrets.token_hex(32))  # else prestart would leave its token in this process
     first = zygote.prestart()
     try:
         assert first.wait(timeout=120) is True
@@ -125,3 +129,41 @@ def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_o
     finally:
         first.process.kill()
         first.process.wait()
+
+
+def test_a_socket_path_longer_than_a_socket_address_holds_is_served_too(tmp_path):
+    # The sandbox maps a pod's emptyDir to a deep per-pod directory: sun_path holds 107 bytes.
+    (tmp_path / "zy_worker.py").write_text(WORKER)
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": str(deep / "zygote" / "socket"),
+           "DDPJOB_ZYGOTE_TOKEN": secrets.token_hex(32),
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    assert len(env["DDPJOB_ZYGOTE_SOCKET"]) > 107
+    # Files, not pipes: the server holds the agent's streams until it leaves.
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        code = subprocess.run(["sh", "-c", f"{sys.executable} -m ddpjob_trainer.zygote zy_worker 4; exit $?"],
+                              env=env, stdout=out, stderr=err, timeout=120).returncode
+    preloaded, server = facts((tmp_path / "out").read_text())
+    assert (code, preloaded, (tmp_path / "err").read_text()) == (4, True, ""), "forked by the server, no fallback"
+    assert wait_gone(server), "the server leaves with its agent"
+
+
+# What torchrun's agent does first, whatever its --rdzv_backend (torch's etcd too, which has no
+# prestart): import torch's rendezvous package, which calls every torchrun.handlers entry point.
+AGENT_IMPORT = """
+import os
+import torch.distributed.elastic.rendezvous  # noqa: F401
+print(len(os.environ.get("DDPJOB_ZYGOTE_TOKEN", "")))
+"""
+
+
+@pytest.mark.parametrize(("socket_set", "token_length"), [(True, 64), (False, 0)])
+def test_every_agent_of_a_node_with_a_fork_server_makes_its_token_before_its_workers(tmp_path, socket_set,
+                                                                                     token_length):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPJOB_ZYGOTE_")}
+    if socket_set:
+        env["DDPJOB_ZYGOTE_SOCKET"] = str(tmp_path / "zygote" / "socket")
+    printed = subprocess.run([sys.executable, "-c", AGENT_IMPORT], env=env, capture_output=True, text=True,
+                             timeout=120).stdout
+    assert int(printed) == token_length  # in its environment: the workers torchrun starts inherit it

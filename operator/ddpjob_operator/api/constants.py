@@ -42,6 +42,8 @@ SHM_VOLUME = "dshm"  # pod volume name of the memory-backed /dev/shm
 SHM_MOUNT_PATH = "/dev/shm"  # where DataLoader workers and NCCL put shared memory
 RDZV_SECRET_VOLUME = "rdzv-credentials"  # pod volume name of spec.elasticPolicy.rdzvSecretName
 RDZV_SECRET_MOUNT_PATH = "/etc/ddpjob/rdzv"  # read-only mount of that Secret; rdzv_conf points here
+ZYGOTE_VOLUME = "zygote"  # pod volume name of the fork server's emptyDir (fastRestart, module jobs)
+ZYGOTE_MOUNT_PATH = "/run/ddpjob-zygote"  # where the trainer container alone mounts it
 COMPONENT_ETCD = "etcd"  # value of LABEL_COMPONENT on a job's managed etcd pod and Service
 ETCD_CONTAINER = "etcd"  # the one container of the managed etcd pod
 MANAGED_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"  # default managed etcd (3.5: the last with the v2 API)
@@ -61,7 +63,9 @@ ENV_POD_NAME = "DDPJOB_POD_NAME"  # the node pod's name (pods only): the progres
 # Where the trainer's own listeners bind (ddpjob_trainer/listen.py): unset in pods (every interface,
 # reached at the pod IP); ddpjob run sets loopback.
 ENV_LISTEN_HOST = "DDPJOB_LISTEN_HOST"
-ENV_ZYGOTE_SOCKET = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the node's worker fork server ("@": an abstract Unix name)
+ENV_ZYGOTE_SOCKET = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the socket file of the node's worker fork server
+# fastRestart: the secret each node's agent makes and hands its workers (never rendered: a pod's spec is readable)
+ENV_ZYGOTE_TOKEN = "DDPJOB_ZYGOTE_TOKEN"
 ZYGOTE_MODULE = "ddpjob_trainer.zygote"  # fastRestart: python -m entry point of that server's client (trainer image)
 # spec.snapshot.onUnreadable: what the trainer does when no snapshot can be read (Fail, StartOver);
 # the same name as ddpjob_trainer.env.SNAPSHOT_ON_UNREADABLE_ENV

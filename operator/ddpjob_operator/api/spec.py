@@ -66,11 +66,12 @@ RESERVED_ENV = {
     C.ENV_NODE_INDEX: "the pod's node index (set by the operator)",
     C.ENV_NAMESPACE: "metadata.namespace (set by the operator)",
     C.ENV_ZYGOTE_SOCKET: "spec.elasticPolicy.fastRestart",
+    C.ENV_ZYGOTE_TOKEN: "spec.elasticPolicy.fastRestart (each node's agent makes its own token)",
     C.ENV_COLLECTIVE_TIMEOUT: "spec.failurePolicy.collectiveTimeoutSeconds",
 }
 RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
                    C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
-RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME)  # pod volume names the operator uses
+RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME, C.ZYGOTE_VOLUME)  # pod volume names the operator uses
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a Secret's name: an RFC 1123 DNS subdomain
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"  # a label value, as apimachinery checks it
 # metadata.name is also the headless Service's name, which Kubernetes checks as a DNS-1035 label

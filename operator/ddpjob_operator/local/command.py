@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import secrets
 import signal
 import sys
@@ -19,7 +20,7 @@ from typing import TextIO
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError
 from ddpjob_operator.api.spec import DDPJobSpec
-from .plan import LOOPBACK, LocalPlan, local_plan, rdzv_endpoint
+from .plan import LOOPBACK, LocalPlan, local_plan, local_runtime_dir, rdzv_endpoint
 from .procs import free_port, port_in_use
 from .runner import PHASE_INTERRUPTED, RunOptions, RunResult, Runner
 
@@ -141,7 +142,8 @@ def prepare(job: str, spec: DDPJobSpec, args: argparse.Namespace) -> tuple[Local
     rdzv_id = f"{job}-{stamp}-{secrets.token_hex(3)}"  # a finished rendezvous id cannot be reused
     try:
         plan = local_plan(job, spec, rdzv_id=rdzv_id, run_dir=run_dir.resolve(), torchrun=str(torchrun),
-                          port=port, fast_rendezvous=not args.spec_rdzv_timeouts)
+                          port=port, fast_rendezvous=not args.spec_rdzv_timeouts,
+                          runtime_dir=local_runtime_dir(os.environ))
     except UnsupportedLocalEnvError as e:
         raise LocalRunError(str(e)) from None
     try:

@@ -20,9 +20,11 @@ endpoint, rank 0's worker store) to 127.0.0.1, gives torchrun 127.0.0.1 as the n
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Mapping
 
 from ddpjob_rdzv import C10D_BACKEND_NAME
 
@@ -133,7 +135,7 @@ def _camel(name: str) -> str:
 
 def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torchrun: str,
                port: int | None = None, fast_rendezvous: bool = True,
-               fast_restart: bool | None = None) -> LocalPlan:
+               fast_restart: bool | None = None, runtime_dir: Path = Path("/tmp")) -> LocalPlan:
     """One LocalNode per desired replica, from the Pods' launch plan.
 
     Args:
@@ -148,6 +150,8 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
             render.launch.with_fast_restart); None: the spec's, or on where ddpjob-trainer is
             installed beside `ddpjob` (the nodes' torchrun shares its environment, so the
             requirement the field states is met).
+        runtime_dir: where the nodes' fork servers make their 0700 directories (fastRestart), in
+            place of the pods' emptyDir: see local_runtime_dir.
 
     Raises:
         launch.UnsupportedLocalEnvError: a spec.env entry uses valueFrom.
@@ -163,7 +167,8 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
     nodes = []
     for index in range(spec.desired_replicas):
         launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
-                             rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None)
+                             rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None,
+                             zygote_dir=str(runtime_dir))
         env = {name: localize(value, mount, snapshot_dir) for name, value in merged_env(launch, spec.env).items()}
         env.update(LOOPBACK_ENV)
         if snapshot_dir is None:
@@ -195,6 +200,15 @@ def exposed_listeners(spec: DDPJobSpec) -> list[str]:
     if ep.rdzv_backend == "c10d" and ep.store_on_node and not ep.fast_restart:
         notes.append(NOTE_TORCH_C10D_STORE)
     return notes
+
+
+def local_runtime_dir(environ: Mapping[str, str]) -> Path:
+    """Where a local run's fork servers make their directories: $XDG_RUNTIME_DIR (the user's
+    own, mode 0700) when set, else the system's temporary directory, where another user may
+    have made a node's directory first: the server then refuses it and the node's workers start
+    fresh (ddpjob_trainer.zygote_checks); the run id's random part makes that a guess."""
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) if runtime and Path(runtime).is_absolute() else Path(tempfile.gettempdir())
 
 
 def fast_restart_installed() -> bool:

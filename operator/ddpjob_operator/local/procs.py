@@ -14,11 +14,14 @@ import errno
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from ddpjob_operator.api import constants as C
 
 from .plan import LocalNode
 from .policy import container_exit_code
@@ -192,3 +195,22 @@ def stop_all(nodes: list[NodeProcess], grace: float = STOP_GRACE_SECONDS) -> Non
         time.sleep(0.1)
     for node in nodes:
         node.kill()
+
+
+def remove_fork_server_dirs(nodes: list[LocalNode]) -> None:
+    """Removes the nodes' fork server directories (fastRestart) once every process of the run is
+    gone: a killed server leaves its socket, and each run would leave a directory per node in
+    the runtime directory. Only a directory of this user, not a link: in the temporary
+    directory another user may have put something there first (the server refused it).
+    """
+    for node in nodes:
+        socket_path = node.env.get(C.ENV_ZYGOTE_SOCKET)
+        if not socket_path:
+            continue
+        directory = os.path.dirname(socket_path)
+        with contextlib.suppress(OSError):
+            info = os.lstat(directory)
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(socket_path)
+                os.rmdir(directory)

@@ -44,7 +44,7 @@ from ddpjob_operator.render.launch import rdzv_id
 from .journal import Journal, MetricsFollower
 from .plan import LocalNode, LocalPlan, inherited_env
 from .policy import Action, Decision, FailureBudget, hold_replacements
-from .procs import NodeProcess, kill_marked_until_gone, stop_all
+from .procs import NodeProcess, kill_marked_until_gone, remove_fork_server_dirs, stop_all
 from .state import RunState, apply_metric, apply_node_event
 from .summary import Summary, summarize
 from .view import LiveView, PlainView
@@ -340,6 +340,7 @@ class Runner:
             # Ctrl-C caught between its start and its entry in self.procs. Nothing the run
             # started may write into the run directory after the run ended.
             kill_marked_until_gone(f"{self.plan.rdzv_id}.", prefix=True)
+            remove_fork_server_dirs(self.plan.nodes)
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)

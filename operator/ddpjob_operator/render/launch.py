@@ -138,7 +138,7 @@ def rdzv_id(uid: str, generation: int = 0) -> str:
 
 def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_index: int,
                 rdzv_host: str, snapshot_dir: str | None, rdzv_credentials_dir: str | None = None,
-                rdzv_generation: int = 0) -> NodeLaunch:
+                rdzv_generation: int = 0, zygote_dir: str = C.ZYGOTE_MOUNT_PATH) -> NodeLaunch:
     """The launch of node `node_index`.
 
     Args:
@@ -152,6 +152,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         snapshot_dir: where the snapshot volume is seen (spec.snapshot.mountPath in pods), None for none.
         rdzv_credentials_dir: where spec.elasticPolicy.rdzvSecretName is mounted, None for none.
         rdzv_generation: status.rendezvousGeneration (whole-group restarts so far).
+        zygote_dir: where the nodes' fork servers make their directories (fastRestart): the
+            pod's emptyDir, or a local run's private runtime directory.
     """
     ep = spec.elastic_policy
     env = {
@@ -186,36 +188,47 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         # Snapshots that exist but cannot be read stop the trainer unless the spec says to start over.
         env[C.ENV_SNAPSHOT_ON_UNREADABLE] = spec.snapshot.on_unreadable if spec.snapshot else "Fail"
     launch = NodeLaunch(command=["torchrun"], args=torchrun_args(spec), env=env)
-    return with_fast_restart(launch, spec, node_index) if ep.fast_restart else launch
+    return with_fast_restart(launch, spec, node_index, zygote_dir) if ep.fast_restart else launch
 
 
-def zygote_socket(rendezvous_id: str, node_index: int) -> str:
-    """DDPJOB_ZYGOTE_SOCKET: one abstract Unix name per node and rendezvous.
+def zygote_socket(base_dir: str, rendezvous_id: str, node_index: int) -> str:
+    """DDPJOB_ZYGOTE_SOCKET: ``<base_dir>/ddpjob-zygote-<rdzv id>-<node>/socket``.
 
-    A pod has its own network namespace (abstract names are scoped to it), but the sandbox's
-    pods and `ddpjob run`'s nodes share the machine's: the job's rendezvous id keeps jobs (and
-    whole-group restarts) apart, the node index the nodes of one job. A replacement node
-    reuses its index's name once the old node's server has left with its agent.
+    A socket file, not an abstract name: an abstract name has no permissions and is listed to
+    every local user, so any of them (and any container of the pod) could have the server fork
+    code as its user. The fork server creates the directory with mode 0700 and refuses one it
+    finds of another user, another mode or a link (ddpjob_trainer.zygote_checks). ``base_dir``
+    is the pod's emptyDir (ZYGOTE_MOUNT_PATH), or a local run's private runtime directory.
+    The sandbox's pods and `ddpjob run`'s nodes share one machine: the rendezvous id keeps jobs
+    (and whole-group restarts) apart, the node index the nodes of one job; a replacement node
+    reuses its index's directory once the old node's server has left with its agent. A path
+    longer than a socket address holds is reached through /proc/self/fd by the trainer.
     """
-    return f"@ddpjob-zygote-{rendezvous_id}-{node_index}"
+    return f"{base_dir.rstrip('/')}/ddpjob-zygote-{rendezvous_id}-{node_index}/socket"
 
 
-def with_fast_restart(launch: NodeLaunch, spec: DDPJobSpec, node_index: int) -> NodeLaunch:
+def forks_workers(spec: DDPJobSpec) -> bool:
+    """Whether the nodes' workers fork from a per-node server: fastRestart, module jobs only."""
+    return spec.elastic_policy.fast_restart and bool(spec.module)
+
+
+def with_fast_restart(launch: NodeLaunch, spec: DDPJobSpec, node_index: int,
+                      zygote_dir: str = C.ZYGOTE_MOUNT_PATH) -> NodeLaunch:
     """`launch` as spec.elasticPolicy.fastRestart runs it (ddpjob-trainer in the image).
 
     c10d becomes ddpjob-c10d: torch's c10d handler, registered by ddpjob-trainer's torchrun
     entry point, whose re-rendezvous completes once every node with a live heartbeat joined
     (ddpjob_trainer.rendezvous.early); etcd-v3 does so already, torch's etcd has no such hook.
     A module job's worker becomes `-m ddpjob_trainer.zygote MODULE ARGS`: a client of the
-    node's fork server, which imported torch once (ddpjob_trainer.zygote). A script job
-    keeps fresh workers: the server runs modules only.
+    node's fork server, which imported torch once (ddpjob_trainer.zygote), at its socket under
+    ``zygote_dir`` (zygote_socket). A script job keeps fresh workers: the server runs modules only.
     """
     env, args = dict(launch.env), list(launch.args)
     if spec.elastic_policy.rdzv_backend == "c10d":
         env["PET_RDZV_BACKEND"] = C10D_BACKEND_NAME
-    if spec.module:
+    if forks_workers(spec):
         args = ["-m", C.ZYGOTE_MODULE, *args[1:]]  # drops torchrun's own "-m"; MODULE stays first
-        env[C.ENV_ZYGOTE_SOCKET] = zygote_socket(env["PET_RDZV_ID"], node_index)
+        env[C.ENV_ZYGOTE_SOCKET] = zygote_socket(zygote_dir, env["PET_RDZV_ID"], node_index)
     return NodeLaunch(command=launch.command, args=args, env=env)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.kueue import kueue_metadata
-from ddpjob_operator.render.launch import NodeLaunch, launch_plan, working_dir
+from ddpjob_operator.render.launch import NodeLaunch, forks_workers, launch_plan, working_dir
 from ddpjob_operator.render.preflight import preflight_container
 from ddpjob_operator.api.names import (
     c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
@@ -117,7 +117,9 @@ def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
         # Time to finish the step in flight and snapshot it after SIGTERM (trainer/stop.py).
         body["terminationGracePeriodSeconds"] = spec.snapshot.graceful_stop_seconds
     if spec.preflight.enabled:  # first: a bad node fails the pod before it joins the rendezvous
-        body["initContainers"] = [preflight_container(spec, container["volumeMounts"], container["securityContext"])]
+        # Without the fork server's directory: it is the trainer container's alone.
+        mounts = [m for m in container["volumeMounts"] if m["name"] != C.ZYGOTE_VOLUME]
+        body["initContainers"] = [preflight_container(spec, mounts, container["securityContext"])]
     return {**body, **_scheduling(ref, spec, avoid), **_pod_overrides(spec)}
 
 
@@ -177,6 +179,11 @@ def _volumes(spec: DDPJobSpec) -> list[dict[str, Any]]:
         # The kubelet's default file mode (0644): the files belong to root and the trainer image
         # runs as a non-root user, so an owner-only mode would lock the agent out.
         volumes.append({"name": C.RDZV_SECRET_VOLUME, "secret": {"secretName": secret}})
+    if forks_workers(spec):
+        # The fork server's socket (DDPJOB_ZYGOTE_SOCKET): whoever reaches it runs code as the
+        # trainer, so it lives where only the trainer container looks, not in the pod's shared
+        # network namespace (an abstract name) where sidecars and debug containers could reach it.
+        volumes.append({"name": C.ZYGOTE_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
     return volumes + [dict(v) for v in spec.pod_overrides.volumes]
 
 
@@ -200,6 +207,8 @@ def _volume_mounts(spec: DDPJobSpec) -> list[dict[str, Any]]:
     mounts.append({"name": C.SHM_VOLUME, "mountPath": C.SHM_MOUNT_PATH})
     if spec.elastic_policy.rdzv_secret_name:
         mounts.append({"name": C.RDZV_SECRET_VOLUME, "mountPath": C.RDZV_SECRET_MOUNT_PATH, "readOnly": True})
+    if forks_workers(spec):
+        mounts.append({"name": C.ZYGOTE_VOLUME, "mountPath": C.ZYGOTE_MOUNT_PATH})
     return mounts + [dict(m) for m in spec.pod_overrides.volume_mounts]
 
 

@@ -185,7 +185,7 @@ def test_cross_field_cel_rules_are_present():
         'spec.elasticPolicy.nProcPerNode must be an integer >= 1, "gpu" or "auto"',
         "spec.failurePolicy.maxBackoffSeconds must be >= spec.failurePolicy.backoffSeconds",
         "spec.podOverrides.labels may not set the labels the operator selects pods by",
-        "spec.podOverrides.volumes may not use the volume names the operator adds (snapshots, dshm, rdzv-credentials)",
+        "spec.podOverrides.volumes may not use the volume names the operator adds (snapshots, dshm, rdzv-credentials, zygote)",
     ]
 
 

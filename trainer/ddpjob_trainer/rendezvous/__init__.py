@@ -67,9 +67,19 @@ def _c10d_backend(params):
 
 def c10d_handler_factory():
     """Target of the ``ddpjob-c10d`` ``torchrun.handlers`` entry point."""
+    _prepare_agent()
     return create_c10d_handler
 
 
 def torchrun_handler_factory():
     """Target of the ``torchrun.handlers`` entry point: torch calls it and registers what it returns."""
+    _prepare_agent()
     return create_rdzv_handler
+
+
+def _prepare_agent():
+    """torch calls the factories above in every torchrun agent, whatever its backend: the one
+    hook ddpjob-trainer has in an agent of torch's etcd backend, see zygote.prepare_agent."""
+    from ddpjob_trainer.zygote import prepare_agent
+
+    prepare_agent()
