@@ -208,7 +208,7 @@ async def _observe(api: kube.Kube, cache: ClusterCache, job: dict, progress_poll
     job; the Nodes of pods stuck terminating (read from the API: rare, and not worth watching
     every Node of the cluster for)."""
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    owned = claimed(cache.pods(namespace, name), job["metadata"].get("uid", ""))
+    owned = claimed(cache.pods(namespace, name), name, job["metadata"].get("uid", ""))
     pods = tuple(p for p in owned if p.component != C.COMPONENT_ETCD)
     polled = bool(progress_poll) and (job.get("status") or {}).get("phase") in POLLED_PHASES
     live = await live_progress.read_live_progress(pods) if polled else []
@@ -269,6 +269,8 @@ async def _write_disruption_budget(api: kube.Kube, namespace: str, action: Creat
             await api.patch_or_skip("PodDisruptionBudget", namespace, action.name, action.patch)
         else:
             await api.delete_or_skip("PodDisruptionBudget", namespace, action.name)
+    except kube.ForeignObjectError as e:  # someone else's budget of that name: the job goes without one
+        logger.warning("Not managing the PodDisruptionBudget of %s: %s", namespace, e.api_message)
     except kube.ApiError as e:
         if e.status != 403:
             raise

@@ -18,6 +18,7 @@ from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time
+from ddpjob_operator.api.names import managed_etcd_name, pod_name, rdzv_store_name
 
 Pod = Mapping[str, Any]
 Node = Mapping[str, Any]
@@ -137,11 +138,23 @@ def view_pods(pods: Iterable[Pod]) -> tuple[PodView, ...]:
     return tuple(view_pod(p) for p in pods)
 
 
-def claimed(pods: Iterable[PodView], owner_uid: str) -> tuple[PodView, ...]:
-    """The pods whose controller is the object with `owner_uid`. Labels alone claim nothing:
-    anyone who may create pods in the namespace can copy a job's labels, and such a pod would
-    otherwise be counted, polled for progress and deleted as if it were the job's own."""
-    return tuple(p for p in pods if p.controller_uid == owner_uid)
+def claimed(pods: Iterable[PodView], job: str, owner_uid: str) -> tuple[PodView, ...]:
+    """The pods of job `job` whose controller is the object with `owner_uid` and whose name is
+    one the operator gives (api/names.py). Labels alone claim nothing: anyone who may create
+    pods in the namespace can copy a job's labels, and such a pod would otherwise be counted,
+    polled for progress, deleted, and its `fatal` record would fail the job. Nor does an
+    ownerReference: anyone may write the job's uid into one; a pod so forged claims only if
+    it also bears a name the operator creates, which the operator's own create then meets
+    (409) and reads, so the two never pass unseen."""
+    return tuple(p for p in pods if p.controller_uid == owner_uid and named_by_operator(p, job))
+
+
+def named_by_operator(pod: PodView, job: str) -> bool:
+    """`pod` bears the name the operator gives a pod of its component and index in job `job`."""
+    if pod.component == C.COMPONENT_NODE:
+        return pod.index is not None and pod.name == pod_name(job, pod.index)
+    names = {C.COMPONENT_RDZV_STORE: rdzv_store_name(job), C.COMPONENT_ETCD: managed_etcd_name(job)}
+    return pod.component in names and pod.name == names[pod.component]
 
 
 def _controller_uid(meta: Mapping[str, Any]) -> str:
