@@ -43,10 +43,10 @@ from ddpjob_operator.decide.actions import (
     DeletePod, PatchDisruptionBudget, Requeue, with_one_requeue
 )
 from ddpjob_operator.decide.budget import replacement_delay
-from ddpjob_operator.decide.observed import NodeGroups, Observed, ObservedBudget, PodView
+from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.render.node_pod import render_pod, render_service
-from ddpjob_operator.render.pdb import budget_spec, render_disruption_budget
+from ddpjob_operator.render.pdb import BUDGETED_COMPONENTS, budget_spec, render_disruption_budget
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 
 BUDGET_COMPARED = ("minAvailable", "selector")  # the budget's fields whose drift is patched back
@@ -76,7 +76,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
         return [DeletePod(p.name, "the job is suspended") for p in observed.pods if not p.deleting]
     actions: list[Action] = [] if observed.service_exists else [CreateService(render_service(ref, spec))]
     actions += _network_policy(ref, spec, observed.network_policy_exists, operator)
-    actions += _disruption_budget(ref, spec, observed.disruption_budget)
+    actions += _disruption_budget(ref, spec, observed)
     generation = topology.generation_of(status)
     groups = observed.of_generation(generation, spec.desired_replicas)
     actions += [DeletePod(p.name, f"a whole-group restart began rendezvous generation {generation}")
@@ -101,20 +101,22 @@ def _network_policy(ref: JobRef, spec: DDPJobSpec, exists: bool | None, operator
     return [CreateNetworkPolicy(render_network_policy(ref, operator))]
 
 
-def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: ObservedBudget | None) -> list[Action]:
-    """Create the job's PodDisruptionBudget, patch its spec when replicas changed (or anyone
-    edited it), delete it when spec.runPolicy.podDisruptionBudget is off; nothing when unread."""
-    if observed is None:
+def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: Observed) -> list[Action]:
+    """Create the job's PodDisruptionBudget, patch its spec when replicas or the Ready pods changed
+    (or anyone edited it), delete it when spec.runPolicy.podDisruptionBudget is off; nothing when unread."""
+    budget = observed.disruption_budget
+    if budget is None:
         return []
     name = disruption_budget_name(ref.name)
     if not spec.run_policy.pod_disruption_budget:
-        return [DeleteDisruptionBudget(name)] if observed.spec is not None else []
-    if observed.spec is None:
-        return [CreateDisruptionBudget(render_disruption_budget(ref, spec))]
-    wanted = budget_spec(ref, spec)
+        return [DeleteDisruptionBudget(name)] if budget.spec is not None else []
+    healthy = sum(1 for p in observed.pods if p.running_ready and p.component in BUDGETED_COMPONENTS)
+    if budget.spec is None:
+        return [CreateDisruptionBudget(render_disruption_budget(ref, spec, healthy))]
+    wanted = budget_spec(ref, spec, healthy)
     # Only the fields every server keeps: one before Kubernetes 1.26 drops unhealthyPodEvictionPolicy,
     # and comparing it would patch the budget on every pass.
-    if any(observed.spec.get(k) != wanted[k] for k in BUDGET_COMPARED):
+    if any(budget.spec.get(k) != wanted[k] for k in BUDGET_COMPARED):
         return [PatchDisruptionBudget(name, {"spec": wanted})]
     return []
 
