@@ -10,8 +10,7 @@ pod and keeps ``minAvailable`` of them healthy:
     may be drained down to minReplicas, which torchrun re-forms without a restart budget
     charge (an eviction is a disruption). A job at its minimum (the default: minReplicas
     defaults to replicas) may still lose one pod at a time: the operator replaces it and the
-    group restarts from the last snapshot, and only once the replacement is Ready may the
-    next go. Budget ``minAvailable: replicas`` would keep the job whole but block every drain
+    group restarts from the last snapshot (paced as below). Budget ``minAvailable: replicas`` would keep the job whole but block every drain
     forever, which a cluster admin then overrides by deleting pods, with no pacing at all;
   * the store pod (rdzvStore: pod) counts as one more: losing it restarts the group like
     losing a node, so it is paced in the same budget rather than in one of its own (a budget
