@@ -197,8 +197,8 @@ async def run_pass(api: kube.Kube, cache: ClusterCache, key: JobKey,
             requeue = progress_poll if requeue is None else min(requeue, progress_poll)
     metrics.observe_job(namespace, name, result.status.get("phase"))
     metrics.observe_goodput(namespace, name, result.status, now)
-    if cleaner is not None:  # outside the pass timer: an unreachable etcd may take a while
-        await cleaner.after_pass(job, pods, result.status)
+    if cleaner is not None:  # started, not awaited: the user's etcd must not hold the pass's slot
+        cleaner.after_pass(job, pods, result.status)
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
 
 
@@ -458,6 +458,7 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     await memo.cache.stop()
+    memo.cleaner.close()
     await memo.api.close()
 
 
