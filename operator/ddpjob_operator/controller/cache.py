@@ -84,13 +84,19 @@ class Watched:
 JOBS = Watched(C.PLURAL, C.API_VERSION, "", keep=lambda body: body, job_of=_own_name, pokes_on=frozenset({"DELETED"}))
 PODS = Watched("pods", "v1", OURS, keep=view_pod, job_of=_instance)
 SERVICES = Watched("services", "v1", OURS, keep=lambda _: True)
-NETWORK_POLICIES = Watched("networkpolicies", C.NETWORKING_API_VERSION, OURS, keep=lambda _: True)
-# A pass compares the budget's spec and reads its controller (decide.observed.ObservedBudget.of). All
-# of them, not only ours: a same-named budget someone else made is left alone, not re-created on 409
-# every pass; a namespace holds few.
-DISRUPTION_BUDGETS = Watched("poddisruptionbudgets", C.POLICY_API_VERSION, "",
-                             keep=lambda body: {"metadata": {"ownerReferences": (body.get("metadata") or {}).get(
-                                 "ownerReferences")}, "spec": body.get("spec")})
+
+
+def _owners_and_spec(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"ownerReferences": (body.get("metadata") or {}).get("ownerReferences")},
+            "spec": body.get("spec")}
+
+
+# A pass compares the policy's and the budget's spec with the rendered one and reads their
+# controller (decide.observed.ObservedPolicy.of, ObservedBudget.of). All of them, not only ours: a
+# same-named one someone else made is reported and left alone, not re-created on 409 every
+# pass; a namespace holds few.
+NETWORK_POLICIES = Watched("networkpolicies", C.NETWORKING_API_VERSION, "", keep=_owners_and_spec)
+DISRUPTION_BUDGETS = Watched("poddisruptionbudgets", C.POLICY_API_VERSION, "", keep=_owners_and_spec)
 WATCHED = (JOBS, PODS, SERVICES, NETWORK_POLICIES, DISRUPTION_BUDGETS)
 
 

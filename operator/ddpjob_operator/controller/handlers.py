@@ -46,10 +46,10 @@ from ddpjob_operator.decide import managed_etcd, stuck
 from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name
 from ddpjob_operator.decide.actions import (
     CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
-    DeletePod, PatchDisruptionBudget, Requeue
+    DeletePod, PatchDisruptionBudget, PatchNetworkPolicy, Requeue
 )
 from ddpjob_operator.decide.creation import CreateFailure
-from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, PodView, claimed
+from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, ObservedPolicy, PodView, claimed
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render import network_policy
 
@@ -231,17 +231,18 @@ def _observe_managed_etcd(cache: ClusterCache, job: dict, owned: tuple[PodView, 
 _NO_NETWORK_POLICY_GRANT: set[str] = set()  # namespaces already warned about (one log line each)
 
 
-def _observe_network_policy(cache: ClusterCache, job: dict) -> bool | None:
-    """Whether the job's NetworkPolicy exists; None when it is not wanted (turned off, job finished)
-    or the operator may not list NetworkPolicies (403: the job then runs without one, and the
-    cache's log says so)."""
+def _observe_network_policy(cache: ClusterCache, job: dict) -> ObservedPolicy | None:
+    """The job's NetworkPolicy as the cache holds it; None when it is not wanted (turned off, job
+    finished). Without the grant to list them (403) it is unreadable: the job runs without one,
+    its condition and the log say so."""
     if not network_policy.requested(job) or (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
         return None
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    exists = cache.exists(NETWORK_POLICIES, namespace, network_policy_name(name))
-    if exists is None:
+    if cache.exists(NETWORK_POLICIES, namespace, network_policy_name(name)) is None:
         _warn_no_network_policy_grant(namespace, cache.refusal(NETWORK_POLICIES, namespace))
-    return exists
+        return ObservedPolicy(C.POLICY_UNREADABLE)
+    return ObservedPolicy.of(cache.get(NETWORK_POLICIES, namespace, network_policy_name(name)),
+                             job["metadata"].get("uid", ""), namespace in _POLICY_CREATE_REFUSED)
 
 
 def _observe_disruption_budget(cache: ClusterCache, job: dict) -> ObservedBudget | None:
@@ -288,13 +289,27 @@ def _warn_no_budget_grant(namespace: str, error: Exception | None) -> None:
                        "policy poddisruptionbudgets (the chart does)", namespace, error)
 
 
-async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> None:
-    """create_or_skip; without the grant to create (403) the job runs without one, as when it cannot be read."""
+_POLICY_CREATE_REFUSED: set[str] = set()  # namespaces whose last NetworkPolicy create was refused (403)
+
+
+async def _write_network_policy(api: kube.Kube, namespace: str,
+                                action: CreateNetworkPolicy | PatchNetworkPolicy) -> None:
+    """Create-or-skip, or put the spec back; without the grant to create (403) the job runs without
+    one, as when it cannot be read, and the next pass's condition says so."""
     try:
-        await api.create_or_skip(body, namespace)
+        if isinstance(action, PatchNetworkPolicy):
+            logger.info("Putting back the spec of NetworkPolicy %s/%s", namespace, action.name)
+            await api.patch_or_skip("NetworkPolicy", namespace, action.name,
+                                    {"spec": merge_patch(action.observed, action.wanted)})
+            return
+        await api.create_or_skip(action.body, namespace)
+        _POLICY_CREATE_REFUSED.discard(namespace)
+    except kube.ForeignObjectError as e:  # made since the cache looked: the next pass reports it
+        logger.warning("Not creating the NetworkPolicy in %s: %s", namespace, e.api_message)
     except kube.ApiError as e:
         if e.status != 403:
             raise
+        _POLICY_CREATE_REFUSED.add(namespace)
         _warn_no_network_policy_grant(namespace, e)
 
 
@@ -361,12 +376,15 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
                  creates: CreateRetries) -> float | None:
     namespace = job["metadata"]["namespace"]
     uids = {p.name: p.uid or None for p in pods}
+    # The policy first: a pod never runs unisolated for want of a round trip (isolation.py holds the
+    # pods until the policy exists; this keeps the Service and budget behind it too).
+    for action in result.actions:
+        if isinstance(action, (CreateNetworkPolicy, PatchNetworkPolicy)):
+            await _write_network_policy(api, namespace, action)
     bodies = [a.body for a in result.actions if isinstance(a, (CreatePod, CreateService))]
     writes, requeue = [_create(api, (namespace, job["metadata"]["name"]), bodies, creates)], None
     for action in result.actions:
-        if isinstance(action, CreateNetworkPolicy):
-            writes.append(_create_network_policy(api, action.body, namespace))
-        elif isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
+        if isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
             writes.append(_write_disruption_budget(api, namespace, action))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)

@@ -299,6 +299,30 @@ class ObservedBudget:
 
 
 @dataclass(frozen=True)
+class ObservedPolicy:
+    """The job's NetworkPolicy as read this pass (decide/isolation.py).
+
+    Attributes:
+        state: C.POLICY_PRESENT, C.POLICY_ABSENT, C.POLICY_FOREIGN (one of that name the job does
+            not control), C.POLICY_UNREADABLE (the operator may not list them) or
+            C.POLICY_UNCREATABLE (absent, and the operator's create was refused: 403).
+        spec: the job's own policy's spec (None unless present).
+    """
+
+    state: str
+    spec: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, policy: Mapping[str, Any] | None, owner_uid: str, create_refused: bool = False) -> ObservedPolicy:
+        """The state of `policy` as read (None: absent); `create_refused`: this namespace refused a create."""
+        if policy is None:
+            return cls(C.POLICY_UNCREATABLE if create_refused else C.POLICY_ABSENT)
+        if _controller_uid(policy.get("metadata") or {}) != owner_uid:
+            return cls(C.POLICY_FOREIGN)
+        return cls(C.POLICY_PRESENT, dict(policy.get("spec") or {}))
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one pass observed, sorted once; every decision reads this.
 
@@ -309,8 +333,8 @@ class Observed:
         managed_etcd: the job's managed etcd (None when it asks for none).
         nodes: Node objects (None: gone) of pods past their deletionTimestamp, by name; a node
             left out is unknown, and its pods are not force-deleted.
-        network_policy_exists: the job's NetworkPolicy exists; None when it was not looked for
-            (turned off, the job finished, or the operator may not read NetworkPolicies).
+        network_policy: the job's NetworkPolicy; None when it was not looked for (turned off, or
+            the job finished).
         disruption_budget: the job's PodDisruptionBudget; None when it was not looked for (the
             job finished, or the operator may not read PodDisruptionBudgets).
     """
@@ -320,7 +344,7 @@ class Observed:
     live_progress: tuple[Mapping[str, Any] | RecordProblem, ...] = ()  # records, and refused ones
     managed_etcd: ObservedEtcd | None = None
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
-    network_policy_exists: bool | None = None
+    network_policy: ObservedPolicy | None = None
     disruption_budget: ObservedBudget | None = None
 
     @cached_property

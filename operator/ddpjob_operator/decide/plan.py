@@ -8,8 +8,8 @@ Rules, in order:
   * finished (Succeeded/Failed): delete pods per runPolicy.cleanPodPolicy, then
     delete the job runPolicy.ttlSecondsAfterFinished after completionTime;
   * suspended: delete every pod;
-  * otherwise: create the Service when missing, and the NetworkPolicy when
-    spec.networkPolicy.enabled and it is missing; keep the PodDisruptionBudget (render/pdb.py)
+  * otherwise: create the Service when missing (the NetworkPolicy is isolation.py's, which
+    reconcile.py puts first and whose rule holds every pod create until it exists); keep the PodDisruptionBudget (render/pdb.py)
     created and its spec current (patched on scale), or delete it when
     spec.runPolicy.podDisruptionBudget is off; delete pods with index >= replicas
     (scale-down removes the highest indexes, never node 0, the store host with rdzvStore: node); delete
@@ -39,12 +39,11 @@ from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 from ddpjob_operator.api.names import disruption_budget_name
 from ddpjob_operator.decide import avoided_nodes, capacity, creation, straggler, topology
 from ddpjob_operator.decide.actions import (
-    Action, CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
+    Action, CreateDisruptionBudget, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
     DeletePod, PatchDisruptionBudget, Requeue, with_one_requeue
 )
 from ddpjob_operator.decide.budget import replacement_delay
 from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
-from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.render.pdb import BUDGETED_COMPONENTS, budget_spec, render_disruption_budget
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
@@ -54,8 +53,7 @@ DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted 
 
 
 def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any],
-                 observed: Observed, now: datetime, *,
-                 operator: OperatorPeer = OperatorPeer()) -> list[Action]:
+                 observed: Observed, now: datetime) -> list[Action]:
     """The actions that move the cluster toward the spec.
 
     Args:
@@ -65,7 +63,6 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
             restarts, lastFailureTime, completionTime, startTime, rendezvousGeneration).
         observed: what the pass observed (the job's pods, whether its Service exists).
         now: the current time.
-        operator: the operator's pods, whom the NetworkPolicy lets read the progress port.
     """
     if spec is None:
         return []
@@ -75,7 +72,6 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     if phase == C.PHASE_SUSPENDED or spec.run_policy.suspend:
         return [DeletePod(p.name, "the job is suspended") for p in observed.pods if not p.deleting]
     actions: list[Action] = [] if observed.service_exists else [CreateService(render_service(ref, spec))]
-    actions += _network_policy(ref, spec, observed.network_policy_exists, operator)
     actions += _disruption_budget(ref, spec, observed)
     generation = topology.generation_of(status)
     groups = observed.of_generation(generation, spec.desired_replicas)
@@ -92,13 +88,6 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     actions += _stop_after_finish(status, groups, now)
     actions += _pending_requeue(spec, groups, now)
     return with_one_requeue(actions + _deadline_requeue(spec, status, now))
-
-
-def _network_policy(ref: JobRef, spec: DDPJobSpec, exists: bool | None, operator: OperatorPeer) -> list[Action]:
-    """Create-or-skip, like the Service: created while the job runs, never deleted (the job owns it)."""
-    if exists is None or exists or not spec.network_policy.enabled:
-        return []
-    return [CreateNetworkPolicy(render_network_policy(ref, operator))]
 
 
 def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: Observed) -> list[Action]:
