@@ -238,12 +238,15 @@ class Kube:
         wanted = controller_of(meta)
         if wanted is None:  # nothing to compare with (an object the operator does not own)
             return
-        path = object_path(obj["apiVersion"], _PLURALS[obj["kind"]], namespace, meta["name"])
-        found = await self._get_or_none(path)
-        if found is None:  # deleted since the 409: the next pass creates it
+        # A LIST by name, not a GET: the operator lists (and watches) every kind it creates, and
+        # needs no `get` grant for this rare read.
+        found, _ = await self.list_objects(obj["apiVersion"], _PLURALS[obj["kind"]], namespace,
+                                           field_selector=f"metadata.name={meta['name']}")
+        if not found:  # deleted since the 409: the next pass creates it
             return
-        theirs = controller_of(found.get("metadata") or {})
+        theirs = controller_of(found[0].get("metadata") or {})
         if theirs is None or theirs.get("uid") != wanted.get("uid"):
+            path = object_path(obj["apiVersion"], _PLURALS[obj["kind"]], namespace, meta["name"])
             raise ForeignObjectError(obj["kind"], meta["name"], wanted, theirs, f"POST {path}")
 
     async def delete_or_skip(self, kind: str, namespace: str, name: str, uid: str | None = None,
@@ -301,10 +304,11 @@ class Kube:
         return await self._get_or_none(object_path("v1", "nodes", None, name))
 
     async def list_objects(self, api_version: str, plural: str, namespace: str | None,
-                           label_selector: str = "") -> tuple[list[dict], str]:
+                           label_selector: str = "", field_selector: str = "") -> tuple[list[dict], str]:
         """Every object of a kind (in ``namespace``; None: all) and the list's resourceVersion,
         where a watch of the same kind starts."""
-        params = {"labelSelector": label_selector} if label_selector else None
+        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        params = params or None
         result = await self.request("GET", object_path(api_version, plural, namespace), params=params)
         return list(result.get("items") or []), str((result.get("metadata") or {}).get("resourceVersion") or "")
 
