@@ -640,7 +640,8 @@ class Scheduling(_Model):
         "Kueue LocalQueue that admits the node pods as one workload (Kueue's plain pod-group "
         "integration): sets the kueue.x-k8s.io/queue-name and pod-group-name labels, the "
         "pod-group-total-count annotation (= replicas) and safe-to-forcefully-delete: \"true\" (Kueue may "
-        "force-delete a pod stuck on an unreachable node) on every node pod."))
+        "force-delete a pod stuck on an unreachable node) on every node pod. The c10d store pod and a "
+        "managed etcd pod get the queue-name label only: each is a one-pod Workload in the same quota."))
 
 
 # --- Pod security and /dev/shm (render/common.py holds the defaults these merge over) ------
