@@ -73,11 +73,18 @@ def test_a_long_release_name_keeps_the_etcd_name_within_63_characters():
 
 # --- who may reach the shared etcd ------------------------------------------------------------
 
-def node_pod_labels(job: str = "mlp") -> dict:
-    """The labels the operator puts on a node pod (render/common.py)."""
-    from ddpjob_operator.render.common import pod_labels
+ETCD_V3 = {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["ddpjob-operator-etcd.ddpjob-system.svc:2379"]}
 
-    return pod_labels(job, 0)
+
+def node_pod_labels(job: str = "mlp", elastic: dict | None = None) -> dict:
+    """The labels the operator puts on node pod 0 of a job (an etcd-v3 one unless `elastic` says otherwise)."""
+    from ddpjob_operator.api.spec import parse_spec
+    from ddpjob_operator.render.node_pod import render_pod
+    from ddpjob_sandbox.jobs import make_ddpjob
+    from tests.operator.builders import job_ref
+
+    body = make_ddpjob(name=job, elasticPolicy=ETCD_V3 if elastic is None else elastic)
+    return render_pod(job_ref(body), parse_spec(body["spec"]), 0)["metadata"]["labels"]
 
 
 def store_pod_labels(job: str = "mlp") -> dict:
@@ -107,13 +114,20 @@ def test_the_shared_etcd_gets_a_network_policy_that_selects_it():
     ("operator", NAMESPACE, 2379, True),
     ("operator", "elsewhere", 2379, False),
     ("store pod", "team-a", 2379, False),  # the c10d store pod never talks to etcd
+    ("c10d node pod", "team-a", 2379, False),  # nor do a c10d job's node pods
+    ("managed etcd node pod", "team-a", 2379, False),  # they talk to their own etcd
+    ("node pod labels, no etcd-client", "team-a", 2379, False),  # what a DDPJob could copy before
     ("any pod", "team-a", 2379, False),
     ("any pod", NAMESPACE, 2379, False),
 ])
 def test_only_ddpjob_node_pods_and_the_operator_reach_the_shared_etcd(who, namespace, port, allowed):
     objects = render(ON)
+    copied = {k: v for k, v in node_pod_labels().items() if k != "ddpjob.io/etcd-client"}
     labels = {"node pod": node_pod_labels(), "store pod": store_pod_labels(), "any pod": {"app": "web"},
-              "operator": operator_pod_labels(objects)}[who]
+              "operator": operator_pod_labels(objects), "c10d node pod": node_pod_labels(elastic={}),
+              "managed etcd node pod": node_pod_labels(elastic={"rdzvBackend": "etcd-v3",
+                                                                "managedEtcd": {"enabled": True}}),
+              "node pod labels, no etcd-client": copied}[who]
 
     assert admitted(one(objects, "NetworkPolicy"), labels, namespace, port) is allowed
 

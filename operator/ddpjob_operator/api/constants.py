@@ -26,6 +26,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"  # recommended label: the role o
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # recommended label: who writes the object
 LABEL_JOB_NAME = f"{GROUP}/job-name"  # selects every object of one job; with LABEL_COMPONENT=node, its node pods
 LABEL_NODE_INDEX = f"{GROUP}/node-index"  # the node index 0..replicas-1 of a pod
+# On node pods of a job whose rendezvous is an etcd of its own choosing (rdzvEndpoints): what the
+# chart's shared etcd admits (etcd-networkpolicy.yaml). Reserved: podOverrides may not set it.
+LABEL_ETCD_CLIENT = f"{GROUP}/etcd-client"
 
 APP_NAME = "ddpjob"  # value of LABEL_APP_NAME
 COMPONENT_NODE = "node"  # value of LABEL_COMPONENT on node pods

@@ -68,7 +68,7 @@ RESERVED_ENV = {
     C.ENV_COLLECTIVE_TIMEOUT: "spec.failurePolicy.collectiveTimeoutSeconds",
 }
 RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
-                   C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
+                   C.LABEL_COMPONENT, C.LABEL_MANAGED_BY, C.LABEL_ETCD_CLIENT)  # selectors depend on these
 RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME)  # pod volume names the operator uses
 # Kueue admits pods by these (the operator sets them from spec.scheduling.queueName): copied into
 # podOverrides, they would put the job's pods into another job's pod group or Workload, against its quota.
