@@ -143,3 +143,45 @@ def test_with_watched_namespaces_only_their_node_pods_reach_the_shared_etcd():
                          ids=["no etcd", "policy turned off"])
 def test_no_etcd_network_policy_without_the_etcd_or_when_turned_off(values):
     assert by_kind(render(values), "NetworkPolicy") == []
+
+
+GUARDED = {"etcd": {"enabled": True, "networkPolicy": {"guardLabel": True}}}
+OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:ddpjob-operator"
+
+
+def guard_allows(username: str, operation: str, labels: dict | None, old_labels: dict | None = None) -> bool:
+    """The ValidatingAdmissionPolicy's verdict on one pod write, its CEL run with cel-python as the API server would."""
+    celpy = pytest.importorskip("celpy", reason="cel-python is in requirements-test.txt")
+    policy = one(render(GUARDED), "ValidatingAdmissionPolicy")
+    env = celpy.Environment()
+
+    def run(expr: str, activation: dict):
+        return env.program(env.compile(expr)).evaluate(activation)
+    pod = {"metadata": {"name": "p", **({"labels": labels} if labels is not None else {})}}
+    old = {"metadata": {"name": "p", **({"labels": old_labels} if old_labels is not None else {})}}
+    activation = {"object": celpy.json_to_cel(pod), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel({"operation": operation, "userInfo": {"username": username}})}
+    variables = {v["name"]: run(v["expression"], activation) for v in policy["spec"]["variables"]}
+    activation["variables"] = celpy.json_to_cel({k: bool(v) for k, v in variables.items()})
+    return all(bool(run(v["expression"], activation)) for v in policy["spec"]["validations"])
+
+
+LABEL = {"ddpjob.io/etcd-client": "true"}
+
+
+@pytest.mark.parametrize(("who", "operation", "labels", "old", "allowed"), [
+    (OPERATOR_SA, "CREATE", LABEL, None, True),  # the operator's node pod
+    ("alice", "CREATE", LABEL, None, False),  # a pod creator copying the label
+    ("alice", "CREATE", {"app": "web"}, None, True),
+    ("alice", "UPDATE", LABEL, {}, False),  # adding it later
+    ("system:serviceaccount:kueue-system:kueue", "UPDATE", LABEL, LABEL, True),  # ungating a labelled pod
+    ("alice", "UPDATE", {"ddpjob.io/etcd-client": "yes"}, LABEL, False),
+])
+def test_the_guard_lets_only_the_operator_put_the_etcd_client_label_on_a_pod(who, operation, labels, old, allowed):
+    assert guard_allows(who, operation, labels, old) is allowed
+
+
+def test_the_guard_is_off_by_default_and_binds_its_policy_to_deny():
+    assert by_kind(render(ON), "ValidatingAdmissionPolicy") == []
+    binding = one(render(GUARDED), "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": "ddpjob-operator-etcd-client-label", "validationActions": ["Deny"]}
