@@ -1,8 +1,8 @@
 """The only module that calls the Kubernetes API.
 
 Writes are idempotent so that a pass can be repeated after a crash or a conflict without harm:
-creating an object that already exists is skipped (409), deleting one that is gone is skipped
-(404), and a delete names the uid it means so it never removes a newer pod of the same name.
+creating an object that already exists is skipped (409) when the one found has the same
+controller (anyone else's is a ForeignObjectError), deleting one that is gone is skipped (404), and a delete names the uid it means so it never removes a newer pod of the same name.
 Errors that a retry may fix (HTTP 429 and 5xx, lost connections) become ``RetryableError``, a
 ``kopf.TemporaryError``, so kopf retries the handler after a delay instead of the handler
 sleeping; the others become ``ApiError``. Both keep the API's status, reason, message and
