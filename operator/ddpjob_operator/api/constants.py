@@ -269,7 +269,7 @@ COND_POD_CREATE_FAILED = "PodCreateFailed"  # True while the API refuses to crea
 COND_NETWORK_POLICY = "NetworkPolicyReady"  # True while the job's own NetworkPolicy exists as rendered
 REASON_NETWORK_POLICY = "NetworkPolicy"  # the Warning Event's reason when the condition needs a person
 POLICY_PRESENT = "Present"  # observed: the job's own policy exists
-POLICY_ABSENT = "Missing"  # observed: none of that name (pods wait while it is created)
+POLICY_ABSENT = "Missing"  # observed: none of that name (created first, the pods after it)
 POLICY_FOREIGN = "ForeignObject"  # observed: one of that name the job does not control (pods wait)
 POLICY_UNREADABLE = "ListForbidden"  # the operator may not list NetworkPolicies there: the job runs without
 POLICY_UNCREATABLE = "CreateForbidden"  # the operator may not create one there: the job runs without
@@ -277,7 +277,7 @@ REASON_POLICY_DRIFTED = "Drifted"  # someone edited it: its spec is put back
 REASON_POLICY_DISABLED = "Disabled"  # spec.networkPolicy.enabled is false
 MSG_POLICY_PRESENT = "NetworkPolicy {name} admits only the job's pods, and the operator on the progress port"
 MSG_POLICY_ABSENT = ("NetworkPolicy {name} does not exist: the operator creates it, and the job's pods only "
-                     "after it")
+                     "once it did")
 MSG_POLICY_FOREIGN = ("NetworkPolicy {name} exists but the job does not control it: the operator leaves it alone "
                       "and creates no pod until it is deleted or renamed")
 MSG_POLICY_UNREADABLE = ("the operator may not list NetworkPolicies in namespace {namespace}: the job runs without "

@@ -95,7 +95,10 @@ def _owners_and_spec(body: Mapping[str, Any]) -> dict[str, Any]:
 # controller (decide.observed.ObservedPolicy.of, ObservedBudget.of). All of them, not only ours: a
 # same-named one someone else made is reported and left alone, not re-created on 409 every
 # pass; a namespace holds few.
-NETWORK_POLICIES = Watched("networkpolicies", C.NETWORKING_API_VERSION, "", keep=_owners_and_spec)
+# An edit or deletion of a job's policy starts a pass of the job, which puts it back at once
+# (decide/isolation.py); its creation needs none (the pass that created it goes on to the pods).
+NETWORK_POLICIES = Watched("networkpolicies", C.NETWORKING_API_VERSION, "", keep=_owners_and_spec, job_of=_instance,
+                           pokes_on=frozenset({"MODIFIED", "DELETED"}))
 DISRUPTION_BUDGETS = Watched("poddisruptionbudgets", C.POLICY_API_VERSION, "", keep=_owners_and_spec)
 WATCHED = (JOBS, PODS, SERVICES, NETWORK_POLICIES, DISRUPTION_BUDGETS)
 

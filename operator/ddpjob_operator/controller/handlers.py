@@ -293,24 +293,27 @@ _POLICY_CREATE_REFUSED: set[str] = set()  # namespaces whose last NetworkPolicy 
 
 
 async def _write_network_policy(api: kube.Kube, namespace: str,
-                                action: CreateNetworkPolicy | PatchNetworkPolicy) -> None:
-    """Create-or-skip, or put the spec back; without the grant to create (403) the job runs without
-    one, as when it cannot be read, and the next pass's condition says so."""
+                                action: CreateNetworkPolicy | PatchNetworkPolicy) -> bool:
+    """Create-or-skip, or put the spec back; False when the pass must create no pod (someone
+    else's policy has the name). Without the grant to create (403) the job runs without one, as
+    when it cannot be read, and the next pass's condition says so."""
     try:
         if isinstance(action, PatchNetworkPolicy):
             logger.info("Putting back the spec of NetworkPolicy %s/%s", namespace, action.name)
             await api.patch_or_skip("NetworkPolicy", namespace, action.name,
                                     {"spec": merge_patch(action.observed, action.wanted)})
-            return
+            return True
         await api.create_or_skip(action.body, namespace)
         _POLICY_CREATE_REFUSED.discard(namespace)
     except kube.ForeignObjectError as e:  # made since the cache looked: the next pass reports it
         logger.warning("Not creating the NetworkPolicy in %s: %s", namespace, e.api_message)
+        return False
     except kube.ApiError as e:
         if e.status != 403:
             raise
         _POLICY_CREATE_REFUSED.add(namespace)
         _warn_no_network_policy_grant(namespace, e)
+    return True
 
 
 def _warn_no_network_policy_grant(namespace: str, error: Exception | None) -> None:
@@ -376,12 +379,14 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
                  creates: CreateRetries) -> float | None:
     namespace = job["metadata"]["namespace"]
     uids = {p.name: p.uid or None for p in pods}
-    # The policy first: a pod never runs unisolated for want of a round trip (isolation.py holds the
-    # pods until the policy exists; this keeps the Service and budget behind it too).
+    # The policy first, and no pod unless it went through (decide/isolation.py): a pod never runs
+    # unisolated for want of a round trip.
+    isolated = True
     for action in result.actions:
         if isinstance(action, (CreateNetworkPolicy, PatchNetworkPolicy)):
-            await _write_network_policy(api, namespace, action)
-    bodies = [a.body for a in result.actions if isinstance(a, (CreatePod, CreateService))]
+            isolated = await _write_network_policy(api, namespace, action) and isolated
+    bodies = [a.body for a in result.actions if isinstance(a, CreateService)
+              or (isinstance(a, CreatePod) and isolated)]
     writes, requeue = [_create(api, (namespace, job["metadata"]["name"]), bodies, creates)], None
     for action in result.actions:
         if isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):

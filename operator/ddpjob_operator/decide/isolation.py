@@ -2,9 +2,10 @@
 
 Why before: the c10d store and a managed etcd have no authentication (docs/security.md), so
 a pod that runs before its policy exists is reachable by anyone in the cluster for as long
-as the gap lasts. While the policy is wanted and missing (or someone else's policy holds its
-name), the pass creates the policy and no pod; the policy's watch event starts the next pass,
-which creates the pods.
+as the gap lasts. While the policy is wanted and missing, its create is the pass's first
+action, and the executor (controller/handlers.py) makes it, and sees it succeed, before any
+other write of the pass; a pass whose policy create fails creates no pod. While someone
+else's policy holds its name, the pass creates no pod at all.
 
 Why repaired: an edited policy (a wider podSelector, an extra ingress rule) isolates nothing,
 and nobody would notice. Each pass compares the observed spec with the rendered one and puts
@@ -50,8 +51,9 @@ def plan_network_policy(ref: JobRef, spec: DDPJobSpec, observed: ObservedPolicy 
 
 
 def holds_pods(observed: ObservedPolicy | None) -> bool:
-    """Pods wait: the policy is wanted, may be read, and the job's own is not there yet."""
-    return observed is not None and observed.state in (C.POLICY_ABSENT, C.POLICY_FOREIGN)
+    """Pods wait: someone else's policy has the job's policy's name (a missing one is created
+    first in the same pass instead: see the module docstring)."""
+    return observed is not None and observed.state == C.POLICY_FOREIGN
 
 
 def behind_network_policy(actions: list[Action], observed: ObservedPolicy | None) -> list[Action]:

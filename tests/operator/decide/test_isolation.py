@@ -7,7 +7,7 @@ import pytest
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService, PatchNetworkPolicy, Requeue
 from ddpjob_operator.decide.conditions import condition_of
-from ddpjob_operator.decide.observed import Observed, ObservedPolicy
+from ddpjob_operator.decide.observed import Observed, ObservedEtcd, ObservedPolicy
 from ddpjob_operator.decide.reconcile import reconcile
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_sandbox.jobs import make_ddpjob
@@ -36,15 +36,15 @@ def policy_condition(result) -> dict:
     return dict(condition_of(result.status.get("conditions"), C.COND_NETWORK_POLICY) or {})
 
 
-def test_a_missing_policy_is_created_first_and_no_pod_before_it():
+def test_a_missing_policy_is_the_first_action_of_the_pass():
     body = job()
     result = a_pass(body, ObservedPolicy(C.POLICY_ABSENT))
+    # The executor makes the first action, and sees it succeed, before the pods (controller/handlers.py).
     assert result.actions[0] == CreateNetworkPolicy(wanted(body))
-    assert not [a for a in result.actions if isinstance(a, CreatePod)]
-    assert [type(a) for a in result.actions[1:]] == [CreateService, Requeue]  # its watch event, or this, comes back
+    assert [type(a) for a in result.actions[1:]] == [CreateService, CreatePod, CreatePod]
     cond = policy_condition(result)
     assert (cond["status"], cond["reason"]) == ("False", "Missing")
-    assert cond["message"] == "NetworkPolicy mlp does not exist: the operator creates it, and the job's pods only after it"
+    assert cond["message"] == "NetworkPolicy mlp does not exist: the operator creates it, and the job's pods only once it did"
     assert not [e for e in result.events if e.reason == C.REASON_NETWORK_POLICY]  # every job's first pass
 
 
@@ -96,20 +96,27 @@ def test_without_the_grant_the_job_runs_without_a_policy_and_says_so(state, crea
     assert [e.type for e in result.events if e.reason == C.REASON_NETWORK_POLICY] == [C.EVENT_WARNING]
 
 
-def test_a_policy_that_goes_missing_after_it_existed_is_a_warning_and_holds_new_pods():
+def test_a_policy_that_goes_missing_after_it_existed_is_a_warning_and_created_again_first():
     body = job()
     body["status"] = {"conditions": [{"type": C.COND_NETWORK_POLICY, "status": "True", "reason": "Present",
                                       "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     result = a_pass(body, ObservedPolicy(C.POLICY_ABSENT))
     assert [e.type for e in result.events if e.reason == C.REASON_NETWORK_POLICY] == [C.EVENT_WARNING]
-    assert not [a for a in result.actions if isinstance(a, CreatePod)]
-
-
-def test_the_managed_etcd_pod_waits_for_the_policy_too():
-    body = make_ddpjob(replicas=1, elasticPolicy={"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}})
-    result = a_pass(body, ObservedPolicy(C.POLICY_ABSENT))
-    assert not [a for a in result.actions if isinstance(a, CreatePod)]
     assert isinstance(result.actions[0], CreateNetworkPolicy)
+
+
+def test_the_managed_etcd_pod_comes_after_the_policy_too():
+    body = make_ddpjob(replicas=1, elasticPolicy={"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}})
+    observed = Observed(service_exists=False, network_policy=ObservedPolicy(C.POLICY_ABSENT),
+                        managed_etcd=ObservedEtcd(pod=None, service_exists=False))
+    result = reconcile(body, observed, at(0), operator=PEER)
+    assert isinstance(result.actions[0], CreateNetworkPolicy)
+    assert "mlp-etcd" in [a.body["metadata"]["name"] for a in result.actions if isinstance(a, CreatePod)]
+
+
+def test_while_someone_elses_policy_has_the_name_no_pod_is_created_and_the_pass_comes_back():
+    result = a_pass(job(), ObservedPolicy(C.POLICY_FOREIGN))
+    assert [type(a) for a in result.actions] == [CreateService, Requeue]
 
 
 def test_a_job_that_turns_it_off_runs_with_the_condition_saying_so():
