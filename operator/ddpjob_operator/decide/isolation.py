@@ -8,8 +8,8 @@ other write of the pass; a pass whose policy create fails creates no pod. While 
 else's policy holds its name, the pass creates no pod at all.
 
 Why repaired: an edited policy (a wider podSelector, an extra ingress rule) isolates nothing,
-and nobody would notice. Each pass compares the observed spec with the rendered one and puts
-the whole spec back when they differ.
+and nobody would notice. Each pass (an edit of the policy starts one) compares the observed
+spec with the rendered one and puts the whole spec back when they differ.
 
 What is not held: a job whose operator may not read NetworkPolicies (403 on the list) or may
 not create them (403 on the create) still runs, as before there was a policy, and the
@@ -33,7 +33,9 @@ from ddpjob_operator.decide.conditions import condition_of, set_condition
 from ddpjob_operator.decide.observed import ObservedPolicy
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 
-HOLD_POLL_SECONDS = 2.0  # look again this soon while pods wait for their policy (its watch event is the usual trigger)
+# Look again this soon while someone else's policy holds the name: its deletion may start no pass
+# (the cache starts one only for policies that carry the job's labels).
+HOLD_POLL_SECONDS = 2.0
 
 
 def plan_network_policy(ref: JobRef, spec: DDPJobSpec, observed: ObservedPolicy | None,
