@@ -50,7 +50,7 @@ NAMESPACED_GRANTS = {
     ("", "pods"): {"list", "watch", "create", "delete"},
     ("", "services"): {"list", "watch", "create"},
     ("", "events"): {"create"},
-    ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create"},  # spec.networkPolicy, one per job
+    ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create", "patch"},  # spec.networkPolicy, one per job
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},  # runPolicy.podDisruptionBudget
 }  # Secrets only with rbac.readSecrets (tests/charts/test_rbac_docs.py)
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}

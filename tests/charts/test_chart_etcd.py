@@ -73,11 +73,18 @@ def test_a_long_release_name_keeps_the_etcd_name_within_63_characters():
 
 # --- who may reach the shared etcd ------------------------------------------------------------
 
-def node_pod_labels(job: str = "mlp") -> dict:
-    """The labels the operator puts on a node pod (render/common.py)."""
-    from ddpjob_operator.render.common import pod_labels
+ETCD_V3 = {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["ddpjob-operator-etcd.ddpjob-system.svc:2379"]}
 
-    return pod_labels(job, 0)
+
+def node_pod_labels(job: str = "mlp", elastic: dict | None = None) -> dict:
+    """The labels the operator puts on node pod 0 of a job (an etcd-v3 one unless `elastic` says otherwise)."""
+    from ddpjob_operator.api.spec import parse_spec
+    from ddpjob_operator.render.node_pod import render_pod
+    from ddpjob_sandbox.jobs import make_ddpjob
+    from tests.operator.builders import job_ref
+
+    body = make_ddpjob(name=job, elasticPolicy=ETCD_V3 if elastic is None else elastic)
+    return render_pod(job_ref(body), parse_spec(body["spec"]), 0)["metadata"]["labels"]
 
 
 def store_pod_labels(job: str = "mlp") -> dict:
@@ -107,13 +114,20 @@ def test_the_shared_etcd_gets_a_network_policy_that_selects_it():
     ("operator", NAMESPACE, 2379, True),
     ("operator", "elsewhere", 2379, False),
     ("store pod", "team-a", 2379, False),  # the c10d store pod never talks to etcd
+    ("c10d node pod", "team-a", 2379, False),  # nor do a c10d job's node pods
+    ("managed etcd node pod", "team-a", 2379, False),  # they talk to their own etcd
+    ("node pod labels, no etcd-client", "team-a", 2379, False),  # what a DDPJob could copy before
     ("any pod", "team-a", 2379, False),
     ("any pod", NAMESPACE, 2379, False),
 ])
 def test_only_ddpjob_node_pods_and_the_operator_reach_the_shared_etcd(who, namespace, port, allowed):
     objects = render(ON)
+    copied = {k: v for k, v in node_pod_labels().items() if k != "ddpjob.io/etcd-client"}
     labels = {"node pod": node_pod_labels(), "store pod": store_pod_labels(), "any pod": {"app": "web"},
-              "operator": operator_pod_labels(objects)}[who]
+              "operator": operator_pod_labels(objects), "c10d node pod": node_pod_labels(elastic={}),
+              "managed etcd node pod": node_pod_labels(elastic={"rdzvBackend": "etcd-v3",
+                                                                "managedEtcd": {"enabled": True}}),
+              "node pod labels, no etcd-client": copied}[who]
 
     assert admitted(one(objects, "NetworkPolicy"), labels, namespace, port) is allowed
 
@@ -129,3 +143,45 @@ def test_with_watched_namespaces_only_their_node_pods_reach_the_shared_etcd():
                          ids=["no etcd", "policy turned off"])
 def test_no_etcd_network_policy_without_the_etcd_or_when_turned_off(values):
     assert by_kind(render(values), "NetworkPolicy") == []
+
+
+GUARDED = {"etcd": {"enabled": True, "networkPolicy": {"guardLabel": True}}}
+OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:ddpjob-operator"
+
+
+def guard_allows(username: str, operation: str, labels: dict | None, old_labels: dict | None = None) -> bool:
+    """The ValidatingAdmissionPolicy's verdict on one pod write, its CEL run with cel-python as the API server would."""
+    celpy = pytest.importorskip("celpy", reason="cel-python is in requirements-test.txt")
+    policy = one(render(GUARDED), "ValidatingAdmissionPolicy")
+    env = celpy.Environment()
+
+    def run(expr: str, activation: dict):
+        return env.program(env.compile(expr)).evaluate(activation)
+    pod = {"metadata": {"name": "p", **({"labels": labels} if labels is not None else {})}}
+    old = {"metadata": {"name": "p", **({"labels": old_labels} if old_labels is not None else {})}}
+    activation = {"object": celpy.json_to_cel(pod), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel({"operation": operation, "userInfo": {"username": username}})}
+    variables = {v["name"]: run(v["expression"], activation) for v in policy["spec"]["variables"]}
+    activation["variables"] = celpy.json_to_cel({k: bool(v) for k, v in variables.items()})
+    return all(bool(run(v["expression"], activation)) for v in policy["spec"]["validations"])
+
+
+LABEL = {"ddpjob.io/etcd-client": "true"}
+
+
+@pytest.mark.parametrize(("who", "operation", "labels", "old", "allowed"), [
+    (OPERATOR_SA, "CREATE", LABEL, None, True),  # the operator's node pod
+    ("alice", "CREATE", LABEL, None, False),  # a pod creator copying the label
+    ("alice", "CREATE", {"app": "web"}, None, True),
+    ("alice", "UPDATE", LABEL, {}, False),  # adding it later
+    ("system:serviceaccount:kueue-system:kueue", "UPDATE", LABEL, LABEL, True),  # ungating a labelled pod
+    ("alice", "UPDATE", {"ddpjob.io/etcd-client": "yes"}, LABEL, False),
+])
+def test_the_guard_lets_only_the_operator_put_the_etcd_client_label_on_a_pod(who, operation, labels, old, allowed):
+    assert guard_allows(who, operation, labels, old) is allowed
+
+
+def test_the_guard_is_off_by_default_and_binds_its_policy_to_deny():
+    assert by_kind(render(ON), "ValidatingAdmissionPolicy") == []
+    binding = one(render(GUARDED), "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": "ddpjob-operator-etcd-client-label", "validationActions": ["Deny"]}

@@ -122,12 +122,25 @@ def run_disruption_budget(k8s) -> None:
     k8s.create("ddpjobs", make_manifest(name="pdb", replicas=1, elasticPolicy={"minReplicas": 1, "maxReplicas": 3}))
     k8s.wait_for(lambda: k8s.find("poddisruptionbudgets", "pdb"), timeout=20, what="the job's budget")
     k8s.patch("ddpjobs", "pdb", {"spec": {"replicas": 2}})
+    k8s.wait_for(lambda: pod_names(k8s, "pdb") == ["pdb-node-0", "pdb-node-1"], timeout=20, what="two node pods")
+    for name in ["pdb-rdzv", "pdb-node-0", "pdb-node-1"]:  # the budget follows the Ready pods (render/pdb.py)
+        set_running(k8s, name)
     k8s.wait_for(lambda: k8s.get("poddisruptionbudgets", "pdb")["spec"]["minAvailable"] == 2, timeout=20,
                  what="the budget patched after the scale")
     k8s.patch("ddpjobs", "pdb", {"spec": {"runPolicy": {"podDisruptionBudget": False}}})
     k8s.wait_for(lambda: k8s.find("poddisruptionbudgets", "pdb") is None, timeout=20,
                  what="the budget deleted when turned off")
     k8s.delete("ddpjobs", "pdb")
+
+
+def run_network_policy_repair(k8s) -> None:
+    """A job's NetworkPolicy, opened by an edit, is put back."""
+    k8s.create("ddpjobs", make_manifest(name="np", replicas=1))
+    policy = k8s.wait_for(lambda: k8s.find("networkpolicies", "np"), timeout=20, what="the job's NetworkPolicy")
+    k8s.patch("networkpolicies", "np", {"spec": {"ingress": [{}]}})  # admit everyone
+    k8s.wait_for(lambda: k8s.get("networkpolicies", "np")["spec"] == policy["spec"], timeout=20,
+                 what="the NetworkPolicy put back")
+    k8s.delete("ddpjobs", "np")
 
 
 def run_job_lifecycle(k8s) -> None:
@@ -203,6 +216,7 @@ def test_the_operator_works_with_exactly_the_chart_rbac_and_uses_every_grant(mod
         try:
             run_job_lifecycle(k8s)
             run_disruption_budget(k8s)
+            run_network_policy_repair(k8s)
             run_stuck_pod(cluster, k8s, process, may_read_nodes)
             with running_etcd() as etcd:
                 run_etcd_job(k8s, etcd.endpoint, may_read_secrets)

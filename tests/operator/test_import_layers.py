@@ -31,7 +31,7 @@ ROOM_TIERS = {
     "render": [{"common", "launch", "kueue", "preflight"}, {"node_pod", "store_pod", "etcd_pod", "network_policy", "pdb"}],
     "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation", "bounds"},
                {"capacity", "topology", "progress", "stuck", "managed_etcd", "last_valid", "avoided_nodes", "hang",
-                "straggler"},
+                "straggler", "isolation"},
                {"plan", "status"}, {"reconcile"}],
 }
 LONGEST_CHAIN_ALLOWED = 9  # modules on the longest import chain inside the package (14 before the rooms)

@@ -26,6 +26,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"  # recommended label: the role o
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # recommended label: who writes the object
 LABEL_JOB_NAME = f"{GROUP}/job-name"  # selects every object of one job; with LABEL_COMPONENT=node, its node pods
 LABEL_NODE_INDEX = f"{GROUP}/node-index"  # the node index 0..replicas-1 of a pod
+# On node pods of a job whose rendezvous is an etcd of its own choosing (rdzvEndpoints): what the
+# chart's shared etcd admits (etcd-networkpolicy.yaml). Reserved: podOverrides may not set it.
+LABEL_ETCD_CLIENT = f"{GROUP}/etcd-client"
 
 APP_NAME = "ddpjob"  # value of LABEL_APP_NAME
 COMPONENT_NODE = "node"  # value of LABEL_COMPONENT on node pods
@@ -276,6 +279,30 @@ OPERATOR_APP_NAME = "ddpjob-operator"
 
 # --- Creating a job's objects (decide/creation.py) ---------------------------------------
 COND_POD_CREATE_FAILED = "PodCreateFailed"  # True while the API refuses to create a pod or Service of the job
+# The job's NetworkPolicy (decide/isolation.py): the condition, its reasons and messages.
+COND_NETWORK_POLICY = "NetworkPolicyReady"  # True while the job's own NetworkPolicy exists as rendered
+REASON_NETWORK_POLICY = "NetworkPolicy"  # the Warning Event's reason when the condition needs a person
+POLICY_PRESENT = "Present"  # observed: the job's own policy exists
+POLICY_ABSENT = "Missing"  # observed: none of that name (created first, the pods after it)
+POLICY_FOREIGN = "ForeignObject"  # observed: one of that name the job does not control (pods wait)
+POLICY_UNREADABLE = "ListForbidden"  # the operator may not list NetworkPolicies there: the job runs without
+POLICY_UNCREATABLE = "CreateForbidden"  # the operator may not create one there: the job runs without
+REASON_POLICY_DRIFTED = "Drifted"  # someone edited it: its spec is put back
+REASON_POLICY_DISABLED = "Disabled"  # spec.networkPolicy.enabled is false
+MSG_POLICY_PRESENT = "NetworkPolicy {name} admits only the job's pods, and the operator on the progress port"
+MSG_POLICY_ABSENT = ("NetworkPolicy {name} does not exist: the operator creates it, and the job's pods only "
+                     "once it did")
+MSG_POLICY_FOREIGN = ("NetworkPolicy {name} exists but the job does not control it: the operator leaves it alone "
+                      "and creates no pod until it is deleted or renamed")
+MSG_POLICY_UNREADABLE = ("the operator may not list NetworkPolicies in namespace {namespace}: the job runs without "
+                         "{name}, reachable by any pod; grant list, watch and create on networking.k8s.io "
+                         "networkpolicies (the chart does)")
+MSG_POLICY_UNCREATABLE = ("the operator may not create NetworkPolicy {name} in namespace {namespace}: the job runs "
+                          "without it, reachable by any pod; grant create on networking.k8s.io networkpolicies "
+                          "(the chart does)")
+MSG_POLICY_DRIFTED = "NetworkPolicy {name} was edited: the operator puts its spec back"
+MSG_POLICY_DISABLED = ("spec.networkPolicy.enabled is false: the operator makes no NetworkPolicy {name}; "
+                       "isolate the job's pods with one of your own")
 REASON_POD_CREATE_FAILED = "PodCreateFailed"  # the Warning Event's reason; the condition's is the API's (Forbidden, ...)
 REASON_CREATES_SUCCEED = "CreateSucceeded"  # PodCreateFailed went False: creates succeed again
 REASON_API_UNREACHABLE = "NoAnswer"  # PodCreateFailed's reason when the API server did not answer at all

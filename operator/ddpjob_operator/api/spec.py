@@ -70,8 +70,28 @@ RESERVED_ENV = {
     C.ENV_COLLECTIVE_TIMEOUT: "spec.failurePolicy.collectiveTimeoutSeconds",
 }
 RESERVED_LABELS = (C.LABEL_JOB_NAME, C.LABEL_NODE_INDEX, C.LABEL_APP_NAME, C.LABEL_INSTANCE,
-                   C.LABEL_COMPONENT, C.LABEL_MANAGED_BY)  # selectors depend on these
+                   C.LABEL_COMPONENT, C.LABEL_MANAGED_BY, C.LABEL_ETCD_CLIENT)  # selectors depend on these
 RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME, C.ZYGOTE_VOLUME)  # pod volume names the operator uses
+# Kueue admits pods by these (the operator sets them from spec.scheduling.queueName): copied into
+# podOverrides, they would put the job's pods into another job's pod group or Workload, against its quota.
+RESERVED_KUEUE_LABELS = (C.LABEL_KUEUE_QUEUE, C.LABEL_KUEUE_POD_GROUP, "kueue.x-k8s.io/prebuilt-workload-name")
+RESERVED_KUEUE_ANNOTATIONS = (C.ANNOTATION_KUEUE_GROUP_COUNT,)
+KUEUE_RULE = ("may not be set: Kueue admits pods by it, and the operator sets it from spec.scheduling.queueName "
+              "(set there, it cannot join another job's pod group)")
+# Capabilities a job may add: Pod Security "baseline"'s list, plus IPC_LOCK, which lifts only the
+# locked-memory limit that RDMA (NCCL over InfiniBand) pins its buffers under. Anything else
+# (SYS_ADMIN, NET_ADMIN, SYS_PTRACE, ...) reaches past the container; a namespace that wants it
+# runs the pods itself. Only a root process gets added capabilities anyway (no ambient set).
+SAFE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "IPC_LOCK", "KILL", "MKNOD",
+                     "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
+CAPABILITY_RULE = ("is not a capability a job may add: only " + ", ".join(SAFE_CAPABILITIES)
+                   + " (Pod Security baseline's, plus IPC_LOCK for RDMA)")
+PRIVILEGED_RULE = "may not be true: a privileged container holds every device and capability of its node"
+ESCALATION_RULE = "may not be true: setuid and file-capability binaries would regain what the container dropped"
+HOST_PATH_RULE = ("may not be set: a hostPath volume reaches the node's own files; use a PersistentVolumeClaim, "
+                  "an emptyDir or another volume type")
+MAX_CAPABILITIES = 32  # capabilities.add entries (Linux has ~41): bounds the CEL rule's cost
+MAX_CAPABILITY_NAME = 64  # characters of one capability name
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a Secret's name: an RFC 1123 DNS subdomain
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"  # a label value, as apimachinery checks it
 # metadata.name is also the headless Service's name, which Kubernetes checks as a DNS-1035 label
@@ -226,7 +246,12 @@ MountPath = Annotated[str, Field(max_length=MAX_PATH, pattern=MOUNT_PATH_PATTERN
 VOLUME_SCHEMA = {
     "type": "object", "x-kubernetes-preserve-unknown-fields": True, "required": ["name"],
     "properties": {"name": {"type": "string", "description": "Volume name (a DNS-1123 label).",
-                            "maxLength": 63, "pattern": VOLUME_NAME_PATTERN}},
+                            "maxLength": 63, "pattern": VOLUME_NAME_PATTERN},
+                   # Declared only so that the rule below can see it (CEL sees declared fields only).
+                   "hostPath": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                                "description": "Refused: a job's pods may not mount the node's files."}},
+    "x-kubernetes-validations": [{"rule": "!has(self.hostPath)",
+                                  "message": f"spec.podOverrides.volumes[].hostPath {HOST_PATH_RULE}"}],
 }
 MOUNT_SCHEMA = {
     "type": "object", "x-kubernetes-preserve-unknown-fields": True, "required": ["name", "mountPath"],
@@ -623,7 +648,8 @@ class Scheduling(_Model):
         "Kueue LocalQueue that admits the node pods as one workload (Kueue's plain pod-group "
         "integration): sets the kueue.x-k8s.io/queue-name and pod-group-name labels, the "
         "pod-group-total-count annotation (= replicas) and safe-to-forcefully-delete: \"true\" (Kueue may "
-        "force-delete a pod stuck on an unreachable node) on every node pod."))
+        "force-delete a pod stuck on an unreachable node) on every node pod. The c10d store pod and a "
+        "managed etcd pod get the queue-name label only: each is a one-pod Workload in the same quota."))
 
 
 # --- Pod security and /dev/shm (render/common.py holds the defaults these merge over) ------
@@ -672,8 +698,16 @@ class SELinuxOptions(_Model):
 class Capabilities(_Model):
     """core/v1 Capabilities."""
 
-    add: list[str] | None = Field(None, description=(
-        "Capabilities to add; only a process running as root gets them (the runtime sets no ambient capabilities)."))
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        # Cost: <= MAX_CAPABILITIES names x one `in` over 14 constants of <= MAX_CAPABILITY_NAME characters.
+        cel("!has(self.add) || self.add.all(c, c in " + json.dumps(list(SAFE_CAPABILITIES)).replace('"', "'") + ")",
+            f"spec.podOverrides.containerSecurityContext.capabilities.add may add only {', '.join(SAFE_CAPABILITIES)}"),
+    ]})
+
+    add: list[Annotated[str, Field(max_length=MAX_CAPABILITY_NAME)]] | None = Field(
+        None, max_length=MAX_CAPABILITIES, description=(
+            "Capabilities to add, from " + ", ".join(SAFE_CAPABILITIES) + " (Pod Security baseline's, plus "
+            "IPC_LOCK for RDMA); only a process running as root gets them (the runtime sets no ambient capabilities)."))
     drop: list[str] | None = Field(None, description="Capabilities to drop; the default drops ALL.")
 
 
@@ -710,6 +744,13 @@ class PodSecurityContext(_SecurityContext):
 
 class ContainerSecurityContext(_SecurityContext):
     """A container securityContext (core/v1 SecurityContext) merged field by field over the operator's."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("!has(self.privileged) || !self.privileged",
+            f"spec.podOverrides.containerSecurityContext.privileged {PRIVILEGED_RULE}"),
+        cel("!has(self.allowPrivilegeEscalation) || !self.allowPrivilegeEscalation",
+            f"spec.podOverrides.containerSecurityContext.allowPrivilegeEscalation {ESCALATION_RULE}"),
+    ]})
 
     allow_privilege_escalation: bool | None = Field(None, description=(
         "Whether a process may gain more privileges than its parent, e.g. through setuid binaries (default false)."))
@@ -758,8 +799,18 @@ class PodOverrides(_Model):
         default_factory=list, max_length=MAX_VOLUME_MOUNTS, description=(
             "Extra volume mounts of the trainer container (each mountPath once)."),
         json_schema_extra=list_map("mountPath"))
-    labels: dict[str, LabelValue] = Field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    labels: dict[str, LabelValue] = Field(default_factory=dict, description=(
+        "Extra pod labels (not the operator's own, nor Kueue's " + ", ".join(RESERVED_KUEUE_LABELS) + ")."),
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            " && ".join(f"!('{k}' in self)" for k in RESERVED_KUEUE_LABELS),
+            f"spec.podOverrides.labels may not set Kueue's {', '.join(RESERVED_KUEUE_LABELS)}: "
+            "the operator sets them from spec.scheduling.queueName")]})
+    annotations: dict[str, str] = Field(default_factory=dict, description=(
+        "Extra pod annotations (not Kueue's " + ", ".join(RESERVED_KUEUE_ANNOTATIONS) + ")."),
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            " && ".join(f"!('{k}' in self)" for k in RESERVED_KUEUE_ANNOTATIONS),
+            f"spec.podOverrides.annotations may not set Kueue's {', '.join(RESERVED_KUEUE_ANNOTATIONS)}: "
+            "the operator sets it from spec.replicas")]})
 
 
 MOUNTED_BY_OPERATOR = ("is already mounted by the operator (/dev/shm, spec.snapshot.mountPath or the "
@@ -1051,6 +1102,8 @@ def _declared_errors(path: str, item: Mapping[str, Any], schema: Mapping[str, An
     """Twin of the declared properties of VOLUME_SCHEMA / MOUNT_SCHEMA for one list entry."""
     errors = []
     for name, prop in schema["properties"].items():
+        if "pattern" not in prop:  # declared for a rule to see (hostPath), not a string to check
+            continue
         if name not in item:
             if name in schema["required"]:
                 errors.append(FieldError(f"{path}.{name}", MISSING, "is required"))
@@ -1073,7 +1126,27 @@ def _override_errors(spec: DDPJobSpec) -> list[FieldError]:
             errors.append(FieldError(f"spec.podOverrides.volumes[{i}].name", vol.get("name"),
                                      f"is used by the operator; pick a name other than {', '.join(RESERVED_VOLUMES)}"))
     errors += _duplicates("spec.podOverrides.volumes", "name", [_key(v.get("name")) for v in po.volumes])
-    return errors + _mount_errors(spec) + _key_errors(spec)
+    return errors + _mount_errors(spec) + _key_errors(spec) + _privilege_errors(po)
+
+
+def _privilege_errors(po: PodOverrides) -> list[FieldError]:
+    """What podOverrides may not change (docs/security.md): the host's privileges, the node's files,
+    and Kueue's admission labels. Twins of the CEL rules on ContainerSecurityContext, Capabilities,
+    VOLUME_SCHEMA and the labels and annotations maps."""
+    box, base = po.container_security_context, "spec.podOverrides.containerSecurityContext"
+    errors = [FieldError(f"spec.podOverrides.labels[{k!r}]", v, KUEUE_RULE)
+              for k, v in po.labels.items() if k in RESERVED_KUEUE_LABELS]
+    errors += [FieldError(f"spec.podOverrides.annotations[{k!r}]", v, KUEUE_RULE)
+               for k, v in po.annotations.items() if k in RESERVED_KUEUE_ANNOTATIONS]
+    if box.privileged:
+        errors.append(FieldError(f"{base}.privileged", True, PRIVILEGED_RULE))
+    if box.allow_privilege_escalation:
+        errors.append(FieldError(f"{base}.allowPrivilegeEscalation", True, ESCALATION_RULE))
+    added = (box.capabilities.add if box.capabilities else None) or []
+    errors += [FieldError(f"{base}.capabilities.add[{i}]", c, CAPABILITY_RULE)
+               for i, c in enumerate(added) if c not in SAFE_CAPABILITIES]
+    return errors + [FieldError(f"spec.podOverrides.volumes[{i}].hostPath", v["hostPath"], HOST_PATH_RULE)
+                     for i, v in enumerate(po.volumes) if "hostPath" in v]
 
 
 def _key(value: Any) -> Any:

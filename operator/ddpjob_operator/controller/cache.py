@@ -128,13 +128,25 @@ def keep_budget(body: dict) -> dict:
 JOBS = Watched(C.PLURAL, C.API_VERSION, "", keep=keep_job, job_of=_own_name, pokes_on=frozenset({"DELETED"}))
 PODS = Watched("pods", "v1", OURS, keep=view_pod, job_of=_instance)
 SERVICES = Watched("services", "v1", OURS, keep=lambda _: True)
-NETWORK_POLICIES = Watched("networkpolicies", C.NETWORKING_API_VERSION, OURS, keep=lambda _: True)
+
+
+def _owners_and_spec(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"ownerReferences": (body.get("metadata") or {}).get("ownerReferences")},
+            "spec": body.get("spec")}
+
+
 # Only ours (the label selector goes to the API server, which filters before it answers): watching
 # every budget of the cluster held each whole: 20 foreign budgets with a 654 KiB selector held 23 MiB
 # after one list (tracemalloc; the issue saw 73.6 MiB in the process, and ~70 would pass the chart's
-# 256Mi at every start). A same-named budget someone else made
-# without our label is unseen: the job's create of it then meets 409 and is skipped, as for the
-# NetworkPolicy; one that carries our label is seen, and left alone (ObservedBudget.of).
+# 256Mi at every start). A same-named budget or policy someone else made without our label is
+# unseen: the job's create of it then meets 409, is read back once and reported (a policy holds
+# the job's pods: controller/handlers.py); one that carries our label is seen, and left alone
+# (ObservedBudget.of, ObservedPolicy.of).
+# A pass compares the policy's and the budget's spec with the rendered one and reads their controller.
+# An edit or deletion of a job's policy starts a pass of the job, which puts it back at once
+# (decide/isolation.py); its creation needs none (the pass that created it goes on to the pods).
+NETWORK_POLICIES = Watched("networkpolicies", C.NETWORKING_API_VERSION, OURS, keep=_owners_and_spec,
+                           job_of=_instance, pokes_on=frozenset({"MODIFIED", "DELETED"}))
 DISRUPTION_BUDGETS = Watched("poddisruptionbudgets", C.POLICY_API_VERSION, OURS, keep=keep_budget)
 WATCHED = (JOBS, PODS, SERVICES, NETWORK_POLICIES, DISRUPTION_BUDGETS)
 

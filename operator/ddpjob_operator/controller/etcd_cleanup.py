@@ -29,11 +29,18 @@ Giving up leaks nothing for long: every key carries the writing agent's lease
 
 The etcd client is blocking (gRPC), so each attempt runs in a worker thread,
 with the client's own ``read_timeout`` as the bound.
+
+The endpoints are the user's (spec.elasticPolicy.rdzvEndpoints): one may never answer. So a
+cleanup never runs inside a reconcile pass (a pass only starts it, and its concurrency slot
+is free at once), at most ``CONCURRENT_CLEANUPS`` dial at a time, each in this module's own
+threads (a dial that hangs past its bound keeps a thread of ours, never one of the event
+loop's default pool), and each is abandoned after ``timeout + GRACE_SECONDS``.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import logging
 import os
 import tempfile
@@ -58,6 +65,10 @@ TIMEOUT_ENV = "DDPJOB_RDZV_CLEANUP_TIMEOUT_SECONDS"  # overrides DEFAULT_TIMEOUT
 DEFAULT_TIMEOUT_SECONDS = 10  # one attempt: how long the client keeps failing over between endpoints
 DELETE_ATTEMPTS = 3  # attempts before a deletion gives up and releases the finalizer
 RETRY_DELAY_SECONDS = 2.0  # pause between attempts on deletion
+# Cleanups dialling etcd at once (and the threads they run in): a few finished jobs clean up
+# together; a burst of 1,000 waits its turn instead of opening 1,000 connections and threads.
+CONCURRENT_CLEANUPS = 4
+GRACE_SECONDS = 5.0  # past the client's own timeout, an attempt is abandoned
 
 REASON_CLEANED = "RendezvousKeysDeleted"  # Normal: the job's etcd keys were deleted
 REASON_CLEANUP_FAILED = "RendezvousCleanupFailed"  # Warning: they could not be (etcd down, bad credentials)
@@ -149,19 +160,36 @@ def delete_keys(target: CleanupTarget, credentials_dir: str | None, timeout: flo
 class RendezvousCleaner:
     """Runs the cleanups of one operator process and remembers the jobs already cleaned."""
 
-    def __init__(self, api: kube.Kube):
+    def __init__(self, api: kube.Kube, concurrency: int = CONCURRENT_CLEANUPS):
         self._api = api
+        self._slots = asyncio.Semaphore(concurrency)
+        self._threads = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="ddpjob-rdzv-cleanup")
+        self._tasks: set[asyncio.Task] = set()  # cleanups started after passes, still running
         self._tried_on_finish: set[str] = set()  # uids whose finish cleanup ran (once per process)
         self._cleaned: set[str] = set()  # uids whose keys this process deleted
         self._forbidden: set[str] = set()  # uids already told that their Secret may not be read
 
-    async def after_pass(self, job: Mapping[str, Any], pods: Iterable[PodView],
-                         status: Mapping[str, Any]) -> None:
-        """Once per finished job: delete its keys; a failure is a Warning Event, deletion retries."""
+    def after_pass(self, job: Mapping[str, Any], pods: Iterable[PodView], status: Mapping[str, Any]) -> None:
+        """Once per finished job: starts deleting its keys, in the background (the pass does not
+        wait for the user's etcd); a failure is a Warning Event, and deletion tries again."""
         target = cleanup_target(job)
         if target is None or target.run_id in self._tried_on_finish or not due_on_finish(status, pods):
             return
         self._tried_on_finish.add(target.run_id)  # one attempt per process, even if it fails
+        task = asyncio.get_running_loop().create_task(self._clean_on_finish(job, target))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        """At shutdown: drops the cleanups not started yet; a dial under way ends at its client's timeout."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def idle(self) -> None:
+        """Waits for the cleanups started after passes (tests; a clean shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _clean_on_finish(self, job: Mapping[str, Any], target: CleanupTarget) -> None:
         try:
             await self._clean(job, target)
         except CleanupForbidden as e:
@@ -203,11 +231,16 @@ class RendezvousCleaner:
         timeout = timeout_seconds()
         with tempfile.TemporaryDirectory(prefix="ddpjob-rdzv-") as directory:  # mode 0700
             credentials = await self._credentials(job, target, Path(directory))
-            try:
-                deleted = await asyncio.wait_for(
-                    asyncio.to_thread(delete_keys, target, credentials, timeout), timeout + 5)
-            except Exception as e:  # noqa: BLE001 - any failure (unreachable, refused, bad settings) is reported
-                raise CleanupError(self._failure(target, e)) from e
+            async with self._slots:
+                dial = asyncio.get_running_loop().run_in_executor(
+                    self._threads, delete_keys, target, credentials, timeout)
+                try:
+                    deleted = await asyncio.wait_for(dial, timeout + GRACE_SECONDS)
+                except TimeoutError as e:
+                    raise CleanupError(self._failure(target, f"no answer within {timeout + GRACE_SECONDS:g}s "
+                                                             f"({TIMEOUT_ENV}={timeout:g}s + {GRACE_SECONDS:g}s)")) from e
+                except Exception as e:  # noqa: BLE001 - any failure (unreachable, refused, bad settings) is reported
+                    raise CleanupError(self._failure(target, e)) from e
         self._cleaned.add(target.run_id)
         await self._event(job, C.EVENT_NORMAL, REASON_CLEANED,
                           f"deleted {deleted} etcd key(s) of the rendezvous under {target.prefix} "
@@ -244,7 +277,7 @@ class RendezvousCleaner:
         self._forbidden.discard(uid)
 
     @staticmethod
-    def _failure(target: CleanupTarget, error: BaseException) -> str:
+    def _failure(target: CleanupTarget, error: BaseException | str) -> str:
         reason = str(error) or type(error).__name__
         return (f"could not delete the etcd rendezvous keys under {target.prefix} at "
                 f"{','.join(target.endpoints)} (spec.elasticPolicy.rdzvEndpoints): {reason}")

@@ -33,6 +33,8 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,10 +48,10 @@ from ddpjob_operator.decide import managed_etcd, stuck
 from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name
 from ddpjob_operator.decide.actions import (
     CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
-    DeletePod, PatchDisruptionBudget, Requeue
+    DeletePod, PatchDisruptionBudget, PatchNetworkPolicy, Requeue
 )
 from ddpjob_operator.decide.creation import CreateFailure
-from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, PodView, claimed
+from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, ObservedPolicy, PodView, claimed
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.render import network_policy
 
@@ -197,8 +199,8 @@ async def run_pass(api: kube.Kube, cache: ClusterCache, key: JobKey,
             requeue = progress_poll if requeue is None else min(requeue, progress_poll)
     metrics.observe_job(namespace, name, result.status.get("phase"))
     metrics.observe_goodput(namespace, name, result.status, now)
-    if cleaner is not None:  # outside the pass timer: an unreachable etcd may take a while
-        await cleaner.after_pass(job, pods, result.status)
+    if cleaner is not None:  # started, not awaited: the user's etcd must not hold the pass's slot
+        cleaner.after_pass(job, pods, result.status)
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))
 
 
@@ -208,7 +210,7 @@ async def _observe(api: kube.Kube, cache: ClusterCache, job: dict, progress_poll
     job; the Nodes of pods stuck terminating (read from the API: rare, and not worth watching
     every Node of the cluster for)."""
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    owned = claimed(cache.pods(namespace, name), job["metadata"].get("uid", ""))
+    owned = claimed(cache.pods(namespace, name), name, job["metadata"].get("uid", ""))
     pods = tuple(p for p in owned if p.component != C.COMPONENT_ETCD)
     polled = bool(progress_poll) and (job.get("status") or {}).get("phase") in POLLED_PHASES
     live = await live_progress.read_live_progress(pods) if polled else []
@@ -231,17 +233,22 @@ def _observe_managed_etcd(cache: ClusterCache, job: dict, owned: tuple[PodView, 
 _NO_NETWORK_POLICY_GRANT: set[str] = set()  # namespaces already warned about (one log line each)
 
 
-def _observe_network_policy(cache: ClusterCache, job: dict) -> bool | None:
-    """Whether the job's NetworkPolicy exists; None when it is not wanted (turned off, job finished)
-    or the operator may not list NetworkPolicies (403: the job then runs without one, and the
-    cache's log says so)."""
+def _observe_network_policy(cache: ClusterCache, job: dict) -> ObservedPolicy | None:
+    """The job's NetworkPolicy as the cache holds it; None when it is not wanted (turned off, job
+    finished). Without the grant to list them (403) it is unreadable: the job runs without one,
+    its condition and the log say so."""
     if not network_policy.requested(job) or (job.get("status") or {}).get("phase") in C.FINISHED_PHASES:
         return None
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    exists = cache.exists(NETWORK_POLICIES, namespace, network_policy_name(name))
-    if exists is None:
+    policy_key = (namespace, network_policy_name(name))
+    if cache.exists(NETWORK_POLICIES, *policy_key) is None:
         _warn_no_network_policy_grant(namespace, cache.refusal(NETWORK_POLICIES, namespace))
-    return exists
+        return ObservedPolicy(C.POLICY_UNREADABLE)
+    policy = cache.get(NETWORK_POLICIES, *policy_key)
+    if policy is None and time.monotonic() - _FOREIGN_POLICIES.get(policy_key, -math.inf) < FOREIGN_POLICY_RECHECK_SECONDS:
+        return ObservedPolicy(C.POLICY_FOREIGN)
+    _FOREIGN_POLICIES.pop(policy_key, None)
+    return ObservedPolicy.of(policy, job["metadata"].get("uid", ""), namespace in _POLICY_CREATE_REFUSED)
 
 
 def _observe_disruption_budget(cache: ClusterCache, job: dict) -> ObservedBudget | None:
@@ -269,6 +276,8 @@ async def _write_disruption_budget(api: kube.Kube, namespace: str, action: Creat
             await api.patch_or_skip("PodDisruptionBudget", namespace, action.name, action.patch)
         else:
             await api.delete_or_skip("PodDisruptionBudget", namespace, action.name)
+    except kube.ForeignObjectError as e:  # someone else's budget of that name: the job goes without one
+        logger.warning("Not managing the PodDisruptionBudget of %s: %s", namespace, e.api_message)
     except kube.ApiError as e:
         if e.status != 403:
             raise
@@ -286,14 +295,39 @@ def _warn_no_budget_grant(namespace: str, error: Exception | None) -> None:
                        "policy poddisruptionbudgets (the chart does)", namespace, error)
 
 
-async def _create_network_policy(api: kube.Kube, body: dict, namespace: str) -> None:
-    """create_or_skip; without the grant to create (403) the job runs without one, as when it cannot be read."""
+_POLICY_CREATE_REFUSED: set[str] = set()  # namespaces whose last NetworkPolicy create was refused (403)
+# Policies whose create met someone else's of that name (a 409 read back), by (namespace, name), with
+# when. The cache holds only policies with the operator's labels, so an unlabelled foreign one is
+# known from this alone: the job reports it (ObservedPolicy FOREIGN, its pods wait) and the create
+# is tried again only after FOREIGN_POLICY_RECHECK_SECONDS: one create and one read a minute, not
+# one a pass.
+_FOREIGN_POLICIES: dict[tuple[str, str], float] = {}
+FOREIGN_POLICY_RECHECK_SECONDS = 60.0
+
+
+async def _write_network_policy(api: kube.Kube, namespace: str,
+                                action: CreateNetworkPolicy | PatchNetworkPolicy) -> bool:
+    """Create-or-skip, or put the spec back; False when the pass must create no pod (someone
+    else's policy has the name). Without the grant to create (403) the job runs without one, as
+    when it cannot be read, and the next pass's condition says so."""
     try:
-        await api.create_or_skip(body, namespace)
+        if isinstance(action, PatchNetworkPolicy):
+            logger.info("Putting back the spec of NetworkPolicy %s/%s", namespace, action.name)
+            await api.patch_or_skip("NetworkPolicy", namespace, action.name,
+                                    {"spec": merge_patch(action.observed, action.wanted)})
+            return True
+        await api.create_or_skip(action.body, namespace)
+        _POLICY_CREATE_REFUSED.discard(namespace)
+    except kube.ForeignObjectError as e:  # someone else's: the next passes report it (_FOREIGN_POLICIES)
+        logger.warning("Not creating the NetworkPolicy in %s: %s", namespace, e.api_message)
+        _FOREIGN_POLICIES[(namespace, action.body["metadata"]["name"])] = time.monotonic()
+        return False
     except kube.ApiError as e:
         if e.status != 403:
             raise
+        _POLICY_CREATE_REFUSED.add(namespace)
         _warn_no_network_policy_grant(namespace, e)
+    return True
 
 
 def _warn_no_network_policy_grant(namespace: str, error: Exception | None) -> None:
@@ -359,12 +393,17 @@ async def _apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], result: R
                  creates: CreateRetries) -> float | None:
     namespace = job["metadata"]["namespace"]
     uids = {p.name: p.uid or None for p in pods}
-    bodies = [a.body for a in result.actions if isinstance(a, (CreatePod, CreateService))]
+    # The policy first, and no pod unless it went through (decide/isolation.py): a pod never runs
+    # unisolated for want of a round trip.
+    isolated = True
+    for action in result.actions:
+        if isinstance(action, (CreateNetworkPolicy, PatchNetworkPolicy)):
+            isolated = await _write_network_policy(api, namespace, action) and isolated
+    bodies = [a.body for a in result.actions if isinstance(a, CreateService)
+              or (isinstance(a, CreatePod) and isolated)]
     writes, requeue = [_create(api, (namespace, job["metadata"]["name"]), bodies, creates)], None
     for action in result.actions:
-        if isinstance(action, CreateNetworkPolicy):
-            writes.append(_create_network_policy(api, action.body, namespace))
-        elif isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
+        if isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
             writes.append(_write_disruption_budget(api, namespace, action))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
@@ -456,6 +495,7 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     await memo.cache.stop()
+    memo.cleaner.close()
     await memo.api.close()
 
 

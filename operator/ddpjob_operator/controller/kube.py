@@ -1,8 +1,8 @@
 """The only module that calls the Kubernetes API.
 
 Writes are idempotent so that a pass can be repeated after a crash or a conflict without harm:
-creating an object that already exists is skipped (409), deleting one that is gone is skipped
-(404), and a delete names the uid it means so it never removes a newer pod of the same name.
+creating an object that already exists is skipped (409) when the one found has the same
+controller (anyone else's is a ForeignObjectError), deleting one that is gone is skipped (404), and a delete names the uid it means so it never removes a newer pod of the same name.
 Errors that a retry may fix (HTTP 429 and 5xx, lost connections) become ``RetryableError``, a
 ``kopf.TemporaryError``, so kopf retries the handler after a delay instead of the handler
 sleeping; the others become ``ApiError``. Both keep the API's status, reason, message and
@@ -41,6 +41,7 @@ DEFAULT_BURST = 30
 # Reconcile passes running at once (--max-concurrent-passes; handlers.JobPasses). A pass mostly
 # waits on the API, so a few overlap well; more only queue at the rate limit and hold memory.
 DEFAULT_CONCURRENT_PASSES = 16
+FOREIGN_OBJECT_REASON = "ForeignObject"  # the reason of a ForeignObjectError (and of the condition it causes)
 WATCH_LINE_BYTES = 3 * 2**20  # one watch event is one line: room for an object near etcd's 1.5 MiB cap
 
 # Kinds the operator writes; all core/v1 except those in _API_VERSIONS.
@@ -58,6 +59,25 @@ class ApiError(Exception):
         self.api_message = message  # the API's own words, e.g. "exceeded quota: ..."
         self.retry_after = retry_after
         super().__init__(f"{what}: HTTP {status} {reason}: {message}")
+
+
+class ForeignObjectError(ApiError):
+    """The operator's create met an object of the same name that its owner does not control
+    (HTTP 409): it is left alone, and the job's creates report it and back off."""
+
+    def __init__(self, kind: str, name: str, wanted: Mapping[str, Any], found: Mapping[str, Any] | None, what: str):
+        holder = (f"is controlled by {found.get('kind')} {found.get('name')!r} (uid {found.get('uid')})"
+                  if found is not None else "has no controller")
+        message = (f"{kind} {name!r} already exists and {holder}, not by {wanted.get('kind')} "
+                   f"{wanted.get('name')!r} (uid {wanted.get('uid')}): the operator neither adopts nor "
+                   f"replaces it; delete or rename it so the job can create its own")
+        super().__init__(409, FOREIGN_OBJECT_REASON, message, what)
+
+
+def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference marked controller in an object's metadata (None: none)."""
+    owners = meta.get("ownerReferences") or []
+    return next((o for o in owners if isinstance(o, Mapping) and o.get("controller")), None)
 
 
 class RetryableError(kopf.TemporaryError):
@@ -193,15 +213,42 @@ class Kube:
     # ------------------------------------------------------------------ verbs
 
     async def create_or_skip(self, obj: Mapping[str, Any], namespace: str) -> bool:
-        """Creates ``obj``; False (not an error) when it exists already, e.g. from a pass before a restart."""
+        """Creates ``obj``; False (not an error) when it exists already and is ours, e.g. from a
+        pass before a restart.
+
+        A 409 alone does not say whose the object is: anyone who may create pods can take a
+        name the operator will use. So an ``obj`` with a controller ownerReference is read
+        back, and counts as existing only when the one found has the same controller uid.
+
+        Raises:
+            ForeignObjectError: an object of that name exists with another controller, or none.
+        """
         path = object_path(obj["apiVersion"], _PLURALS[obj["kind"]], namespace)
         try:
             await self.request("POST", path, obj)
         except ApiError as e:
-            if e.status == 409:
-                return False
-            raise
+            if e.status != 409:
+                raise
+            await self._check_controller(obj, namespace)
+            return False
         return True
+
+    async def _check_controller(self, obj: Mapping[str, Any], namespace: str) -> None:
+        """Raises ForeignObjectError when the object named like ``obj`` has not ``obj``'s controller."""
+        meta = obj.get("metadata") or {}
+        wanted = controller_of(meta)
+        if wanted is None:  # nothing to compare with (an object the operator does not own)
+            return
+        # A LIST by name, not a GET: the operator lists (and watches) every kind it creates, and
+        # needs no `get` grant for this rare read.
+        found, _ = await self.list_objects(obj["apiVersion"], _PLURALS[obj["kind"]], namespace,
+                                           field_selector=f"metadata.name={meta['name']}")
+        if not found:  # deleted since the 409: the next pass creates it
+            return
+        theirs = controller_of(found[0].get("metadata") or {})
+        if theirs is None or theirs.get("uid") != wanted.get("uid"):
+            path = object_path(obj["apiVersion"], _PLURALS[obj["kind"]], namespace, meta["name"])
+            raise ForeignObjectError(obj["kind"], meta["name"], wanted, theirs, f"POST {path}")
 
     async def delete_or_skip(self, kind: str, namespace: str, name: str, uid: str | None = None,
                              grace_period_seconds: int | None = None) -> bool:
@@ -258,10 +305,11 @@ class Kube:
         return await self._get_or_none(object_path("v1", "nodes", None, name))
 
     async def list_objects(self, api_version: str, plural: str, namespace: str | None,
-                           label_selector: str = "") -> tuple[list[dict], str]:
+                           label_selector: str = "", field_selector: str = "") -> tuple[list[dict], str]:
         """Every object of a kind (in ``namespace``; None: all) and the list's resourceVersion,
         where a watch of the same kind starts."""
-        params = {"labelSelector": label_selector} if label_selector else None
+        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        params = params or None
         result = await self.request("GET", object_path(api_version, plural, namespace), params=params)
         return list(result.get("items") or []), str((result.get("metadata") or {}).get("resourceVersion") or "")
 

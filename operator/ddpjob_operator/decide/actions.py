@@ -49,6 +49,15 @@ class CreateNetworkPolicy:
 
 
 @dataclass(frozen=True)
+class PatchNetworkPolicy:
+    """Put the job's NetworkPolicy's spec back: from `observed` to `wanted` (the executor sends the difference)."""
+
+    name: str
+    observed: dict[str, Any]
+    wanted: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class CreateDisruptionBudget:
     """Create the job's PodDisruptionBudget (render/pdb.py)."""
 
@@ -93,8 +102,8 @@ class Requeue:
     after: float
 
 
-Action = Union[CreateService, CreatePod, CreateNetworkPolicy, CreateDisruptionBudget, PatchDisruptionBudget,
-               DeleteDisruptionBudget, DeletePod, DeleteJob, Requeue]
+Action = Union[CreateService, CreatePod, CreateNetworkPolicy, PatchNetworkPolicy, CreateDisruptionBudget,
+               PatchDisruptionBudget, DeleteDisruptionBudget, DeletePod, DeleteJob, Requeue]
 
 
 def with_one_requeue(actions: list[Action], *afters: float | None) -> list[Action]:

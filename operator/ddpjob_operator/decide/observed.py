@@ -18,6 +18,7 @@ from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time
+from ddpjob_operator.api.names import managed_etcd_name, pod_name, rdzv_store_name
 
 Pod = Mapping[str, Any]
 Node = Mapping[str, Any]
@@ -142,11 +143,23 @@ def view_pods(pods: Iterable[Pod]) -> tuple[PodView, ...]:
     return tuple(view_pod(p) for p in pods)
 
 
-def claimed(pods: Iterable[PodView], owner_uid: str) -> tuple[PodView, ...]:
-    """The pods whose controller is the object with `owner_uid`. Labels alone claim nothing:
-    anyone who may create pods in the namespace can copy a job's labels, and such a pod would
-    otherwise be counted, polled for progress and deleted as if it were the job's own."""
-    return tuple(p for p in pods if p.controller_uid == owner_uid)
+def claimed(pods: Iterable[PodView], job: str, owner_uid: str) -> tuple[PodView, ...]:
+    """The pods of job `job` whose controller is the object with `owner_uid` and whose name is
+    one the operator gives (api/names.py). Labels alone claim nothing: anyone who may create
+    pods in the namespace can copy a job's labels, and such a pod would otherwise be counted,
+    polled for progress, deleted, and its `fatal` record would fail the job. Nor does an
+    ownerReference: anyone may write the job's uid into one; a pod so forged claims only if
+    it also bears a name the operator creates, which the operator's own create then meets
+    (409) and reads, so the two never pass unseen."""
+    return tuple(p for p in pods if p.controller_uid == owner_uid and named_by_operator(p, job))
+
+
+def named_by_operator(pod: PodView, job: str) -> bool:
+    """`pod` bears the name the operator gives a pod of its component and index in job `job`."""
+    if pod.component == C.COMPONENT_NODE:
+        return pod.index is not None and pod.name == pod_name(job, pod.index)
+    names = {C.COMPONENT_RDZV_STORE: rdzv_store_name(job), C.COMPONENT_ETCD: managed_etcd_name(job)}
+    return pod.component in names and pod.name == names[pod.component]
 
 
 def _controller_uid(meta: Mapping[str, Any]) -> str:
@@ -291,6 +304,30 @@ class ObservedBudget:
 
 
 @dataclass(frozen=True)
+class ObservedPolicy:
+    """The job's NetworkPolicy as read this pass (decide/isolation.py).
+
+    Attributes:
+        state: C.POLICY_PRESENT, C.POLICY_ABSENT, C.POLICY_FOREIGN (one of that name the job does
+            not control), C.POLICY_UNREADABLE (the operator may not list them) or
+            C.POLICY_UNCREATABLE (absent, and the operator's create was refused: 403).
+        spec: the job's own policy's spec (None unless present).
+    """
+
+    state: str
+    spec: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, policy: Mapping[str, Any] | None, owner_uid: str, create_refused: bool = False) -> ObservedPolicy:
+        """The state of `policy` as read (None: absent); `create_refused`: this namespace refused a create."""
+        if policy is None:
+            return cls(C.POLICY_UNCREATABLE if create_refused else C.POLICY_ABSENT)
+        if _controller_uid(policy.get("metadata") or {}) != owner_uid:
+            return cls(C.POLICY_FOREIGN)
+        return cls(C.POLICY_PRESENT, dict(policy.get("spec") or {}))
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one pass observed, sorted once; every decision reads this.
 
@@ -301,8 +338,8 @@ class Observed:
         managed_etcd: the job's managed etcd (None when it asks for none).
         nodes: Node objects (None: gone) of pods past their deletionTimestamp, by name; a node
             left out is unknown, and its pods are not force-deleted.
-        network_policy_exists: the job's NetworkPolicy exists; None when it was not looked for
-            (turned off, the job finished, or the operator may not read NetworkPolicies).
+        network_policy: the job's NetworkPolicy; None when it was not looked for (turned off, or
+            the job finished).
         disruption_budget: the job's PodDisruptionBudget; None when it was not looked for (the
             job finished, or the operator may not read PodDisruptionBudgets).
     """
@@ -312,7 +349,7 @@ class Observed:
     live_progress: tuple[Mapping[str, Any] | RecordProblem, ...] = ()  # records, and refused ones
     managed_etcd: ObservedEtcd | None = None
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
-    network_policy_exists: bool | None = None
+    network_policy: ObservedPolicy | None = None
     disruption_budget: ObservedBudget | None = None
 
     @cached_property

@@ -8,8 +8,8 @@ Rules, in order:
   * finished (Succeeded/Failed): delete pods per runPolicy.cleanPodPolicy, then
     delete the job runPolicy.ttlSecondsAfterFinished after completionTime;
   * suspended: delete every pod;
-  * otherwise: create the Service when missing, and the NetworkPolicy when
-    spec.networkPolicy.enabled and it is missing; keep the PodDisruptionBudget (render/pdb.py)
+  * otherwise: create the Service when missing (the NetworkPolicy is isolation.py's, which
+    reconcile.py puts first and whose rule holds every pod create until it exists); keep the PodDisruptionBudget (render/pdb.py)
     created and its spec current (patched on scale), or delete it when
     spec.runPolicy.podDisruptionBudget is off; delete pods with index >= replicas
     (scale-down removes the highest indexes, never node 0, the store host with rdzvStore: node); delete
@@ -39,14 +39,13 @@ from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 from ddpjob_operator.api.names import disruption_budget_name
 from ddpjob_operator.decide import avoided_nodes, capacity, creation, straggler, topology
 from ddpjob_operator.decide.actions import (
-    Action, CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
+    Action, CreateDisruptionBudget, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
     DeletePod, PatchDisruptionBudget, Requeue, with_one_requeue
 )
 from ddpjob_operator.decide.budget import replacement_delay
-from ddpjob_operator.decide.observed import NodeGroups, Observed, ObservedBudget, PodView
-from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
+from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
 from ddpjob_operator.render.node_pod import render_pod, render_service
-from ddpjob_operator.render.pdb import budget_spec, render_disruption_budget
+from ddpjob_operator.render.pdb import BUDGETED_COMPONENTS, budget_spec, render_disruption_budget
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 
 BUDGET_COMPARED = ("minAvailable", "selector")  # the budget's fields whose drift is patched back
@@ -54,8 +53,7 @@ DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted 
 
 
 def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any],
-                 observed: Observed, now: datetime, *,
-                 operator: OperatorPeer = OperatorPeer()) -> list[Action]:
+                 observed: Observed, now: datetime) -> list[Action]:
     """The actions that move the cluster toward the spec.
 
     Args:
@@ -65,7 +63,6 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
             restarts, lastFailureTime, completionTime, startTime, rendezvousGeneration).
         observed: what the pass observed (the job's pods, whether its Service exists).
         now: the current time.
-        operator: the operator's pods, whom the NetworkPolicy lets read the progress port.
     """
     if spec is None:
         return []
@@ -75,8 +72,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     if phase == C.PHASE_SUSPENDED or spec.run_policy.suspend:
         return [DeletePod(p.name, "the job is suspended") for p in observed.pods if not p.deleting]
     actions: list[Action] = [] if observed.service_exists else [CreateService(render_service(ref, spec))]
-    actions += _network_policy(ref, spec, observed.network_policy_exists, operator)
-    actions += _disruption_budget(ref, spec, observed.disruption_budget)
+    actions += _disruption_budget(ref, spec, observed)
     generation = topology.generation_of(status)
     groups = observed.of_generation(generation, spec.desired_replicas)
     actions += [DeletePod(p.name, f"a whole-group restart began rendezvous generation {generation}")
@@ -94,27 +90,22 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     return with_one_requeue(actions + _deadline_requeue(spec, status, now))
 
 
-def _network_policy(ref: JobRef, spec: DDPJobSpec, exists: bool | None, operator: OperatorPeer) -> list[Action]:
-    """Create-or-skip, like the Service: created while the job runs, never deleted (the job owns it)."""
-    if exists is None or exists or not spec.network_policy.enabled:
-        return []
-    return [CreateNetworkPolicy(render_network_policy(ref, operator))]
-
-
-def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: ObservedBudget | None) -> list[Action]:
-    """Create the job's PodDisruptionBudget, patch its spec when replicas changed (or anyone
-    edited it), delete it when spec.runPolicy.podDisruptionBudget is off; nothing when unread."""
-    if observed is None:
+def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: Observed) -> list[Action]:
+    """Create the job's PodDisruptionBudget, patch its spec when replicas or the Ready pods changed
+    (or anyone edited it), delete it when spec.runPolicy.podDisruptionBudget is off; nothing when unread."""
+    budget = observed.disruption_budget
+    if budget is None:
         return []
     name = disruption_budget_name(ref.name)
     if not spec.run_policy.pod_disruption_budget:
-        return [DeleteDisruptionBudget(name)] if observed.spec is not None else []
-    if observed.spec is None:
-        return [CreateDisruptionBudget(render_disruption_budget(ref, spec))]
-    wanted = budget_spec(ref, spec)
+        return [DeleteDisruptionBudget(name)] if budget.spec is not None else []
+    healthy = sum(1 for p in observed.pods if p.running_ready and p.component in BUDGETED_COMPONENTS)
+    if budget.spec is None:
+        return [CreateDisruptionBudget(render_disruption_budget(ref, spec, healthy))]
+    wanted = budget_spec(ref, spec, healthy)
     # Only the fields every server keeps: one before Kubernetes 1.26 drops unhealthyPodEvictionPolicy,
     # and comparing it would patch the budget on every pass.
-    if any(observed.spec.get(k) != wanted[k] for k in BUDGET_COMPARED):
+    if any(budget.spec.get(k) != wanted[k] for k in BUDGET_COMPARED):
         return [PatchDisruptionBudget(name, {"spec": wanted})]
     return []
 

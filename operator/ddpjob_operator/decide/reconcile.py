@@ -10,9 +10,10 @@ from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.network_policy import OperatorPeer
+from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
-from ddpjob_operator.decide import bounds, last_valid
+from ddpjob_operator.decide import bounds, isolation, last_valid
 from ddpjob_operator.decide.creation import CreateFailure, replica_limit_errors
 from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
@@ -54,11 +55,27 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
     update = compute_status(ref, spec, observed, body.get("status"), now, errors=[] if kept else errors,
                             create_failure=create_failure)
     status, invalid_edit = last_valid.record(update.status, body, errors, kept, now)
-    update = StatusUpdate(bounds.bounded(status), update.events + invalid_edit)
-    actions = plan_actions(ref, spec, update.status, observed, now, operator=operator)
+    policy_events = _report_policy(ref, spec, observed, status, body, operator, now)  # sets its condition
+    update = StatusUpdate(bounds.bounded(status), update.events + invalid_edit + policy_events)
+    actions = plan_actions(ref, spec, update.status, observed, now)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), observed.managed_etcd) + actions
+    if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
+        actions = isolation.plan_network_policy(ref, spec, observed.network_policy, operator) + actions
+    actions = isolation.behind_network_policy(actions, observed.network_policy)
     actions, forced = with_force_deletions(spec, observed.pods, observed.nodes, now, actions)
     if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES:
         pull_wait = image_pull_check_in(observed.pods, now, spec.failure_policy.image_pull_timeout_seconds)
         actions = with_one_requeue(actions, pull_wait)
     return Reconciliation(update.status, update.events + forced, actions, spec, errors)
+
+
+def _report_policy(ref: JobRef, spec: DDPJobSpec | None, observed: Observed, status: dict[str, Any],
+                   body: Mapping[str, Any], operator: OperatorPeer, now: datetime) -> list[Event]:
+    """Sets the NetworkPolicy condition in `status` (isolation.py); returns its Events."""
+    if spec is None or status.get("phase") in C.FINISHED_PHASES:
+        return []
+    change = isolation.policy_condition(ref, spec, observed.network_policy, operator)
+    previous = (body.get("status") or {}).get("conditions")
+    status["conditions"], events = isolation.report_policy(list(status.get("conditions") or []), previous, change,
+                                                           format_time(now))
+    return events

@@ -24,6 +24,7 @@ from typing import Any
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import managed_etcd_name
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.render.kueue import companion_queue_labels
 from ddpjob_operator.render.common import (
     borrowed_scheduling, companion_pod, companion_service, restricted_container, restricted_pod_security,
 )
@@ -54,7 +55,8 @@ def render_etcd_service(ref: JobRef) -> dict[str, Any]:
 
 def render_etcd_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
     """The etcd pod; shares the node pods' tolerations, priority and pull secrets, not their placement."""
-    return companion_pod(ref, managed_etcd_name(ref.name), etcd_labels(ref.name), {
+    labels = {**etcd_labels(ref.name), **companion_queue_labels(spec)}  # in the job's Kueue quota
+    return companion_pod(ref, managed_etcd_name(ref.name), labels, {
         # A crashed etcd restarts in place and keeps its emptyDir (the rendezvous state).
         "restartPolicy": "Always",
         "containers": [_container(ref, spec)],

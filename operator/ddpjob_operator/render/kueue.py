@@ -27,3 +27,16 @@ def kueue_metadata(ref: JobRef, spec: DDPJobSpec) -> tuple[dict[str, str], dict[
     labels = {C.LABEL_KUEUE_QUEUE: queue, C.LABEL_KUEUE_POD_GROUP: ref.name}
     return labels, {C.ANNOTATION_KUEUE_GROUP_COUNT: str(spec.desired_replicas),
                     C.ANNOTATION_KUEUE_SAFE_TO_FORCE_DELETE: "true"}
+
+
+def companion_queue_labels(spec: DDPJobSpec) -> dict[str, str]:
+    """The queue label of the job's companion pods (the c10d store, a managed etcd); {} without a queue.
+
+    Without it Kueue never sees them (it manages only pods that name a queue), so they would run
+    outside the job's quota. They are not in the nodes' pod group: each is a one-pod Workload of
+    its own in the same LocalQueue, so it counts against the same ClusterQueue quota, and the
+    node group's size (pod-group-total-count = replicas) stays what it says; the nodes are created
+    once the store pod exists, gated or not, so neither waits for the other to be admitted.
+    """
+    queue = spec.scheduling.queue_name
+    return {C.LABEL_KUEUE_QUEUE: queue} if queue else {}

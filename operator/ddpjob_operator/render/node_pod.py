@@ -15,7 +15,7 @@ from ddpjob_operator.render.preflight import preflight_container
 from ddpjob_operator.api.names import (
     c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
 )
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.spec import ETCD_BACKENDS, DDPJobSpec, JobRef
 from ddpjob_operator.api.quantity import GI, MI, format_bytes, parse_quantity
 from ddpjob_operator.render.common import (
     common_labels, owner_reference, pod_labels, selector_labels, service_account, trainer_container_security,
@@ -87,12 +87,19 @@ def render_pod(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,
         "metadata": {
             "name": pod_name(ref.name, index),
             "namespace": ref.namespace,
-            "labels": {**po.labels, **queue_labels, **pod_labels(ref.name, index, generation)},
+            "labels": {**po.labels, **queue_labels, **pod_labels(ref.name, index, generation), **_etcd_client(spec)},
             **({"annotations": annotations} if annotations else {}),
             "ownerReferences": [owner_reference(ref)],
         },
         "spec": _pod_spec(ref, spec, index, generation, avoid),
     }
+
+
+def _etcd_client(spec: DDPJobSpec) -> dict[str, str]:
+    """The label the chart's shared etcd admits (C.LABEL_ETCD_CLIENT): only on the node pods of a job
+    that dials an etcd of its own naming; a c10d job's pods, and a managed etcd's, never reach it."""
+    ep = spec.elastic_policy
+    return {C.LABEL_ETCD_CLIENT: "true"} if ep.rdzv_backend in ETCD_BACKENDS and not ep.managed_etcd.enabled else {}
 
 
 def _pod_spec(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0,

@@ -16,6 +16,7 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import rdzv_store_name
+from ddpjob_operator.render.kueue import companion_queue_labels
 from ddpjob_operator.render.common import (
     borrowed_scheduling, common_labels, companion_pod, companion_service, restricted_container, service_account,
     trainer_pod_security,
@@ -62,7 +63,8 @@ def render_store_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
         # write). The trainer's containerSecurityContext is not applied: the store needs none of it.
         "securityContext": {**restricted_container(), "readOnlyRootFilesystem": True},
     }
-    return companion_pod(ref, rdzv_store_name(ref.name), store_labels(ref.name), {
+    labels = {**store_labels(ref.name), **companion_queue_labels(spec)}  # in the job's Kueue quota
+    return companion_pod(ref, rdzv_store_name(ref.name), labels, {
         # The operator replaces a failed store itself: a kubelet restart would bring the
         # port back empty while agents believe their rendezvous still exists.
         "restartPolicy": "Never",

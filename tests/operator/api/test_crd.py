@@ -186,6 +186,18 @@ def test_cross_field_cel_rules_are_present():
         "spec.failurePolicy.maxBackoffSeconds must be >= spec.failurePolicy.backoffSeconds",
         "spec.podOverrides.labels may not set the labels the operator selects pods by",
         "spec.podOverrides.volumes may not use the volume names the operator adds (snapshots, dshm, rdzv-credentials, zygote)",
+        "spec.podOverrides.containerSecurityContext.privileged may not be true: a privileged container holds every "
+        "device and capability of its node",
+        "spec.podOverrides.containerSecurityContext.allowPrivilegeEscalation may not be true: setuid and "
+        "file-capability binaries would regain what the container dropped",
+        "spec.podOverrides.containerSecurityContext.capabilities.add may add only AUDIT_WRITE, CHOWN, DAC_OVERRIDE, "
+        "FOWNER, FSETID, IPC_LOCK, KILL, MKNOD, NET_BIND_SERVICE, SETFCAP, SETGID, SETPCAP, SETUID, SYS_CHROOT",
+        "spec.podOverrides.volumes[].hostPath may not be set: a hostPath volume reaches the node's own files; use a "
+        "PersistentVolumeClaim, an emptyDir or another volume type",
+        "spec.podOverrides.labels may not set Kueue's kueue.x-k8s.io/queue-name, kueue.x-k8s.io/pod-group-name, "
+        "kueue.x-k8s.io/prebuilt-workload-name: the operator sets them from spec.scheduling.queueName",
+        "spec.podOverrides.annotations may not set Kueue's kueue.x-k8s.io/pod-group-total-count: the operator sets "
+        "it from spec.replicas",
     ]
 
 
@@ -208,8 +220,11 @@ def test_every_list_and_string_a_cel_rule_walks_is_bounded():
               "volumeMounts[].mountPath": overrides["volumeMounts"]["items"]["properties"]["mountPath"]["maxLength"],
               "snapshot.mountPath": props["snapshot"]["properties"]["mountPath"]["maxLength"],
               "resources.limits": props["resources"]["properties"]["limits"]["maxProperties"]}
+    add = overrides["containerSecurityContext"]["properties"]["capabilities"]["properties"]["add"]
+    bounds.update({"capabilities.add": add["maxItems"], "capabilities.add[]": add["items"]["maxLength"]})
     assert bounds == {"env": 128, "env[].name": 253, "volumes": 64, "volumeMounts": 64, "volumes[].name": 63,
-                      "volumeMounts[].mountPath": 4096, "snapshot.mountPath": 4096, "resources.limits": 32}
+                      "volumeMounts[].mountPath": 4096, "snapshot.mountPath": 4096, "resources.limits": 32,
+                      "capabilities.add": 32, "capabilities.add[]": 64}
 
 
 def test_every_list_or_string_that_carries_a_rule_is_bounded():

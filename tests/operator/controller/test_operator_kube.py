@@ -38,6 +38,34 @@ def test_create_or_skip_creates_once_and_then_skips(k8s):
     assert [p["metadata"]["name"] for p in k8s.list("pods")] == ["p0"]
 
 
+def owned(name: str, uid: str) -> dict:
+    body = pod(name)
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "name": "mlp",
+                                            "uid": uid, "controller": True}]
+    return body
+
+
+def test_a_409_on_an_object_the_job_controls_is_skipped_and_on_anyone_elses_is_refused_by_name(k8s):
+    k8s.create("pods", owned("mlp-node-0", "uid-mlp"))  # ours, from a pass before a restart
+    k8s.create("pods", pod("mlp-node-1"))  # someone's pod without an owner, bearing our name
+    k8s.create("pods", owned("mlp-node-2", "uid-other"))  # another job's
+
+    async def scenario(api):
+        outcomes = [await api.create_or_skip(owned("mlp-node-0", "uid-mlp"), k8s.namespace)]
+        for name in ("mlp-node-1", "mlp-node-2"):
+            try:
+                outcomes.append(await api.create_or_skip(owned(name, "uid-mlp"), k8s.namespace))
+            except kube.ForeignObjectError as e:
+                outcomes.append((e.status, e.reason, e.api_message))
+        return outcomes
+    skipped, no_owner, other = run(k8s.url, scenario)
+    assert skipped is False
+    assert no_owner == (409, "ForeignObject", (
+        "Pod 'mlp-node-1' already exists and has no controller, not by DDPJob 'mlp' (uid uid-mlp): the operator "
+        "neither adopts nor replaces it; delete or rename it so the job can create its own"))
+    assert other[2].startswith("Pod 'mlp-node-2' already exists and is controlled by DDPJob 'mlp' (uid uid-other)")
+
+
 def test_delete_or_skip_skips_missing_pods_and_newer_pods_of_the_same_name(k8s):
     stale_uid = k8s.create("pods", pod("p0"))["metadata"]["uid"]
     k8s.delete("pods", "p0")

@@ -4,7 +4,10 @@ and the Kueue pod-group labels."""
 
 from __future__ import annotations
 
+import pytest
+
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.etcd_pod import render_etcd_pod
 from ddpjob_operator.render.kueue import kueue_metadata
 from ddpjob_operator.decide.actions import CreatePod, Requeue
 from ddpjob_operator.render.store_pod import render_store_pod
@@ -129,6 +132,19 @@ def test_user_annotations_are_kept_next_to_the_kueue_count():
                                    "kueue.x-k8s.io/safe-to-forcefully-delete": "true"}
 
 
+@pytest.mark.parametrize("elastic,render", [
+    ({}, lambda ref, spec: render_store_pod(ref, spec)),
+    ({"rdzvBackend": "etcd-v3", "managedEtcd": {"enabled": True}}, lambda ref, spec: render_etcd_pod(ref, spec)),
+], ids=["c10d store pod", "managed etcd pod"])
+def test_a_queued_jobs_companion_pod_names_the_queue_so_kueue_counts_it_in_the_jobs_quota(elastic, render):
+    queued = make_ddpjob(replicas=2, scheduling={"queueName": "team-a"}, elasticPolicy=elastic)
+    labels = render(job_ref(queued), parse_spec(queued["spec"]))["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert C.LABEL_KUEUE_POD_GROUP not in labels  # its own one-pod Workload: the nodes' group keeps its count
+    plain = make_ddpjob(replicas=2, elasticPolicy=elastic)
+    assert C.LABEL_KUEUE_QUEUE not in render(job_ref(plain), parse_spec(plain["spec"]))["metadata"]["labels"]
+
+
 def test_without_a_queue_name_pods_carry_no_kueue_metadata():
     job = make_ddpjob(replicas=2)
     assert kueue_metadata(job_ref(job), parse_spec(job["spec"])) == ({}, {})
@@ -136,7 +152,9 @@ def test_without_a_queue_name_pods_carry_no_kueue_metadata():
     assert not any(k.startswith("kueue.x-k8s.io/") for k in {**meta["labels"], **meta.get("annotations", {})})
 
 
-def test_the_store_pod_stays_out_of_the_kueue_group():
+def test_the_store_pod_stays_out_of_the_kueue_group_but_in_the_queue():
     job = make_ddpjob(replicas=2, scheduling={"queueName": "q"}, elasticPolicy={"rdzvStore": "pod"})
     meta = render_store_pod(job_ref(job), parse_spec(job["spec"]))["metadata"]
-    assert not any(k.startswith("kueue.x-k8s.io/") for k in {**meta["labels"], **meta.get("annotations", {})})
+    kueue = {k: v for k, v in {**meta["labels"], **meta.get("annotations", {})}.items()
+             if k.startswith("kueue.x-k8s.io/")}
+    assert kueue == {"kueue.x-k8s.io/queue-name": "q"}  # its own Workload, in the job's quota; not in the group

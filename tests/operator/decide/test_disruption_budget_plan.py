@@ -7,8 +7,8 @@ from ddpjob_operator.decide.observed import ObservedBudget
 from ddpjob_operator.decide.reconcile import reconcile
 from ddpjob_operator.render.pdb import budget_spec, render_disruption_budget
 from ddpjob_sandbox.jobs import make_ddpjob
-from tests.operator.builders import at, job_ref, observe, running_pods
-from tests.operator.topology_builders import with_store
+from tests.operator.builders import at, job_ref, make_pod, observe, running_pods
+from tests.operator.topology_builders import store, with_store
 
 BUDGET_ACTIONS = (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)
 
@@ -68,3 +68,13 @@ def test_a_budget_of_the_same_name_that_someone_else_owns_is_left_alone():
     assert ObservedBudget.of(owned, "other-uid") is None  # nothing is planned for it (see the test above)
     assert ObservedBudget.of({"metadata": {}, "spec": {}}, "job-uid") is None
     assert ObservedBudget.of(None, "job-uid") == ObservedBudget(None)
+
+
+def test_a_job_running_at_its_minimum_gets_a_budget_that_allows_one_eviction():
+    job = elastic(4)  # minReplicas 2: two nodes run, two wait for room
+    pending = [make_pod(job, i, phase="Pending") for i in (2, 3)]
+    ready_store = {**store(job), "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    observed = observe(running_pods(job, 2) + [ready_store] + pending, disruption_budget=ObservedBudget(
+        budget_spec(job_ref(job), parse_spec(job["spec"]))))  # as the whole job's budget: 2 + 1 of 3 Ready
+    [patch] = [a for a in reconcile(job, observed, at(1)).actions if isinstance(a, BUDGET_ACTIONS)]
+    assert patch.patch["spec"]["minAvailable"] == (2 + 1) - 1  # the Ready pods less one: a drain may evict one

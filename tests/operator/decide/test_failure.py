@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ddpjob_operator.api import constants as C
+
 from ddpjob_operator.decide.failure import Outcome, classify, classify_pod
 from ddpjob_operator.decide.budget import starts_new_incident
 from ddpjob_operator.decide.observed import claimed, view_pod, view_pods
@@ -81,4 +83,27 @@ def test_only_pods_the_job_controls_are_claimed():
     not_controller = make_pod(job, 3)
     not_controller["metadata"]["ownerReferences"][0]["controller"] = False
     views = view_pods([own, copied, other, not_controller])
-    assert [p.name for p in claimed(views, job["metadata"]["uid"])] == ["mlp-node-0"]
+    assert [p.name for p in claimed(views, "mlp", job["metadata"]["uid"])] == ["mlp-node-0"]
+
+
+def forged(job: dict, index: int, name: str, component: str | None = None) -> dict:
+    """Node pod `index` of `job`, with the job as its controller, renamed `name` (component relabelled)."""
+    pod = make_pod(job, index)
+    pod["metadata"]["name"] = name
+    if component is not None:
+        pod["metadata"]["labels"][C.LABEL_COMPONENT] = component
+    return pod
+
+
+def test_a_forged_owner_reference_on_a_pod_named_outside_the_jobs_scheme_claims_nothing():
+    job = make_ddpjob()
+    pods = [make_pod(job, 0),
+            forged(job, 1, "evil-1"),  # every label and the job's uid, another name
+            forged(job, 2, "mlp-node-7"),  # a node name, of another index than its label's
+            forged(job, 3, "mlp-rdzv-x", C.COMPONENT_RDZV_STORE),
+            forged(job, 4, "mlp-etcd-x", C.COMPONENT_ETCD),
+            forged(job, 5, "mlp-node-5", "sidecar"),  # an unknown component claims nothing
+            forged(job, 6, "mlp-rdzv", C.COMPONENT_RDZV_STORE), forged(job, 7, "mlp-etcd", C.COMPONENT_ETCD)]
+    pods[-3]["metadata"]["labels"].pop(C.LABEL_NODE_INDEX)
+    assert [p.name for p in claimed(view_pods(pods), "mlp", job["metadata"]["uid"])] == [
+        "mlp-node-0", "mlp-rdzv", "mlp-etcd"]

@@ -24,10 +24,20 @@ def min_available(k8s, name: str = "mlp") -> int | None:
 def test_a_jobs_budget_is_created_patched_on_scale_and_deleted_with_the_job(k8s, operator):
     job = k8s.create("ddpjobs", make_manifest(replicas=2, elasticPolicy={"minReplicas": 2, "maxReplicas": 6}))
     budget = k8s.wait_for(lambda: k8s.find("poddisruptionbudgets", "mlp"), timeout=15, what="the budget")
-    assert budget["spec"]["minAvailable"] == 1 + 1  # at its minimum: one node pod at a time, + the store pod
+    assert budget["spec"]["minAvailable"] == 0  # nothing Ready yet: nothing to keep, and a drain is never held
     assert budget["metadata"]["ownerReferences"][0]["uid"] == JobRef.from_body(job).uid
+    k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=15, what="two node pods")
+    for name in ["mlp-rdzv"] + pod_names(k8s):
+        set_running(k8s, name)
+    k8s.wait_for(lambda: min_available(k8s) == 1 + 1, timeout=15,
+                 what="the budget of the whole job: at its minimum, one node pod at a time, + the store pod")
 
     k8s.kubectl("scale", "ddpjob/mlp", "--replicas=5")
+    # Three more node pods are created, none Ready: the 3 Ready pods less one may stay, not minReplicas + store.
+    k8s.wait_for(lambda: len(pod_names(k8s)) == 5, timeout=15, what="five node pods")
+    k8s.wait_for(lambda: min_available(k8s) == 3 - 1, timeout=15, what="the budget kept one below the Ready pods")
+    for name in pod_names(k8s):
+        set_running(k8s, name)
     k8s.wait_for(lambda: min_available(k8s) == 2 + 1, timeout=15, what="the budget patched to minReplicas + store")
     k8s.patch("ddpjobs", "mlp", {"spec": {"replicas": 2}})
     k8s.wait_for(lambda: min_available(k8s) == 1 + 1, timeout=15, what="the budget patched back after a spec edit")

@@ -84,3 +84,28 @@ def test_without_the_grant_the_job_still_runs_and_the_log_says_what_is_missing(c
             and "grant list, watch and create on networking.k8s.io networkpolicies (the chart does)" in warnings[0])
     cluster.emulator.forbidden.clear()
     assert k8s.find("networkpolicies", "mlp") is None
+
+
+def operator_posts(cluster) -> list[str]:
+    """The collections the operator POSTed to, in order (Events left out)."""
+    return [request.url.path.rsplit("/", 1)[-1] for request in list(cluster.emulator)
+            if str(request.method.value).upper() == "POST" and not request.url.path.endswith("/events")
+            and request.headers.get("User-Agent", "").startswith(C.MANAGED_BY)]
+
+
+@pytest.mark.operator_args(*FLAGS)
+def test_the_policy_comes_before_any_pod_and_an_edit_of_it_is_put_back(cluster, k8s, operator):  # noqa: F811
+    k8s.create("ddpjobs", make_manifest(replicas=2))
+    k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0", "mlp-node-1"], timeout=15, what="two node pods")
+    posts = operator_posts(cluster)
+    assert posts.index("networkpolicies") < posts.index("pods"), posts
+    condition = k8s.wait_for(lambda: next((c for c in (k8s.get("ddpjobs", "mlp").get("status") or {}).get(
+        "conditions") or [] if c["type"] == C.COND_NETWORK_POLICY and c["status"] == "True"), None),
+        timeout=15, what="the NetworkPolicyReady condition")
+    assert condition["reason"] == "Present"
+
+    original = k8s.get("networkpolicies", "mlp")["spec"]
+    k8s.patch("networkpolicies", "mlp", {"spec": {"ingress": [{}], "podSelector": {"matchExpressions": [
+        {"key": "nothing", "operator": "Exists"}]}}})  # admit everyone, select nothing of the job
+    k8s.wait_for(lambda: k8s.get("networkpolicies", "mlp")["spec"] == original, timeout=15,
+                 what="the edited NetworkPolicy put back")

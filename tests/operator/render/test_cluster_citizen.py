@@ -101,3 +101,32 @@ def test_the_anti_affinity_joins_every_term_of_the_users_own_required_affinity()
     assert result["podAntiAffinity"] == {"x": 1}
     assert user["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0] == {
         "matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}  # the spec is not changed
+
+
+def combinations() -> list[tuple[int, int, int, str, int]]:
+    """(minReplicas, maxReplicas, replicas, rdzvStore, healthy pods) for every small job and every
+    count of its pods Ready, from one up to all of them (the store pod counted as one more)."""
+    found = []
+    for low in range(1, 5):
+        for high in range(low, 7):
+            for replicas in range(low, high + 1):
+                for store in ("pod", "node"):
+                    pods = replicas + (store == "pod")
+                    found += [(low, high, replicas, store, healthy) for healthy in range(1, pods + 1)]
+    return found
+
+
+@pytest.mark.parametrize("low,high,replicas,store,healthy", combinations())
+def test_the_budget_allows_an_eviction_whatever_the_job_runs_at(low, high, replicas, store, healthy):
+    job = make_ddpjob(replicas=replicas, min_replicas=low, max_replicas=high, elasticPolicy={"rdzvStore": store})
+    body = render_disruption_budget(job_ref(job), parse_spec(job["spec"]), healthy)
+    # The disruption controller's arithmetic: disruptionsAllowed = currentHealthy - minAvailable.
+    assert healthy - body["spec"]["minAvailable"] >= 1
+    assert body["spec"]["minAvailable"] >= 0
+
+
+def test_an_elastic_job_at_its_minimum_lets_a_drain_evict_one_and_a_whole_one_keeps_its_floor():
+    job = make_ddpjob(replicas=4, min_replicas=2, max_replicas=4)  # 2 running, 2 Pending on a full cluster
+    ref, spec = job_ref(job), parse_spec(job["spec"])
+    assert render_disruption_budget(ref, spec, 2 + 1)["spec"]["minAvailable"] == 2  # was 2 + 1: nothing allowed
+    assert render_disruption_budget(ref, spec, 4 + 1)["spec"]["minAvailable"] == 2 + 1  # down to minReplicas

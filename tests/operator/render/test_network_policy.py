@@ -14,7 +14,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import parse_spec
 from ddpjob_operator.controller import main
 from ddpjob_operator.decide.actions import CreateNetworkPolicy
-from ddpjob_operator.decide.observed import Observed
+from ddpjob_operator.decide.observed import Observed, ObservedPolicy
 from ddpjob_operator.decide.reconcile import reconcile
 from ddpjob_operator.render.etcd_pod import render_etcd_pod
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
@@ -63,7 +63,10 @@ def job(elastic: dict | None = None, **fields) -> dict:
 
 
 def planned_policies(body: dict, exists: bool | None = False) -> list[dict]:
-    observed = Observed(network_policy_exists=exists)
+    """The policies reconcile creates when the job's own exists (True), does not (False) or may not be read (None)."""
+    state = {True: ObservedPolicy(C.POLICY_PRESENT, EXPECTED["spec"]), False: ObservedPolicy(C.POLICY_ABSENT),
+             None: ObservedPolicy(C.POLICY_UNREADABLE)}[exists]
+    observed = Observed(network_policy=state)
     actions = reconcile(body, observed, at(0), operator=OPERATOR).actions
     return [a.body for a in actions if isinstance(a, CreateNetworkPolicy)]
 

@@ -215,10 +215,10 @@ def test_every_rendered_pod_passes_the_restricted_profile(job, with_overrides):
 def test_overrides_that_leave_the_profile_are_applied_and_show_up_in_the_checker():
     pods = rendered_pods({"podOverrides": {
         "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
-        "containerSecurityContext": {"capabilities": {"add": ["IPC_LOCK"]}, "allowPrivilegeEscalation": True}}})
+        # allowPrivilegeEscalation: true is refused by validation now (tests/operator/corpus/privilege-escalation.yaml)
+        "containerSecurityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}})
     assert violations(pods["mlp-node-0"]) == [
         "Capabilities: container trainer adds ['IPC_LOCK']",
-        "Privilege Escalation: container trainer does not set allowPrivilegeEscalation: false",
         "Running as Non-root: container trainer may run as root (runAsNonRoot is not true)",
         "Running as Non-root user: spec.securityContext.runAsUser is 0",
         "Capabilities (restricted): container trainer does not drop ALL capabilities",
