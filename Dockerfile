@@ -3,7 +3,8 @@
 #   docker build --target operator -t ghcr.io/ddpjob/operator:0.1.0 .
 #   docker build --target trainer  -t ghcr.io/ddpjob/trainer:0.1.0 .
 # Python dependencies are constrained to the versions the test suite runs with
-# (requirements-test.txt), so an image holds exactly what was tested.
+# (constraints.txt, written by `make lock`, transitive ones included), so an image
+# holds exactly what was tested; no version is pinned here.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 # torch 2.13.0 built for CUDA 12.6 (cuDNN 9): runs on drivers >= 560 and on
@@ -16,15 +17,14 @@ ARG TORCH_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime
 FROM ${PYTHON_IMAGE} AS operator-build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
-COPY requirements-test.txt /src/requirements-test.txt
+COPY constraints.txt /src/constraints.txt
 COPY rdzv /src/rdzv
 COPY operator /src/operator
 # ddpjob-rdzv (etcd3, no torch) deletes a finished job's etcd rendezvous keys;
 # it is a local distribution, so it is installed from /src next to the operator.
-# protobuf and grpcio are etcd3's runtime, pinned as in the trainer image. The [controller]
-# extra is the operator process; the image does not need `ddpjob run`'s [local] extra (torch).
-RUN /opt/venv/bin/pip install --constraint /src/requirements-test.txt /src/rdzv "/src/operator[controller]" \
-        protobuf==7.36.2 grpcio==1.85.1
+# etcd3's runtime (protobuf, grpcio) comes at the tested versions through the constraints. The
+# [controller] extra is the operator process; the image does not need `ddpjob run`'s [local] extra (torch).
+RUN /opt/venv/bin/pip install --constraint /src/constraints.txt /src/rdzv "/src/operator[controller]"
 
 FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="ddpjob-operator" \
@@ -52,18 +52,17 @@ LABEL org.opencontainers.image.title="ddpjob-trainer" \
       org.opencontainers.image.source="https://github.com/ddpjob/ddpjob" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY requirements-test.txt /src/requirements-test.txt
+COPY constraints.txt /src/constraints.txt
 COPY rdzv /src/rdzv
 COPY trainer /src/trainer
 # The base image's torch (2.13.0+cu126) satisfies the trainer's torch==2.13.0
 # pin, so pip keeps it instead of pulling a CPU build. etcd3 (through
 # ddpjob-rdzv, the torch-free half of the `etcd-v3` rendezvous backend, a local
 # distribution installed from /src) serves that backend, python-etcd torch's
-# `etcd` (v2 API) one; protobuf and grpcio are etcd3's runtime, pinned to the
-# versions the rendezvous tests ran with.
+# `etcd` (v2 API) one; etcd3's runtime (protobuf, grpcio) comes at the versions the
+# rendezvous tests ran with, through the constraints.
 RUN python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" && \
-    pip install --constraint /src/requirements-test.txt /src/rdzv /src/trainer python-etcd \
-        protobuf==7.36.2 grpcio==1.85.1 && \
+    pip install --constraint /src/constraints.txt /src/rdzv /src/trainer python-etcd && \
     python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" && \
     rm -rf /src
 RUN groupadd --gid 65532 ddpjob && \

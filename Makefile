@@ -6,12 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test soak bench demo crd manifests clean
+.PHONY: setup test soak bench demo crd manifests lock clean
 
-$(STAMP): requirements-test.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
+# constraints.txt pins every distribution, transitive ones included (the images install with it
+# too): without it a new release of a dependency's dependency changed what the tests ran with.
+$(STAMP): requirements-test.txt constraints.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements-test.txt
-	$(PY) -m pip install -q -e rdzv -e trainer -e "operator[controller,local]"
+	$(PY) -m pip install -q -r requirements-test.txt -c constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e rdzv -e trainer -e "operator[controller,local]"
 	touch $@
 
 setup: $(STAMP)
@@ -31,6 +33,12 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) runs
+
+# Resolves requirements-test.txt afresh (in a scratch venv) and rewrites constraints.txt; run it
+# after changing a pin or a dependency. tests/charts/test_dockerfile.py fails when the test
+# environment or the Dockerfile strays from constraints.txt.
+lock:
+	scripts/lock.sh $(PYTHON)
 
 # manifests/install.yaml = the chart's CRDs + its templates rendered with
 # default values; a test fails when it drifts from the chart. The CRD comes

@@ -135,13 +135,26 @@ def test_dockerignore_keeps_local_state_out_of_the_context():
         assert dockerignored(path, patterns), path
 
 
-def pinned_requirements() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "requirements-test.txt").read_text().splitlines():
-        match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.strip())
+LOCK = ROOT / "constraints.txt"  # written by `make lock`: the test environment's and the images' versions
+
+
+def canonical(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: Path) -> dict[str, str]:
+    """name -> version of each `name==version` line of a requirements or constraints file."""
+    found = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", line.strip())
         if match:
-            pins[match.group(1).lower().replace("_", "-")] = match.group(2)
-    return pins
+            found[canonical(match.group(1))] = match.group(2)
+    return found
+
+
+def pinned_requirements() -> dict[str, str]:
+    return pins(LOCK)
 
 
 # Distributions built from this repository (installed from /src in the images, never from an index).
@@ -150,15 +163,15 @@ LOCAL_DISTRIBUTIONS = {"ddpjob-rdzv": "rdzv", "ddpjob-trainer": "trainer", "ddpj
 
 @pytest.mark.parametrize(("package", "extra"), [("operator", []), ("trainer", ["python-etcd"]), ("rdzv", [])])
 def test_image_dependencies_are_pinned_by_the_constraints_file(package, extra):
-    """The images install with --constraint requirements-test.txt: every direct dependency needs a pin there."""
+    """The images install with --constraint constraints.txt: every direct dependency needs a pin there."""
     project = tomllib.loads((ROOT / package / "pyproject.toml").read_text())["project"]
     names = [re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0].lower().replace("_", "-") for dep in project["dependencies"]]
     local = [name for name in names if name in LOCAL_DISTRIBUTIONS]
     for name in local:  # a local dependency must be installed from the repository in every stage that needs it
         assert f"/src/{LOCAL_DISTRIBUTIONS[name]} " in DOCKERFILE.read_text(), f"install /src/{LOCAL_DISTRIBUTIONS[name]}"
     missing = [name for name in names + extra if name not in pinned_requirements() and name not in local]
-    assert missing == [], f"pin {missing} in requirements-test.txt so the {package} image is reproducible"
-    assert "--constraint /src/requirements-test.txt" in DOCKERFILE.read_text()
+    assert missing == [], f"{missing} not in constraints.txt: run `make lock` so the {package} image is reproducible"
+    assert "--constraint /src/constraints.txt" in DOCKERFILE.read_text()
 
 
 def test_operator_entrypoint_module_runs_from_the_installed_package():
@@ -194,9 +207,63 @@ def test_trainer_example_accepts_the_flags_the_examples_use():
     assert [flag for flag in sorted(TRAINER_FLAGS) if flag not in result.stdout] == []
 
 
-def test_trainer_image_pins_etcd3_runtime_to_the_tested_versions():
-    from importlib.metadata import version
+def pip_installs() -> list[tuple[str, str]]:
+    """(stage, command) of each `pip install` the Dockerfile runs, split at `&&`."""
+    return [(stage, command.strip()) for stage, found in STAGES.items() for keyword, rest in found
+            if keyword == "RUN" for command in rest.split("&&") if "pip install" in command]
 
-    text = DOCKERFILE.read_text()
-    for package in ["protobuf", "grpcio"]:
-        assert f"{package}=={version(package)}" in text, f"pin {package} to the tested {version(package)}"
+
+def test_every_image_takes_each_version_from_the_lock_and_pins_none_of_its_own():
+    # One place for every version: a pin here drifted from the test environment (grpcio 1.85.1
+    # here, 1.85.3 in the tests) because nothing pinned the environment's transitive dependencies.
+    assert {stage for stage, _ in pip_installs()} == {"operator-build", "trainer"}
+    for stage, command in pip_installs():
+        assert "--constraint /src/constraints.txt" in command, f"stage {stage}: {command}"
+        assert not re.search(r"[<>=~!]=", command), f"stage {stage} pins a version; pin it in constraints.txt"
+
+
+def needed_here(roots: list[str]) -> dict[str, str]:
+    """name -> installed version of every distribution ``roots`` (requirement strings) need in this
+    environment, transitively, extras and environment markers followed."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+
+    found: dict[str, str] = {}
+    todo, seen = [Requirement(root) for root in roots], set()
+    while todo:
+        requirement = todo.pop()
+        key = (canonical(requirement.name), frozenset(requirement.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = distribution(requirement.name)
+        except PackageNotFoundError:  # not needed on this platform, or missing (pip would have said)
+            continue
+        found[key[0]] = dist.version
+        for text in dist.requires or []:
+            dependency = Requirement(text)
+            extras = requirement.extras or {""}
+            if dependency.marker is None or any(dependency.marker.evaluate({"extra": e}) for e in extras):
+                todo.append(dependency)
+    return found
+
+
+def test_the_test_environment_holds_exactly_the_locked_versions():
+    """What the tests run with is what constraints.txt says, transitive dependencies included."""
+    roots = [line.split("#")[0].strip() for line in (ROOT / "requirements-test.txt").read_text().splitlines()]
+    roots = [root for root in roots if root] + ["ddpjob-rdzv", "ddpjob-trainer", "ddpjob-operator[controller,local]"]
+    needed = {name: version for name, version in needed_here(roots).items() if name not in LOCAL_DISTRIBUTIONS}
+    assert {"grpcio", "protobuf", "torch"} <= needed.keys()  # etcd3's runtime and torch are followed
+    locked = pins(LOCK)
+    drift = {name: (version, locked.get(name)) for name, version in needed.items() if locked.get(name) != version}
+    assert drift == {}, f"installed vs constraints.txt {drift}: `make setup` installs the lock, `make lock` renews it"
+
+
+def test_the_lock_keeps_every_direct_pin_and_no_local_package():
+    locked = pins(LOCK)
+    direct = pins(ROOT / "requirements-test.txt")
+    assert {name: locked.get(name) for name in direct} == direct, "requirements-test.txt changed: run `make lock`"
+    assert locked["torch"] == "2.13.0"
+    assert LOCAL_DISTRIBUTIONS.keys().isdisjoint(locked), "local packages are installed from the repository"

@@ -34,6 +34,11 @@ def finish_three_nodes(k8s, node_agent, workdir, claim: str = "mlp-snapshots") -
 
     def three(spec: dict) -> None:
         spec["replicas"] = NODES
+        # Training starts once all three nodes are there. With the example's minReplicas 1 the
+        # first round completed FAST_RDZV_TIMEOUTS' 3 s last call after the first node joined:
+        # on two loaded cores the third agent (importing torch) came 15 s later, when two nodes
+        # had already trained to the end, and its arrival restarted their workers.
+        spec["elasticPolicy"]["minReplicas"] = NODES
         spec["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = claim
 
     progress, _ = start_job(k8s, node_agent, workdir, args=args, rdzv_store="pod", edit=three)

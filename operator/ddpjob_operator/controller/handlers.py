@@ -45,7 +45,7 @@ from ddpjob_operator.controller import etcd_cleanup, kube, live_progress, metric
 from ddpjob_operator.controller.backoff import Backoff, CreateRetries
 from ddpjob_operator.controller.cache import DISRUPTION_BUDGETS, NETWORK_POLICIES, SERVICES, ClusterCache
 from ddpjob_operator.decide import managed_etcd, stuck
-from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name
+from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name, rdzv_store_name
 from ddpjob_operator.decide.actions import (
     CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
     DeletePod, PatchDisruptionBudget, PatchNetworkPolicy, Requeue
@@ -218,7 +218,8 @@ async def _observe(api: kube.Kube, cache: ClusterCache, job: dict, progress_poll
     return Observed(pods, bool(cache.exists(SERVICES, namespace, name)), tuple(live),
                     _observe_managed_etcd(cache, job, owned),
                     await _observe_nodes(api, stuck.nodes_to_read(pods, now)), _observe_network_policy(cache, job),
-                    _observe_disruption_budget(cache, job))
+                    _observe_disruption_budget(cache, job),
+                    store_service_exists=bool(cache.exists(SERVICES, namespace, rdzv_store_name(name))))
 
 
 def _observe_managed_etcd(cache: ClusterCache, job: dict, owned: tuple[PodView, ...]) -> ObservedEtcd | None:

@@ -342,6 +342,8 @@ class Observed:
             the job finished).
         disruption_budget: the job's PodDisruptionBudget; None when it was not looked for (the
             job finished, or the operator may not read PodDisruptionBudgets).
+        store_service_exists: the store pod's Service exists (read apart from the store pod: a
+            pass cut short may have created one and not the other).
     """
 
     pods: tuple[PodView, ...] = ()
@@ -351,6 +353,7 @@ class Observed:
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
     network_policy: ObservedPolicy | None = None
     disruption_budget: ObservedBudget | None = None
+    store_service_exists: bool = True
 
     @cached_property
     def liveness(self) -> Liveness | None:

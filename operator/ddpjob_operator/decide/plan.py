@@ -178,14 +178,20 @@ def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
 
 
 def _store(ref: JobRef, spec: DDPJobSpec, observed: Observed, groups: NodeGroups) -> list[Action]:
-    """Create the dedicated store pod (and its Service, create-or-skip) when there is none;
-    delete a failed one (topology.py already turned its loss into a group restart)."""
+    """Create the dedicated store pod when there is none and its Service when that is missing;
+    delete a failed one (topology.py already turned its loss into a group restart).
+
+    The Service is decided on its own: the two are created in one wave, so an operator killed
+    mid-pass can leave the pod without its Service, and the nodes would then never reach the store.
+    """
     if not spec.elastic_policy.store_on_pod or groups.training_over:
         return []
     actions: list[Action] = [DeletePod(p.name, "replacing the failed rendezvous store pod")
                              for p in observed.stores if not p.deleting and p.phase in ("Failed", "Succeeded")]
+    if not observed.store_service_exists:
+        actions.append(CreateService(render_store_service(ref, spec)))
     if not observed.stores:
-        actions += [CreateService(render_store_service(ref, spec)), CreatePod(render_store_pod(ref, spec))]
+        actions.append(CreatePod(render_store_pod(ref, spec)))
     return actions
 
 

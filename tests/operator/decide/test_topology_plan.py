@@ -7,7 +7,8 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.actions import CreatePod, CreateService, DeletePod, Requeue
-from tests.operator.builders import at, make_pod
+from ddpjob_operator.decide.reconcile import reconcile
+from tests.operator.builders import at, make_pod, observe
 from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator.topology_builders import ETCD_V3, STORE_ON_NODE, STORE_POD, env_of, gen_pod, step, store
 
@@ -176,6 +177,15 @@ def test_a_store_pod_job_creates_the_store_and_its_service_before_any_node():
     env = env_of(nodes[0])
     assert env["PET_RDZV_ENDPOINT"] == "mlp-rdzv.default.svc.cluster.local:29400"
     assert env["PET_RDZV_CONF"].endswith(",is_host=false")
+
+
+def test_a_store_pod_left_without_its_service_by_a_cut_short_pass_gets_the_service_and_keeps_the_pod():
+    # The store pod and its Service are created in one wave: an operator killed between the two
+    # leaves the pod alone, and the next operator's pass must still create the Service.
+    job = make_ddpjob(replicas=2, **STORE_POD)
+    result = reconcile(job, observe([store(job, "Pending")], store_service_exists=False), at(1))
+    services = [a.body["metadata"]["name"] for a in result.actions if isinstance(a, CreateService)]
+    assert (services, created(result), deleted(result)) == (["mlp-rdzv"], ["mlp-node-0", "mlp-node-1"], [])
 
 
 def test_with_a_store_pod_losing_node_0_replaces_only_node_0():
