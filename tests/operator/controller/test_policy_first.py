@@ -52,3 +52,37 @@ def test_the_policy_is_created_before_any_pod():
 ])
 def test_a_failed_policy_create_holds_the_pods_unless_the_grant_is_missing(error, created):
     assert apply(Api(error)) == created
+
+
+class PolicyCache:
+    """The cache as the pass reads it: policies listed (only those with the operator's label), `held` among them."""
+
+    def __init__(self, held: dict | None = None):
+        self.held = held
+
+    def exists(self, kind, namespace, name):
+        return self.held is not None
+
+    def get(self, kind, namespace, name):
+        return self.held
+
+    def refusal(self, kind, namespace):
+        return None
+
+
+def test_someone_elses_unlabelled_policy_is_reported_from_its_409_and_its_create_tried_again_a_minute_later(
+        monkeypatch):
+    """The cache never holds a policy without the operator's label: the 409 read back is what
+    says the name is taken. The job then reports it (pods wait) without a create every pass."""
+    clock = [1000.0]
+    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(handlers, "_FOREIGN_POLICIES", {})
+    monkeypatch.setattr(handlers, "_POLICY_CREATE_REFUSED", set())  # another test's 403
+    foreign = kube.ForeignObjectError("NetworkPolicy", "mlp", {"kind": "DDPJob", "name": "mlp", "uid": "uid-mlp"},
+                                      None, "POST")
+    assert handlers._observe_network_policy(PolicyCache(), JOB).state == handlers.C.POLICY_ABSENT
+    assert apply(Api(foreign)) == ["Service/mlp"]
+    clock[0] += handlers.FOREIGN_POLICY_RECHECK_SECONDS - 1
+    assert handlers._observe_network_policy(PolicyCache(), JOB).state == handlers.C.POLICY_FOREIGN
+    clock[0] += 1
+    assert handlers._observe_network_policy(PolicyCache(), JOB).state == handlers.C.POLICY_ABSENT
