@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test soak bench demo crd manifests clean
+.PHONY: setup test soak bench demo crd manifests clean cluster-binaries
 
 $(STAMP): requirements-test.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,15 @@ $(STAMP): requirements-test.txt rdzv/pyproject.toml trainer/pyproject.toml opera
 	$(PY) -m pip install -q -e rdzv -e trainer -e "operator[controller,local]"
 	touch $@
 
-setup: $(STAMP)
+setup: $(STAMP) cluster-binaries
 	scripts/install-system-deps.sh
+
+# A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler),
+# kubectl and helm at pinned releases, built from their Go modules into a cache outside
+# the clone ($$DDPJOB_CACHE, default ~/.cache/ddpjob) and linked into .cluster/bin/.
+# The first build takes long (see README, Testing); later ones find the cache.
+cluster-binaries:
+	$(PYTHON) scripts/cluster/build-binaries.py
 
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
