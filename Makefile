@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test soak bench demo crd manifests clean cluster-binaries
+.PHONY: setup test soak bench demo crd manifests clean cluster-binaries cluster cluster-down
 
 $(STAMP): requirements-test.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ setup: $(STAMP) cluster-binaries
 # The first build takes long (see README, Testing); later ones find the cache.
 cluster-binaries:
 	$(PYTHON) scripts/cluster/build-binaries.py
+
+# `make cluster` starts that control plane as local processes with its state in .cluster/
+# and returns once it is healthy; `make cluster-down` stops every process it started.
+cluster: $(STAMP) cluster-binaries
+	PYTHONPATH=sandbox $(PY) -m ddpjob_sandbox.control_plane up
+
+cluster-down:
+	PYTHONPATH=sandbox $(PY) -m ddpjob_sandbox.control_plane down
 
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
