@@ -26,6 +26,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "serviceaccounts": ("/api/v1", True),
     "namespaces": ("/api/v1", False),
     "nodes": ("/api/v1", False),
+    "leases": ("/apis/coordination.k8s.io/v1", True),
     "events.k8s.io": ("/apis/events.k8s.io/v1", True),
     "ddpjobs": ("/apis/ddpjob.io/v1alpha1", True),
     "networkpolicies": ("/apis/networking.k8s.io/v1", True),

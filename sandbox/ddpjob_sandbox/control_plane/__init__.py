@@ -8,6 +8,8 @@ tests/cluster/ starts one in a temporary folder on free loopback ports.
 
 Modules, each importing only those below it:
 
+    nodes       Nodes that register and keep themselves Ready (Lease, Ready condition), each
+                logged in as its own kubelet (system:node:<name>); they run no pods yet
     runner      start in order, each healthy before the next (bounded waits, log tail on
                 failure); stop by the recorded pids, each process group whole
     components  the command line of each component, and the kubeconfigs (pure)

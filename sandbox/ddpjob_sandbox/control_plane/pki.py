@@ -32,6 +32,12 @@ CONTROLLER_MANAGER = Identity("kube-controller-manager", "system:kube-controller
 SCHEDULER = Identity("kube-scheduler", "system:kube-scheduler")
 CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER)
 
+
+def node_identity(node: str) -> Identity:
+    """A kubelet's identity: the Node authorizer and NodeRestriction admission let
+    system:node:<name> in system:nodes write its own Node, Lease and pods' status only."""
+    return Identity(f"node-{node}", f"system:node:{node}", ("system:nodes",))
+
 # Names clients may use for the API server: loopback, and the in-cluster names a pod's
 # kubeconfig (the service account's) would carry.
 SERVING_NAMES = ("DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
@@ -69,6 +75,13 @@ def _signed(pki: Path, stem: str, subj: str, extensions: list[str]) -> None:
     ext.unlink()
 
 
+def make_client_cert(pki: Path, identity: Identity) -> tuple[Path, Path]:
+    """<stem>.crt and <stem>.key for ``identity``, signed by the CA (kept when present)."""
+    _signed(pki, identity.stem, subject(identity),
+            ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment", "extendedKeyUsage=clientAuth"])
+    return pki / f"{identity.stem}.crt", pki / f"{identity.stem}.key"
+
+
 def make_pki(pki: Path) -> Path:
     """Creates the CA, the API server's serving certificate, the client certificates and the SA keys."""
     pki.mkdir(parents=True, exist_ok=True)
@@ -80,9 +93,7 @@ def make_pki(pki: Path) -> Path:
             ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment",
              "extendedKeyUsage=serverAuth", "subjectAltName=" + ",".join(SERVING_NAMES)])
     for identity in CLIENTS:
-        _signed(pki, identity.stem, subject(identity),
-                ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment",
-                 "extendedKeyUsage=clientAuth"])
+        make_client_cert(pki, identity)
     if not (pki / "sa.key").exists():
         _new_key(pki / "sa.key")
         _openssl("pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
