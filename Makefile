@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test soak bench demo crd manifests lock clean
+.PHONY: setup test soak bench demo crd manifests lock clean cluster-binaries cluster cluster-down
 
 # constraints.txt pins every distribution, transitive ones included (the images install with it
 # too): without it a new release of a dependency's dependency changed what the tests ran with.
@@ -16,8 +16,23 @@ $(STAMP): requirements-test.txt constraints.txt rdzv/pyproject.toml trainer/pypr
 	$(PY) -m pip install -q -c constraints.txt -e rdzv -e trainer -e "operator[controller,local]"
 	touch $@
 
-setup: $(STAMP)
+setup: $(STAMP) cluster-binaries
 	scripts/install-system-deps.sh
+
+# A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler),
+# kubectl and helm at pinned releases, built from their Go modules into a cache outside
+# the clone ($$DDPJOB_CACHE, default ~/.cache/ddpjob) and linked into .cluster/bin/.
+# The first build takes long (see README, Testing); later ones find the cache.
+cluster-binaries:
+	$(PYTHON) scripts/cluster/build-binaries.py
+
+# `make cluster` starts that control plane as local processes with its state in .cluster/
+# and returns once it is healthy; `make cluster-down` stops every process it started.
+cluster: $(STAMP) cluster-binaries
+	PYTHONPATH=sandbox $(PY) -m ddpjob_sandbox.control_plane up
+
+cluster-down:
+	PYTHONPATH=sandbox $(PY) -m ddpjob_sandbox.control_plane down
 
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

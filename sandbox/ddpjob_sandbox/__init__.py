@@ -14,6 +14,8 @@ packages), never tests/:
     metrics           following the trainer's metrics file: waits that read top to bottom
     operator_process  the real operator (or any kopf module) as a subprocess logged in to the cluster
     cluster           the emulator served on loopback with the DDPJob CRD and a kubeconfig
+    control_plane/    a real control plane (etcd, kube-apiserver, controller manager, scheduler) as
+                      local processes from the pinned binaries in .cluster/bin/ (make cluster)
     node/             the node agent: a kubelet that runs the pods as local process trees
                       (launch: volumes, DNS, env; container: process lifecycle; reporting: status)
     scripted          the kubelet and scheduler played by a script, for runs without a node agent

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -22,8 +23,10 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "services": ("/api/v1", True),
     "events": ("/api/v1", True),
     "configmaps": ("/api/v1", True),
+    "serviceaccounts": ("/api/v1", True),
     "namespaces": ("/api/v1", False),
     "nodes": ("/api/v1", False),
+    "leases": ("/apis/coordination.k8s.io/v1", True),
     "events.k8s.io": ("/apis/events.k8s.io/v1", True),
     "ddpjobs": ("/apis/ddpjob.io/v1alpha1", True),
     "networkpolicies": ("/apis/networking.k8s.io/v1", True),
@@ -47,10 +50,15 @@ class ApiError(Exception):
 class KubeClient:
     """A small synchronous API client for tests (urllib; nothing shared with the operator)."""
 
-    def __init__(self, url: str, kubeconfig: pathlib.Path, namespace: str = "default"):
+    def __init__(self, url: str, kubeconfig: pathlib.Path, namespace: str = "default",
+                 ssl_context: ssl.SSLContext | None = None, kubectl: str = "kubectl"):
         self.url = url.rstrip("/")
         self.kubeconfig = kubeconfig
         self.namespace = namespace
+        # A real API server serves TLS only and knows the client by its certificate.
+        self.ssl_context = ssl_context
+        # The real cluster's pinned kubectl (.cluster/bin/), not Debian's older one on PATH.
+        self.kubectl_binary = kubectl
 
     def path(self, resource: str, name: str | None = None, namespace: str | None = None,
              subresource: str | None = None) -> str:
@@ -72,7 +80,7 @@ class KubeClient:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context) as response:
                 text = response.read()
         except urllib.error.HTTPError as e:
             raw = e.read()
@@ -130,7 +138,7 @@ class KubeClient:
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         """Runs kubectl against the emulator in this client's namespace."""
-        command = ["kubectl", "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace, *args]
+        command = [self.kubectl_binary, "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace, *args]
         result = subprocess.run(command, capture_output=True, text=True, input=input, timeout=60)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr}")

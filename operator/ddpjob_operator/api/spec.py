@@ -118,6 +118,12 @@ QUANTITY_PATTERN = (
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+# The longest quantity string the CRD accepts. Without a bound, kube-apiserver's CEL cost
+# estimator prices the non-negative rule below for a string as long as a whole request and
+# refuses the CRD at install ("estimated rule cost exceeds budget by factor of 1.006650x",
+# kube-apiserver v1.37.2, tests/cluster/test_crd_on_apiserver.py). 64 characters hold any
+# real quantity ("123456789012345678901234567890Mi" is 32).
+QUANTITY_MAX_LENGTH = 64
 # What a string field's pattern means, in the words an error message uses.
 PATTERN_RULES = {
     SECRET_NAME_PATTERN: "must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', "
@@ -203,7 +209,7 @@ NProcPerNode = Annotated[
 def _check_quantity(value: Any) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    if isinstance(value, str) and re.match(QUANTITY_PATTERN, value):
+    if isinstance(value, str) and len(value) <= QUANTITY_MAX_LENGTH and re.match(QUANTITY_PATTERN, value):
         return value
     raise ValueError('must be a non-negative Kubernetes quantity such as 2, "500m" or "16Gi" (quote fractions)')
 
@@ -215,6 +221,7 @@ Quantity = Annotated[
         "anyOf": [{"type": "integer"}, {"type": "string"}],
         "x-kubernetes-int-or-string": True,
         "pattern": QUANTITY_PATTERN,  # strings only: JSON Schema patterns skip integers
+        "maxLength": QUANTITY_MAX_LENGTH,  # strings only, like the pattern
         "x-kubernetes-validations": [cel(
             "type(self) == int ? self >= 0 : true",
             "spec.resources quantities must not be negative",

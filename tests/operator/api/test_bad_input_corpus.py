@@ -48,7 +48,14 @@ def apiserver_refusal(doc: dict) -> str | None:
     if (doc.get("apiVersion"), doc.get("kind")) != ("ddpjob.io/v1alpha1", "DDPJob"):
         return f'no matches for kind "{doc.get("kind")}" in version "{doc.get("apiVersion")}"'
     meta = doc.get("metadata")
-    if isinstance(meta, dict):  # a metadata of another type is the schema's to refuse
+    if meta is not None and not isinstance(meta, dict):
+        # Decoded into an ObjectMeta before our schema runs: kubectl refuses it ("... into Go
+        # struct field metadataOnlyObject.metadata of type v1.ObjectMeta"), and so does
+        # kube-apiserver v1.37.2 with HTTP 400 ("... into Go value of type v1.ObjectMeta").
+        json_type = "array" if isinstance(meta, list) else "bool" if isinstance(meta, bool) else \
+            "string" if isinstance(meta, str) else "number"
+        return f"cannot unmarshal {json_type} into Go"
+    if isinstance(meta, dict):
         name = meta.get("name")
         if not name:
             return "name or generateName is required"

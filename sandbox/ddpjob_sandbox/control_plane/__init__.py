@@ -1,0 +1,66 @@
+"""A real Kubernetes control plane on one machine: etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler as local processes, the way controller-runtime's envtest runs them.
+
+The binaries are the pinned releases scripts/cluster/build-binaries.py builds (``make
+cluster-binaries``) and links into .cluster/bin/. ``make cluster`` / ``make cluster-down`` run
+``python -m ddpjob_sandbox.control_plane up|down`` with the state in .cluster/; the test tier
+tests/cluster/ starts one in a temporary folder on free loopback ports.
+
+Modules, each importing only those below it:
+
+    nodes       Nodes that register and keep themselves Ready (Lease, Ready condition), each
+                logged in as its own kubelet (system:node:<name>); they run no pods yet
+    runner      start in order, each healthy before the next (bounded waits, log tail on
+                failure); stop by the recorded pids, each process group whole
+    components  the command line of each component, and the kubeconfigs (pure)
+    pki         the CA, the serving and client certificates, the service-account keys (openssl)
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpjob_sandbox.client import KubeClient
+from ddpjob_sandbox.control_plane.components import Layout
+from ddpjob_sandbox.control_plane.runner import (
+    BUILD_COMMAND, ControlPlaneError, admin_ssl_context, down, missing_binaries, new_layout, up,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_BIN_DIR = REPO / ".cluster" / "bin"
+
+__all__ = ["BUILD_COMMAND", "ControlPlane", "ControlPlaneError", "DEFAULT_BIN_DIR", "missing_binaries",
+           "running_control_plane"]
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """A started control plane: where it keeps its state and how to log in to it."""
+
+    layout: Layout
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.kubeconfig("admin")
+
+    @property
+    def url(self) -> str:
+        return self.layout.apiserver_url
+
+    def client(self, namespace: str = "default") -> KubeClient:
+        """A KubeClient logged in as the admin (system:masters) over the cluster's TLS."""
+        return KubeClient(self.url, self.kubeconfig, namespace, ssl_context=admin_ssl_context(self.layout),
+                          kubectl=str(self.layout.bin_dir / "kubectl"))
+
+
+@contextlib.contextmanager
+def running_control_plane(root: Path, bin_dir: Path = DEFAULT_BIN_DIR) -> Iterator[ControlPlane]:
+    """Yields a started control plane with its state in ``root``; stops every process on exit."""
+    layout = new_layout(root, bin_dir)
+    up(layout)
+    try:
+        yield ControlPlane(layout)
+    finally:
+        down(layout.root)

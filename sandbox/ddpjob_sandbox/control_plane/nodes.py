@@ -1,0 +1,121 @@
+"""Nodes for the real control plane: each registers itself and keeps itself Ready, as a kubelet does.
+
+A Node logs in with its own client certificate (system:node:<name>), so the API server's Node
+authorizer and NodeRestriction admission judge it as they judge a kubelet. It creates its Node
+with capacity and labels, then every ``heartbeat_seconds`` renews its Lease in kube-node-lease
+and posts its Ready condition; the controller manager's node-lifecycle controller would mark it
+NotReady and taint it after 40 s without either. Running the pods bound to it is not done here.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ddpjob_sandbox.client import ApiError, KubeClient
+from ddpjob_sandbox.control_plane.components import Layout
+from ddpjob_sandbox.control_plane.pki import make_client_cert, node_identity
+from ddpjob_sandbox.pod_status import now_rfc3339
+
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_SECONDS = 40  # a kubelet's default lease duration
+DEFAULT_CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "110"}
+
+
+def _micro_time() -> str:
+    """A Lease's renewTime: RFC 3339 with microseconds (the API's MicroTime)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def node_body(name: str, labels: dict[str, str], capacity: dict[str, str]) -> dict:
+    """The Node a kubelet registers: the well-known labels, its capacity, no condition yet."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                  "kubernetes.io/arch": "amd64", **labels}},
+            "status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}
+
+
+def ready_status(capacity: dict[str, str]) -> dict:
+    now = now_rfc3339()
+    return {"status": {"capacity": dict(capacity), "allocatable": dict(capacity), "conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+         "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+
+
+@dataclass
+class Node:
+    """One registered Node and its heartbeat thread."""
+
+    name: str
+    client: KubeClient
+    labels: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CAPACITY))
+    heartbeat_seconds: float = 10.0
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"node-{self.name}", daemon=True)
+
+    def register(self) -> None:
+        try:
+            self.client.create("nodes", node_body(self.name, self.labels, self.capacity))
+        except ApiError as e:
+            if e.status != 409:  # registered by an earlier run: keep it
+                raise
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """Renews the Lease (creating it the first time) and posts Ready."""
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": self.name, "namespace": LEASE_NAMESPACE},
+                 "spec": {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_SECONDS,
+                          "renewTime": _micro_time()}}
+        try:
+            self.client.patch("leases", self.name, {"spec": lease["spec"]}, namespace=LEASE_NAMESPACE)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            self.client.create("leases", lease, namespace=LEASE_NAMESPACE)
+        self.client.patch("nodes", self.name, ready_status(self.capacity), subresource="status",
+                          patch_type="strategic")
+
+    def start(self) -> "Node":
+        self.register()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_seconds):
+            try:
+                self.heartbeat()
+            except Exception as e:  # noqa: BLE001  a missed beat is retried; the controller tolerates 40 s
+                self.errors.append(repr(e))
+
+
+def node_client(layout: Layout, name: str) -> KubeClient:
+    """A client that logs in as the kubelet of Node ``name``."""
+    crt, key = make_client_cert(layout.pki, node_identity(name))
+    context = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
+    context.load_cert_chain(str(crt), str(key))
+    return KubeClient(layout.apiserver_url, layout.kubeconfig("admin"), ssl_context=context)
+
+
+@contextlib.contextmanager
+def running_nodes(layout: Layout, names: list[str], **options) -> Iterator[list[Node]]:
+    """Registered Nodes kept Ready until the block ends (their objects are left to the cluster)."""
+    nodes = [Node(name, node_client(layout, name), **options) for name in names]
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()

@@ -1,0 +1,108 @@
+"""The control plane itself: the API server knows the admin by certificate, the controller manager
+and the scheduler act on what is stored, every request is audited, and `down` leaves no process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ddpjob_sandbox.client import KubeClient
+from ddpjob_sandbox.control_plane import DEFAULT_BIN_DIR, REPO, ControlPlane
+
+pytestmark = pytest.mark.cluster
+
+WAIT = 60.0  # the controller manager's and the scheduler's reaction, on a busy 2-core machine
+
+
+def test_the_admin_is_known_by_its_certificate_as_a_member_of_system_masters(kube: KubeClient):
+    review = kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                          {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    assert review["status"]["userInfo"]["username"] == "ddpjob-admin"
+    assert "system:masters" in review["status"]["userInfo"]["groups"]
+
+
+def test_kubectl_is_the_pinned_release(control_plane: ControlPlane):
+    done = subprocess.run([str(control_plane.layout.bin_dir / "kubectl"), "version", "--client", "-o", "json"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    assert json.loads(done.stdout)["clientVersion"]["gitVersion"] == "v1.37.2"
+
+
+def test_the_garbage_collector_deletes_what_a_deleted_owner_owned(kube: KubeClient):
+    owner = kube.create("configmaps", {"metadata": {"name": "owner"}})
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    kube.create("configmaps", {"metadata": {"name": "owned", "ownerReferences": [ref]}})
+    kube.delete("configmaps", "owner")
+    kube.wait_for(lambda: kube.find("configmaps", "owned") is None, timeout=WAIT,
+                  what="the garbage collector deleting the owned ConfigMap")
+
+
+def test_the_scheduler_binds_a_pod_to_a_ready_node(kube: KubeClient):
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    kube.create("nodes", {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+    kube.patch("nodes", node, {"status": {
+        "capacity": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+        "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}]}},
+        subresource="status")
+    try:
+        kube.create("pods", {"metadata": {"name": "bound"}, "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "main", "image": "busybox"}]}})
+        kube.wait_for(lambda: kube.get("pods", "bound")["spec"].get("nodeName"), timeout=WAIT,
+                      what=f"the scheduler binding pod bound to {node}")
+        assert kube.get("pods", "bound")["spec"]["nodeName"] == node
+    finally:
+        kube.delete("nodes", node)
+
+
+def test_every_request_is_in_the_audit_log(control_plane: ControlPlane, kube: KubeClient):
+    kube.create("configmaps", {"metadata": {"name": "audited"}})
+    def audited():
+        lines = control_plane.layout.audit_log.read_text().splitlines()
+        return [e for e in map(json.loads, lines) if e.get("verb") == "create"
+                and e.get("objectRef", {}).get("name") == "audited"
+                and e.get("objectRef", {}).get("namespace") == kube.namespace]
+    (event,) = kube.wait_for(audited, timeout=10, what="the create in the audit log")
+    assert (event["user"]["username"], event["responseStatus"]["code"]) == ("ddpjob-admin", 201)
+
+
+def component_pids(root: Path) -> list[int]:
+    """Processes whose command line names ``root`` (every component's flags do)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(root).encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_make_cluster_starts_a_healthy_control_plane_and_down_leaves_no_process(tmp_path: Path):
+    command = [sys.executable, "-m", "ddpjob_sandbox.control_plane"]
+    env_args = ["--dir", str(tmp_path), "--bin-dir", str(DEFAULT_BIN_DIR)]
+    up = subprocess.run([*command, "up", *env_args], capture_output=True, text=True, timeout=300,
+                        cwd=REPO, env=_sandbox_env())
+    try:
+        assert up.returncode == 0, up.stderr
+        assert len(component_pids(tmp_path)) == 4
+        ready = subprocess.run([str(DEFAULT_BIN_DIR / "kubectl"), "--kubeconfig", str(tmp_path / "kubeconfig"),
+                                "get", "--raw", "/readyz"], capture_output=True, text=True, timeout=30)
+        assert (ready.returncode, ready.stdout) == (0, "ok"), ready.stderr
+    finally:
+        down = subprocess.run([*command, "down", *env_args], capture_output=True, text=True, timeout=120,
+                              cwd=REPO, env=_sandbox_env())
+    assert down.returncode == 0, down.stderr
+    assert component_pids(tmp_path) == []
+    assert down.stdout.strip() == "stopped: kube-scheduler, kube-controller-manager, kube-apiserver, etcd"
+
+
+def _sandbox_env() -> dict[str, str]:
+    paths = [str(REPO / "sandbox"), str(REPO), *sys.path]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
