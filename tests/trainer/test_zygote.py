@@ -2,6 +2,7 @@
 driven as torchrun drives a worker: a process per worker, its exit code, its signals."""
 import os
 import secrets
+import socket
 import signal
 import subprocess
 import sys
@@ -116,7 +117,7 @@ def test_an_agent_starts_its_nodes_server_before_its_first_worker_which_then_use
     assert wait_gone(parent), "that server leaves with its agent"
 
 
-def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_one_at_once(monkeypatch, tmp_path):
+def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_prestart_starts_none(monkeypatch, tmp_path):
     from ddpjob_trainer import zygote
 
     monkeypatch.setenv("DDPJOB_ZYGOTE_SOCKET", str(tmp_path / "zygote" / "socket"))
@@ -124,11 +125,31 @@ def test_a_prestarted_server_reports_ready_once_it_imported_torch_and_a_second_o
     first = zygote.prestart()
     try:
         assert first.wait(timeout=120) is True
-        second = zygote.prestart()  # the name is served already: it exits without reporting ready
-        assert second.wait(timeout=30) is False and second.process.wait(timeout=30) == 0
+        assert zygote.prestart() is None  # the name is served already: no second server starts
     finally:
         first.process.kill()
         first.process.wait()
+
+
+def test_once_prestart_returns_its_socket_is_served_so_a_worker_never_starts_a_second_server(monkeypatch, tmp_path):
+    """On a loaded node the server's interpreter may come up long after prestart returns; a
+    worker started meanwhile must find the socket listening (its connection waits in the
+    backlog for this server), never start a server of its own."""
+    from ddpjob_trainer import zygote
+
+    path = tmp_path / "zygote" / "socket"
+    monkeypatch.setenv("DDPJOB_ZYGOTE_SOCKET", str(path))
+    monkeypatch.setenv("DDPJOB_ZYGOTE_TOKEN", secrets.token_hex(32))
+    warm = zygote.prestart()
+    try:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(str(path))  # refused (or no file) when prestart left the binding to the server
+        probe.close()
+        assert zygote.Server.claim(str(path), "token") is None, "the directory's lock is held for the server"
+        assert warm.wait(timeout=120) is True, "the server serves the socket prestart claimed"
+    finally:
+        warm.process.kill()
+        warm.process.wait()
 
 
 def test_a_socket_path_longer_than_a_socket_address_holds_is_served_too(tmp_path):

@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import TextIO
 
 from . import marks
@@ -53,8 +54,9 @@ RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--serve"]:
-        return serve(argv[1], int(argv[2]), int(argv[3]) if len(argv) > 3 else None)
+    if argv[:1] == ["--serve"]:  # --serve PATH AGENT [READY_FD [LISTEN_FD LOCK_FD]]
+        fds = [int(fd) for fd in argv[3:6]] + [None, None, None]
+        return serve(argv[1], int(argv[2]), fds[0], Held(fds[1], fds[2]) if fds[1] is not None else None)
     path = os.environ.get(SOCKET_ENV)
     if not path:
         return run_module(argv[0], argv[1:])
@@ -175,15 +177,24 @@ def _connect(path: str) -> socket.socket | None:
         os.close(dir_fd)
 
 
-def start_server(path: str, agent: int, ready_fd: int | None = None) -> subprocess.Popen:
+@dataclass(frozen=True)
+class Held:
+    """A server's listening socket and directory lock, claimed by one process for another."""
+
+    listen_fd: int
+    lock_fd: int
+
+
+def start_server(path: str, agent: int, ready_fd: int | None = None, held: Held | None = None) -> subprocess.Popen:
     """Starts the server of socket ``path`` for torchrun agent ``agent`` (it leaves with it); a
     second start for a socket already served exits at once. ``ready_fd``, a pipe's write end,
     is written to once the server has imported what it preloads (closed unwritten if it exits).
-    The server reads the agent's token from its environment (this process's)."""
-    extra = [str(ready_fd)] if ready_fd is not None else []
-    return subprocess.Popen([sys.executable, "-m", "ddpjob_trainer.zygote", "--serve", path, str(agent), *extra],
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            pass_fds=(ready_fd,) if ready_fd is not None else ())
+    ``held``: the socket and lock already claimed (prestart), which the server serves instead of
+    claiming its own; requires ``ready_fd``. The server reads the agent's token from its
+    environment (this process's)."""
+    fds = [fd for fd in (ready_fd, *((held.listen_fd, held.lock_fd) if held else ())) if fd is not None]
+    return subprocess.Popen([sys.executable, "-m", "ddpjob_trainer.zygote", "--serve", path, str(agent),
+                             *map(str, fds)], stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=tuple(fds))
 
 
 class Warm:
@@ -217,12 +228,24 @@ def prestart() -> Warm | None:
     path = os.environ.get(SOCKET_ENV)
     if not path:
         return None
-    agent_token()  # in os.environ: the server and the workers torchrun starts inherit it
+    token = agent_token()  # in os.environ: the server and the workers torchrun starts inherit it
+    # Claimed here, before this returns, and handed to the server: claimed by the server itself,
+    # a worker started before the server's interpreter came up (on a loaded node) found nobody
+    # listening, started a second server, and that one served it.
+    try:
+        claimed = Server.claim(path, token)
+    except RefusedError as e:  # the workers then run without it, each saying why
+        print(f"ddpjob_trainer.zygote: the fork server does not start: {e}", file=sys.stderr, flush=True)
+        return None
+    if claimed is None:  # this node's server runs already
+        return None
     ready_read, ready_write = os.pipe()
     try:
-        process = start_server(path, os.getpid(), ready_write)
+        process = start_server(path, os.getpid(), ready_write, Held(claimed.listener.fileno(), claimed.lock))
     finally:
         os.close(ready_write)
+        claimed.listener.close()  # the server holds both now; a copy here would accept nobody's connection
+        os.close(claimed.lock)
     return Warm(process, ready_read)
 
 
@@ -233,11 +256,13 @@ def _signal(pid: int, number: int) -> None:
 
 # -- the server ---------------------------------------------------------------------------
 
-def serve(path: str, agent: int, ready_fd: int | None = None) -> int:
+def serve(path: str, agent: int, ready_fd: int | None = None, held: Held | None = None) -> int:
     """Forks a worker per accepted request until the torchrun agent ``agent`` is gone and every
-    worker reported; writes to ``ready_fd`` once preloaded. 1: it cannot serve ``path`` safely."""
+    worker reported; writes to ``ready_fd`` once preloaded. ``held``: the socket and lock its
+    starter claimed. 1: it cannot serve ``path`` safely."""
     try:
-        server = Server.claim(path, os.environ.get(TOKEN_ENV, ""))
+        token = os.environ.get(TOKEN_ENV, "")
+        server = Server.claim(path, token) if held is None else Server.adopt(path, held, token)
     except RefusedError as e:
         print(f"ddpjob_trainer.zygote: the fork server does not start: {e}", file=sys.stderr, flush=True)
         return 1
@@ -300,6 +325,13 @@ class Server:
         except OSError as e:
             os.close(lock)
             raise RefusedError(f"cannot listen at {path}: {e}") from None
+
+    @classmethod
+    def adopt(cls, path: str, held: Held, token: str) -> Server:
+        """The server of ``path`` from a socket and lock another process claimed for it."""
+        if not token:
+            raise RefusedError(f"{TOKEN_ENV} is not set: the agent that starts the server makes it")
+        return cls(path, socket.socket(fileno=held.listen_fd), held.lock_fd, token)
 
     def run(self, agent: int) -> None:
         while self.listener or self.pending or self.waiting:
