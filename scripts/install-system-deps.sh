@@ -12,6 +12,7 @@ PROGRAMS=(
     "etcdctl   etcd-client        the etcd-auth tests create users and roles with it"
     "openssl   openssl            the TLS tests make a throwaway CA and certificates"
     "kubectl   kubernetes-client  emulator tests apply and scale DDPJobs as a user would"
+    "setpriv   util-linux         the fork-server tests try its socket as a second uid"
 )
 
 if [ "${1:-}" = "--list" ]; then
