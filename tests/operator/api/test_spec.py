@@ -47,7 +47,64 @@ def test_all_type_errors_are_reported_together():
         "spec.replicas (0) must be >= 1",
         "spec.image is required",
         "spec.elasticPolicy.maxRestarts (-2) must be >= 0",
+        "spec.module is required: set exactly one of spec.module or spec.script",
     ]
+
+
+def test_field_and_cross_field_errors_are_reported_together_in_one_run():
+    errors = validate_spec(spec_with({
+        "image": "", "imagePullPolicy": "Sometimes", "script": "/w/train.py",
+        "elasticPolicy": {"minReplicas": 3, "maxReplicas": 2, "maxRestarts": -1, "rdzvBackend": "etcd"},
+        "failurePolicy": {"backoffSeconds": 10, "maxBackoffSeconds": 1},
+        "env": [{"name": "PET_NNODES", "value": "1"}],
+    }))
+    assert [e.message for e in errors] == [
+        'spec.image ("") must not be empty',
+        "spec.imagePullPolicy (\"Sometimes\") must be one of 'Always', 'IfNotPresent' or 'Never'",
+        "spec.elasticPolicy.maxRestarts (-1) must be >= 0",
+        'spec.script ("/w/train.py") may not be set together with spec.module ("ddpjob_trainer.examples.mlp"): '
+        "set exactly one of them",
+        "spec.elasticPolicy.maxReplicas (2) must be >= spec.elasticPolicy.minReplicas (3)",
+        "spec.replicas (2) must be >= spec.elasticPolicy.minReplicas (3)",
+        "spec.elasticPolicy.rdzvEndpoints ([]) must list at least one etcd host:port when rdzvBackend is etcd "
+        "(or set managedEtcd.enabled: true)",
+        "spec.failurePolicy.maxBackoffSeconds (1) must be >= spec.failurePolicy.backoffSeconds (10)",
+        'spec.env[0].name ("PET_NNODES") is set by the operator; use spec.elasticPolicy.minReplicas/maxReplicas '
+        "instead",
+    ]
+
+
+@pytest.mark.parametrize("changes, message", [
+    # minReplicas refused: judged on its default, "maxReplicas >= minReplicas" would be a guess
+    ({"replicas": 2, "elasticPolicy": {"minReplicas": "3", "maxReplicas": 2}},
+     'spec.elasticPolicy.minReplicas ("3") must be an integer'),
+    # resources refused: whether nProcPerNode gpu has its GPU limit cannot be known
+    ({"resources": {"limits": "lots"}, "elasticPolicy": {"nProcPerNode": "gpu"}},
+     'spec.resources.limits ("lots") must be a mapping (an object)'),
+    # one env entry refused: the duplicate-name rule would judge a list the file does not have
+    ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": 2}]}, "spec.env[1].value (2) must be a string"),
+])
+def test_a_cross_field_rule_that_reads_a_refused_field_says_nothing(changes, message):
+    assert [e.message for e in validate_spec(spec_with(changes))] == [message]
+
+
+def test_a_refused_replicas_leaves_the_explicit_min_max_rule_running():
+    errors = validate_spec(spec_with({"replicas": "x", "elasticPolicy": {"minReplicas": 3, "maxReplicas": 2}}))
+    assert [e.message for e in errors] == [
+        'spec.replicas ("x") must be an integer',
+        "spec.elasticPolicy.maxReplicas (2) must be >= spec.elasticPolicy.minReplicas (3)",
+    ]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"elasticPolicy": {"minReplica": 1}},
+     "spec.elasticPolicy.minReplica (1) is not a field of this object: did you mean 'minReplicas'?"),
+    ({"imag": "x"}, 'spec.imag ("x") is not a field of this object: did you mean \'image\'?'),
+    ({"env": [{"name": "A", "valu": "1"}]}, 'spec.env[0].valu ("1") is not a field of this object: did you mean \'value\'?'),
+    ({"zzzz": 1}, "spec.zzzz (1) is not a field of this object (check the spelling)"),
+])
+def test_a_misspelt_field_gets_the_closest_field_name_of_its_object(changes, message):
+    assert [e.message for e in validate_spec(spec_with(changes))] == [message]
 
 
 def test_parse_spec_raises_an_error_carrying_every_field_error():
