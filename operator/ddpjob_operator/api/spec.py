@@ -1038,20 +1038,28 @@ def _range_errors(spec: DDPJobSpec) -> list[FieldError]:
 
 def _range_reads(spec: DDPJobSpec) -> tuple[str, ...]:
     """minReplicas and maxReplicas, and replicas too when either of them defaults from it."""
-    given = {"minReplicas", "maxReplicas"} <= {to_camel(f) for f in spec.elastic_policy.model_fields_set}
-    return REPLICA_FIELDS[1:] if given else REPLICA_FIELDS
+    return REPLICA_FIELDS[1:] if _given(spec, "min_replicas", "max_replicas") else REPLICA_FIELDS
 
 
-def _replica_errors(spec: DDPJobSpec) -> list[FieldError]:
-    ep, errors = spec.elastic_policy, []
-    given = "replicas" in spec.model_fields_set  # a defaulted replicas only repeats min/max errors
-    if given and spec.replicas < ep.min_replicas:
-        errors.append(FieldError("spec.replicas", spec.replicas,
-                                 f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})"))
-    if given and spec.replicas > ep.max_replicas:
-        errors.append(FieldError("spec.replicas", spec.replicas,
-                                 f"must be <= spec.elasticPolicy.maxReplicas ({ep.max_replicas})"))
-    return errors
+def _given(spec: DDPJobSpec, *names: str) -> bool:
+    """Whether the file set these elasticPolicy fields (else they hold defaults taken from others)."""
+    return set(names) <= spec.elastic_policy.model_fields_set
+
+
+def _below_min_errors(spec: DDPJobSpec) -> list[FieldError]:
+    ep = spec.elastic_policy
+    if "replicas" in spec.model_fields_set and spec.replicas < ep.min_replicas:  # a defaulted one repeats min/max
+        return [FieldError("spec.replicas", spec.replicas,
+                           f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})")]
+    return []
+
+
+def _above_max_errors(spec: DDPJobSpec) -> list[FieldError]:
+    ep = spec.elastic_policy
+    if "replicas" in spec.model_fields_set and spec.replicas > ep.max_replicas:
+        return [FieldError("spec.replicas", spec.replicas,
+                           f"must be <= spec.elasticPolicy.maxReplicas ({ep.max_replicas})")]
+    return []
 
 
 def _gpu_errors(spec: DDPJobSpec) -> list[FieldError]:
@@ -1075,7 +1083,9 @@ REPLICA_FIELDS = ("spec.replicas", "spec.elasticPolicy.minReplicas", "spec.elast
 _CROSS_FIELD_RULES = (
     (("spec.module", "spec.script"), _code_errors),
     (_range_reads, _range_errors),
-    (REPLICA_FIELDS, _replica_errors),
+    (REPLICA_FIELDS[:2], _below_min_errors),
+    # maxReplicas defaults to max(minReplicas, replicas)
+    (lambda spec: REPLICA_FIELDS[::2] if _given(spec, "max_replicas") else REPLICA_FIELDS, _above_max_errors),
     (("spec.elasticPolicy.rdzvStore", "spec.elasticPolicy.rdzvBackend", "spec.elasticPolicy.rdzvSecretName",
       "spec.elasticPolicy.managedEtcd", "spec.elasticPolicy.rdzvEndpoints"),
      lambda spec: _rdzv_errors(spec.elastic_policy)),
@@ -1355,11 +1365,17 @@ def _from_pydantic(err: Mapping[str, Any]) -> FieldError:
 
 def unknown_field_rule(loc: tuple[Any, ...]) -> str:
     """The rule for an unknown field at `loc`, with the closest field of that object when one is close."""
+    meant = meant_field(loc)
+    if meant:
+        return f"is not a field of this object: did you mean {meant!r}?"
+    return "is not a field of this object (check the spelling)"
+
+
+def meant_field(loc: tuple[Any, ...]) -> str | None:
+    """The field of the same object an unknown field at `loc` most likely misspells (difflib), or None."""
     known = _field_names(DDPJobSpec, loc[:-1])
     close = difflib.get_close_matches(str(loc[-1]), known, n=1) if known else []
-    if close:
-        return f"is not a field of this object: did you mean {close[0]!r}?"
-    return "is not a field of this object (check the spelling)"
+    return close[0] if close else None
 
 
 def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -1411,9 +1427,12 @@ def _checked_spec(body_spec: Any) -> tuple[list[FieldError], DDPJobSpec | None, 
         return collected, spec, ()
     except ValidationError as exc:
         field_errors, locs = _pydantic_errors(exc), [e["loc"] for e in exc.errors()]
+        # a misspelt field leaves the one it meant at its default: what the file wants there is unknown
+        meant = [loc[:-1] + (m,) for e, loc in zip(exc.errors(), locs)
+                 if e["type"] == "extra_forbidden" and (m := meant_field(loc))]
     if not isinstance(body_spec, Mapping) or any(not loc for loc in locs):
         return field_errors, None, ()
-    pruned, invalid = copy.deepcopy(dict(body_spec)), tuple(_loc_path(loc) for loc in locs)
+    pruned, invalid = copy.deepcopy(dict(body_spec)), tuple(_loc_path(loc) for loc in locs + meant)
     for _ in range(_PRUNE_ROUNDS):
         for loc in locs:
             _prune(pruned, loc)

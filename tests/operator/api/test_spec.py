@@ -88,6 +88,16 @@ def test_a_cross_field_rule_that_reads_a_refused_field_says_nothing(changes, mes
     assert [e.message for e in validate_spec(spec_with(changes))] == [message]
 
 
+def test_a_misspelt_field_holds_back_the_rules_reading_the_field_it_meant_only():
+    # minReplicas holds its default (replicas, 6), not the 2 the file meant: "maxReplicas (4) must be >=
+    # minReplicas (6)" would be false; replicas above maxReplicas reads neither and is reported.
+    errors = validate_spec(spec_with({"replicas": 6, "elasticPolicy": {"minReplica": 2, "maxReplicas": 4}}))
+    assert [e.message for e in errors] == [
+        "spec.elasticPolicy.minReplica (2) is not a field of this object: did you mean 'minReplicas'?",
+        "spec.replicas (6) must be <= spec.elasticPolicy.maxReplicas (4)",
+    ]
+
+
 def test_a_refused_replicas_leaves_the_explicit_min_max_rule_running():
     errors = validate_spec(spec_with({"replicas": "x", "elasticPolicy": {"minReplicas": 3, "maxReplicas": 2}}))
     assert [e.message for e in errors] == [
@@ -197,6 +207,11 @@ def test_a_job_name_too_long_for_its_pod_names_is_rejected_with_the_limit():
     assert [e.message for e in validate_job(body)] == [
         f'metadata.name ("{"a" * 56}") is too long: pod name \'{"a" * 56}-node-11\' has 64 characters, '
         "over the DNS label limit of 63; use at most 55 characters"]
+
+
+def test_a_job_name_too_long_is_reported_with_field_errors_elsewhere_in_the_spec():
+    body = make_ddpjob("a" * 56, replicas=2, max_replicas=12, imagePullPolicy="Sometimes")
+    assert [e.path for e in validate_job(body)] == ["metadata.name", "spec.imagePullPolicy"]
 
 
 def test_a_job_name_that_just_fits_is_accepted():
