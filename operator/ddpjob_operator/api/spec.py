@@ -19,7 +19,6 @@ maxReplicas: 8}` alone starts 2 nodes and may be scaled to 8.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import re
@@ -1432,11 +1431,11 @@ def _checked_spec(body_spec: Any) -> tuple[list[FieldError], DDPJobSpec | None, 
                  if e["type"] == "extra_forbidden" and (m := meant_field(loc))]
     if not isinstance(body_spec, Mapping) or any(not loc for loc in locs):
         return field_errors, None, ()
-    pruned, invalid = copy.deepcopy(dict(body_spec)), tuple(_loc_path(loc) for loc in locs + meant)
+    pruned, invalid = body_spec, tuple(_loc_path(loc) for loc in locs + meant)
     for _ in range(_PRUNE_ROUNDS):
         for loc in locs:
-            _prune(pruned, loc)
-        pruned.setdefault("image", _IMAGE_STAND_IN)
+            pruned = _pruned(pruned, loc)
+        pruned = {"image": _IMAGE_STAND_IN, **pruned}
         try:
             collected = []
             spec = DDPJobSpec.model_validate(pruned, context={"collect_errors": collected, "invalid": invalid})
@@ -1447,17 +1446,17 @@ def _checked_spec(body_spec: Any) -> tuple[list[FieldError], DDPJobSpec | None, 
     return field_errors, None, invalid
 
 
-def _prune(body: dict[str, Any], loc: tuple[Any, ...]) -> None:
-    """Take the refused value at `loc` out of `body`: the field holding it, or the whole list it is an
-    entry of (removing one entry would renumber the others, and their errors would name wrong paths)."""
-    keys = list(loc[:next((i for i, step in enumerate(loc) if isinstance(step, int)), len(loc))])
-    parent, last, node = None, None, body
-    for key in keys:
-        if not isinstance(node, dict) or key not in node:  # loc names a part that is not there
-            break
-        parent, last, node = node, key, node[key]
-    if parent is not None:
-        del parent[last]
+def _pruned(body: Mapping[str, Any], loc: tuple[Any, ...]) -> dict[str, Any]:
+    """`body` without the refused value at `loc`: the field holding it, or the whole list it is an entry of
+    (removing one entry would renumber the others, and their errors would name wrong paths). Copies only
+    the objects on the way down; the rest is shared, never changed."""
+    keys = loc[:next((i for i, step in enumerate(loc) if isinstance(step, int)), len(loc))]
+    copied, child = dict(body), body.get(keys[0]) if keys else None
+    if len(keys) > 1 and isinstance(child, Mapping) and keys[1] in child:
+        copied[keys[0]] = _pruned(child, keys[1:])
+    elif keys:
+        copied.pop(keys[0], None)  # absent (a missing field): nothing to take out
+    return copied
 
 
 def parse_spec(body_spec: Mapping[str, Any] | None) -> DDPJobSpec:

@@ -6,6 +6,8 @@ here: how errors are collected and shown, defaults, and the rules' edges.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from ddpjob_operator.api.spec import (
@@ -96,6 +98,13 @@ def test_a_misspelt_field_holds_back_the_rules_reading_the_field_it_meant_only()
         "spec.elasticPolicy.minReplica (2) is not a field of this object: did you mean 'minReplicas'?",
         "spec.replicas (6) must be <= spec.elasticPolicy.maxReplicas (4)",
     ]
+
+
+def test_collecting_every_error_leaves_the_callers_spec_as_it_was():
+    spec = spec_with({"image": "", "elasticPolicy": {"minReplica": 2, "maxRestarts": -1}, "env": [{"name": 3}]})
+    before = copy.deepcopy(spec)
+    assert len(validate_spec(spec)) == 4
+    assert spec == before
 
 
 def test_a_refused_replicas_leaves_the_explicit_min_max_rule_running():
