@@ -1008,8 +1008,12 @@ def _cross_field_errors(spec: DDPJobSpec, invalid: tuple[str, ...] = ()) -> list
     default) is skipped: judged on the default it could report a problem the file does not have.
     """
     return [error for reads, rule in _CROSS_FIELD_RULES
-            if not any(_overlaps(read, bad) for read in (reads(spec) if callable(reads) else reads) for bad in invalid)
+            if not any(_overlaps(read, bad) for read in _reads(reads, spec) for bad in invalid)
             for error in rule(spec)]
+
+
+def _reads(reads: Any, spec: DDPJobSpec) -> tuple[str, ...]:
+    return reads(spec) if callable(reads) else reads
 
 
 def _overlaps(read: str, bad: str) -> bool:

@@ -119,7 +119,8 @@ def test_a_refused_replicas_leaves_the_explicit_min_max_rule_running():
     ({"elasticPolicy": {"minReplica": 1}},
      "spec.elasticPolicy.minReplica (1) is not a field of this object: did you mean 'minReplicas'?"),
     ({"imag": "x"}, 'spec.imag ("x") is not a field of this object: did you mean \'image\'?'),
-    ({"env": [{"name": "A", "valu": "1"}]}, 'spec.env[0].valu ("1") is not a field of this object: did you mean \'value\'?'),
+    ({"env": [{"name": "A", "valu": "1"}]},
+     'spec.env[0].valu ("1") is not a field of this object: did you mean \'value\'?'),
     ({"zzzz": 1}, "spec.zzzz (1) is not a field of this object (check the spelling)"),
 ])
 def test_a_misspelt_field_gets_the_closest_field_name_of_its_object(changes, message):
