@@ -122,6 +122,8 @@ def test_a_refused_replicas_leaves_the_explicit_min_max_rule_running():
     ({"env": [{"name": "A", "valu": "1"}]},
      'spec.env[0].valu ("1") is not a field of this object: did you mean \'value\'?'),
     ({"zzzz": 1}, "spec.zzzz (1) is not a field of this object (check the spelling)"),
+    # too long to be a misspelling of any field: not compared at all (difflib would index all of it)
+    ({"image" * 40: 1}, f"spec.{'image' * 40} (1) is not a field of this object (check the spelling)"),
 ])
 def test_a_misspelt_field_gets_the_closest_field_name_of_its_object(changes, message):
     assert [e.message for e in validate_spec(spec_with(changes))] == [message]
