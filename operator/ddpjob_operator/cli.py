@@ -1,6 +1,7 @@
-"""The ``ddpjob`` command line: check and preview a DDPJob without a cluster.
+"""The ddpjob command line: check and preview a DDPJob without a cluster.
 
-    ddpjob validate JOB.yaml   every invalid field, with its path, value and rule
+    ddpjob validate JOB.yaml   every broken rule (field and cross-field), with its path, value and rule;
+                               --max-replicas N applies the operator's cap (default: its default)
     ddpjob render JOB.yaml     the Service and Pods the operator would create (a dry run)
     ddpjob run JOB.yaml        run the job here, one local torchrun agent per node (see local/)
 
@@ -12,6 +13,8 @@ is listed), 2 when the input cannot be read or run here (see EXIT_*).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,13 +28,15 @@ from ddpjob_operator.render.store_pod import render_store_pod, render_store_serv
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.render.pdb import render_disruption_budget
-from ddpjob_operator.api.spec import MAX_DEPTH, DDPJobSpec, InvalidSpecError, JobRef, parse_job, validate_job
+from ddpjob_operator.api.spec import MAX_DEPTH, MAX_REPLICAS, DDPJobSpec, InvalidSpecError, JobRef, parse_job
+from ddpjob_operator.decide.creation import job_errors
 
 # Exit codes: 1 = the job is invalid, 2 = the input could not be read at all.
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
 # Stands in for the uid the API server assigns; rendered pods use it as the rdzv id.
 DRY_RUN_UID = "dry-run-uid"
+DISTRIBUTION = "ddpjob-operator"  # the package `ddpjob --version` reports (pyproject.toml's name)
 
 
 class BadInput(Exception):
@@ -118,9 +123,9 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else problem
 
 
-def validate(path: str) -> int:
+def validate(path: str, max_replicas: int) -> int:
     job = load_job(path)
-    errors = validate_job(job)
+    errors = job_errors(job, max_replicas)
     for error in errors:
         print(f"{path}: {error.message}", file=sys.stderr)
     if not errors:
@@ -179,28 +184,60 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(str(e)) from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("validate", help="report every invalid field of a DDPJob")
+def version() -> str:
+    """The installed ddpjob-operator version ("unknown" when run from a source tree, uninstalled)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def plain(text: str) -> str:
+    """Docstring text without its reST markup (``code``, :func:`name`), as --help prints it."""
+    return re.sub(r"(?::\w+:)?`+([^`]+)`+", r"\1", text)
+
+
+def _max_replicas(text: str) -> int:
+    """--max-replicas, bounded as the operator bounds its own flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"({value}) must be 1..{MAX_REPLICAS}, the CRD's own maximum")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="ddpjob", description=plain(__doc__.split("\n\n")[0]))
+    top.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    commands = top.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("validate", help="report every broken rule of a DDPJob")
     check.add_argument("job", help="DDPJob YAML file, or - for stdin")
+    check.add_argument("--max-replicas", type=_max_replicas, default=constants.DEFAULT_MAX_REPLICAS, metavar="N",
+                       help="the operator's --max-replicas: refuse replicas, minReplicas or maxReplicas above N "
+                            "(default: %(default)s, the operator's default)")
+    check.add_argument("--version", action="version", version=f"ddpjob {version()}")
     preview = commands.add_parser(
         "render", help="print the Services, Pods, NetworkPolicy and PodDisruptionBudget the operator would create")
     preview.add_argument("job", help="DDPJob YAML file, or - for stdin")
     preview.add_argument("--namespace", help="namespace to render into (default: the file's, else default)")
     local = commands.add_parser("run", help="run the job on this machine: one local torchrun agent per node")
     local_run.add_arguments(local)
-    args = parser.parse_args(argv)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         if args.command == "validate":
-            return validate(args.job)
+            return validate(args.job, args.max_replicas)
         if args.command == "run":
             return run(args)
         return render(args.job, args.namespace)
     except BadInput as e:
         print(f"ddpjob: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,11 +19,13 @@ maxReplicas: 8}` alone starts 2 nodes and may be scaled to 8.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import re
 from dataclasses import dataclass
 
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping, get_args
 
 from pydantic import (
     BaseModel,
@@ -927,8 +929,9 @@ class DDPJobSpec(_Model):
     @model_validator(mode="after")
     def _defaults_and_rules(self, info: ValidationInfo) -> DDPJobSpec:
         _resolve_replica_defaults(self)
-        errors = _cross_field_errors(self)
-        collector = (info.context or {}).get("collect_errors")
+        context = info.context or {}
+        errors = _cross_field_errors(self, context.get("invalid", ()))
+        collector = context.get("collect_errors")
         if collector is not None:
             collector.extend(errors)
         elif errors:
@@ -999,35 +1002,106 @@ class InvalidSpecError(ValueError):
         super().__init__("invalid DDPJob: " + "; ".join(e.message for e in self.errors))
 
 
-def _cross_field_errors(spec: DDPJobSpec) -> list[FieldError]:
-    """Rules that span fields; each has a CEL twin in the models' x-kubernetes-validations."""
-    errors: list[FieldError] = []
-    ep, fp = spec.elastic_policy, spec.failure_policy
+def _cross_field_errors(spec: DDPJobSpec, invalid: tuple[str, ...] = ()) -> list[FieldError]:
+    """Rules that span fields; each has a CEL twin in the models' x-kubernetes-validations.
+
+    A rule that reads a field in `invalid` (a path the field rules refused, now holding its
+    default) is skipped: judged on the default it could report a problem the file does not have.
+    """
+    return [error for reads, rule in _CROSS_FIELD_RULES
+            if not any(_overlaps(read, bad) for read in _reads(reads, spec) for bad in invalid)
+            for error in rule(spec)]
+
+
+def _reads(reads: Any, spec: DDPJobSpec) -> tuple[str, ...]:
+    return reads(spec) if callable(reads) else reads
+
+
+def _overlaps(read: str, bad: str) -> bool:
+    """Whether path `bad` is `read`, inside it, or holds it (spec.env[2].name and spec.env)."""
+    inner, outer = (bad, read) if len(bad) >= len(read) else (read, bad)
+    return inner == outer or inner.startswith((outer + ".", outer + "["))
+
+
+def _code_errors(spec: DDPJobSpec) -> list[FieldError]:
     if spec.module is None and spec.script is None:
-        errors.append(FieldError("spec.module", MISSING,
-                                 "is required: set exactly one of spec.module or spec.script"))
-    elif spec.module is not None and spec.script is not None:
-        errors.append(FieldError("spec.script", spec.script, f"may not be set together with spec.module "
-                                 f"({_show(spec.module)}): set exactly one of them"))
+        return [FieldError("spec.module", MISSING, "is required: set exactly one of spec.module or spec.script")]
+    if spec.module is not None and spec.script is not None:
+        return [FieldError("spec.script", spec.script, f"may not be set together with spec.module "
+                           f"({_show(spec.module)}): set exactly one of them")]
+    return []
+
+
+def _range_errors(spec: DDPJobSpec) -> list[FieldError]:
+    ep = spec.elastic_policy
     if ep.max_replicas < ep.min_replicas:
-        errors.append(FieldError("spec.elasticPolicy.maxReplicas", ep.max_replicas,
-                                 f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})"))
-    given = "replicas" in spec.model_fields_set  # a defaulted replicas only repeats min/max errors
-    if given and spec.replicas < ep.min_replicas:
-        errors.append(FieldError("spec.replicas", spec.replicas,
-                                 f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})"))
-    if given and spec.replicas > ep.max_replicas:
-        errors.append(FieldError("spec.replicas", spec.replicas,
-                                 f"must be <= spec.elasticPolicy.maxReplicas ({ep.max_replicas})"))
-    errors += _rdzv_errors(ep)
-    if ep.n_proc_per_node == "gpu" and GPU_RESOURCE not in spec.resources.limits:
-        errors.append(FieldError("spec.elasticPolicy.nProcPerNode", "gpu",
-                                 f'needs spec.resources.limits["{GPU_RESOURCE}"] (a GPU limit)'))
+        return [FieldError("spec.elasticPolicy.maxReplicas", ep.max_replicas,
+                           f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})")]
+    return []
+
+
+def _range_reads(spec: DDPJobSpec) -> tuple[str, ...]:
+    """minReplicas and maxReplicas, and replicas too when either of them defaults from it."""
+    return REPLICA_FIELDS[1:] if _given(spec, "min_replicas", "max_replicas") else REPLICA_FIELDS
+
+
+def _given(spec: DDPJobSpec, *names: str) -> bool:
+    """Whether the file set these elasticPolicy fields (else they hold defaults taken from others)."""
+    return set(names) <= spec.elastic_policy.model_fields_set
+
+
+def _below_min_errors(spec: DDPJobSpec) -> list[FieldError]:
+    ep = spec.elastic_policy
+    if "replicas" in spec.model_fields_set and spec.replicas < ep.min_replicas:  # a defaulted one repeats min/max
+        return [FieldError("spec.replicas", spec.replicas,
+                           f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})")]
+    return []
+
+
+def _above_max_errors(spec: DDPJobSpec) -> list[FieldError]:
+    ep = spec.elastic_policy
+    if "replicas" in spec.model_fields_set and spec.replicas > ep.max_replicas:
+        return [FieldError("spec.replicas", spec.replicas,
+                           f"must be <= spec.elasticPolicy.maxReplicas ({ep.max_replicas})")]
+    return []
+
+
+def _gpu_errors(spec: DDPJobSpec) -> list[FieldError]:
+    if spec.elastic_policy.n_proc_per_node == "gpu" and GPU_RESOURCE not in spec.resources.limits:
+        return [FieldError("spec.elasticPolicy.nProcPerNode", "gpu",
+                           f'needs spec.resources.limits["{GPU_RESOURCE}"] (a GPU limit)')]
+    return []
+
+
+def _backoff_errors(spec: DDPJobSpec) -> list[FieldError]:
+    fp = spec.failure_policy
     if fp.max_backoff_seconds < fp.backoff_seconds:
-        errors.append(FieldError("spec.failurePolicy.maxBackoffSeconds", fp.max_backoff_seconds,
-                                 f"must be >= spec.failurePolicy.backoffSeconds ({fp.backoff_seconds})"))
-    return (errors + _resource_errors(spec.resources) + _env_errors(spec) + _override_errors(spec)
-            + _security_errors(spec.pod_overrides))
+        return [FieldError("spec.failurePolicy.maxBackoffSeconds", fp.max_backoff_seconds,
+                           f"must be >= spec.failurePolicy.backoffSeconds ({fp.backoff_seconds})")]
+    return []
+
+
+REPLICA_FIELDS = ("spec.replicas", "spec.elasticPolicy.minReplicas", "spec.elasticPolicy.maxReplicas")
+# Each cross-field rule with the paths it reads, or a function of the spec giving them (a
+# defaulted replica field reads the other two).
+_CROSS_FIELD_RULES = (
+    (("spec.module", "spec.script"), _code_errors),
+    (_range_reads, _range_errors),
+    (REPLICA_FIELDS[:2], _below_min_errors),
+    # maxReplicas defaults to max(minReplicas, replicas)
+    (lambda spec: REPLICA_FIELDS[::2] if _given(spec, "max_replicas") else REPLICA_FIELDS, _above_max_errors),
+    (("spec.elasticPolicy.rdzvStore", "spec.elasticPolicy.rdzvBackend", "spec.elasticPolicy.rdzvSecretName",
+      "spec.elasticPolicy.managedEtcd", "spec.elasticPolicy.rdzvEndpoints"),
+     lambda spec: _rdzv_errors(spec.elastic_policy)),
+    (("spec.elasticPolicy.nProcPerNode", "spec.resources"), _gpu_errors),
+    (("spec.failurePolicy.backoffSeconds", "spec.failurePolicy.maxBackoffSeconds"), _backoff_errors),
+    (("spec.resources",), lambda spec: _resource_errors(spec.resources)),
+    (("spec.env",), lambda spec: _env_errors(spec)),
+    # volumeMounts are checked against the operator's mounts: the snapshot's and the rdzv secret's
+    (("spec.podOverrides", "spec.snapshot", "spec.elasticPolicy.rdzvSecretName", "spec.scheduling.nodeSelector"),
+     lambda spec: _override_errors(spec)),
+    (("spec.podOverrides",), lambda spec: _security_errors(spec.pod_overrides)),
+)
 
 
 def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
@@ -1260,13 +1334,17 @@ def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
     return [_from_pydantic(err) for err in exc.errors()]
 
 
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    return "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+
+
 def _from_pydantic(err: Mapping[str, Any]) -> FieldError:
-    path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+    path = _loc_path(err["loc"])
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input", MISSING)
     if kind == "missing":
         return FieldError(path, MISSING, "is required")
     if kind == "extra_forbidden":
-        return FieldError(path, value, "is not a field of this object (check the spelling)")
+        return FieldError(path, value, unknown_field_rule(err["loc"]))
     rules = {
         "greater_than_equal": lambda: f"must be >= {ctx.get('ge')}",
         "less_than_equal": lambda: f"must be <= {ctx.get('le')}",
@@ -1289,6 +1367,46 @@ def _from_pydantic(err: Mapping[str, Any]) -> FieldError:
     return FieldError(path, value, rule)
 
 
+def unknown_field_rule(loc: tuple[Any, ...]) -> str:
+    """The rule for an unknown field at `loc`, with the closest field of that object when one is close."""
+    meant = meant_field(loc)
+    if meant:
+        return f"is not a field of this object: did you mean {meant!r}?"
+    return "is not a field of this object (check the spelling)"
+
+
+@functools.lru_cache(maxsize=256)  # asked twice per unknown field: for its message and for the rules it holds back
+def meant_field(loc: tuple[Any, ...]) -> str | None:
+    """The field of the same object an unknown field at `loc` most likely misspells (difflib), or None."""
+    known, word = _field_names(DDPJobSpec, loc[:-1]), str(loc[-1])
+    # difflib's ratio is at most 2*len(name)/(len(word)+len(name)): a word over 3 times the longest name
+    # cannot reach the 0.6 cutoff, and indexing a huge key (a hostile 1 MB one: 0.3 s) would be wasted
+    if not known or len(word) > 3 * max(map(len, known)):
+        return None
+    close = difflib.get_close_matches(word, known, n=1)
+    return close[0] if close else None
+
+
+def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names (as written in YAML) of the object at `loc` inside `model`; [] if unknown."""
+    for step in loc:
+        if isinstance(step, int):  # a list entry: the model was already unwrapped from list[...]
+            continue
+        field = next((f for name, f in model.model_fields.items() if step in (f.alias, name)), None)
+        inner = _model_in(field.annotation) if field else None
+        if inner is None:
+            return []
+        model = inner
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `X | None` or `list[X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
+
+
 def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
@@ -1296,17 +1414,59 @@ def _lower_first(text: str) -> str:
 # --- Entry points ------------------------------------------------------------
 
 def validate_spec(body_spec: Mapping[str, Any] | None) -> list[FieldError]:
-    """All rule violations of a DDPJob `spec` (empty list: valid).
+    """All rule violations of a DDPJob `spec` (empty list: valid), in one list.
 
-    Type errors are collected first; cross-field rules run only when the types are
-    right (they need a typed spec), and then all of them are reported together.
+    Field errors come first. The cross-field rules then run on what remains once the refused
+    fields are taken out (they fall back to their defaults), skipping each rule that reads a
+    refused field, so one run reports every error it can report truthfully.
     """
-    collected: list[FieldError] = []
+    return _checked_spec(body_spec)[0]
+
+
+# Stands in for a refused or missing spec.image while the other rules run; no rule reads it.
+_IMAGE_STAND_IN = "image.invalid/stand-in"
+_PRUNE_ROUNDS = 4  # a refused field's default is valid, so one round normally suffices
+
+
+def _checked_spec(body_spec: Any) -> tuple[list[FieldError], DDPJobSpec | None, tuple[str, ...]]:
+    """(every error, the spec the cross-field rules saw or None, the refused paths)."""
     try:
-        DDPJobSpec.model_validate(body_spec or {}, context={"collect_errors": collected})
+        collected: list[FieldError] = []
+        spec = DDPJobSpec.model_validate(body_spec or {}, context={"collect_errors": collected})
+        return collected, spec, ()
     except ValidationError as exc:
-        return _pydantic_errors(exc)
-    return collected
+        field_errors, locs = _pydantic_errors(exc), [e["loc"] for e in exc.errors()]
+        # a misspelt field leaves the one it meant at its default: what the file wants there is unknown
+        meant = [loc[:-1] + (m,) for e, loc in zip(exc.errors(), locs)
+                 if e["type"] == "extra_forbidden" and (m := meant_field(loc))]
+    if not isinstance(body_spec, Mapping) or any(not loc for loc in locs):
+        return field_errors, None, ()
+    pruned, invalid = body_spec, tuple(_loc_path(loc) for loc in locs + meant)
+    for _ in range(_PRUNE_ROUNDS):
+        for loc in locs:
+            pruned = _pruned(pruned, loc)
+        pruned = {"image": _IMAGE_STAND_IN, **pruned}
+        try:
+            collected = []
+            spec = DDPJobSpec.model_validate(pruned, context={"collect_errors": collected, "invalid": invalid})
+            return field_errors + collected, spec, invalid
+        except ValidationError as exc:
+            locs = [e["loc"] for e in exc.errors()]
+            invalid += tuple(_loc_path(loc) for loc in locs)
+    return field_errors, None, invalid
+
+
+def _pruned(body: Mapping[str, Any], loc: tuple[Any, ...]) -> dict[str, Any]:
+    """`body` without the refused value at `loc`: the field holding it, or the whole list it is an entry of
+    (removing one entry would renumber the others, and their errors would name wrong paths). Copies only
+    the objects on the way down; the rest is shared, never changed."""
+    keys = loc[:next((i for i, step in enumerate(loc) if isinstance(step, int)), len(loc))]
+    copied, child = dict(body), body.get(keys[0]) if keys else None
+    if len(keys) > 1 and isinstance(child, Mapping) and keys[1] in child:
+        copied[keys[0]] = _pruned(child, keys[1:])
+    elif keys:
+        copied.pop(keys[0], None)  # absent (a missing field): nothing to take out
+    return copied
 
 
 def parse_spec(body_spec: Mapping[str, Any] | None) -> DDPJobSpec:
@@ -1349,12 +1509,12 @@ def validate_job(body: Any) -> list[FieldError]:
     if shape:
         return shape
     errors = _identity_errors(body)
-    spec_errors = validate_spec(body.get("spec"))
+    spec_errors, spec, invalid = _checked_spec(body.get("spec"))
     if not any(e.path.startswith("metadata") for e in errors):
         name = body["metadata"]["name"]
-        # With an invalid spec maxReplicas is unknown: 1 is the bound every job name must fit.
-        spec = None if spec_errors else DDPJobSpec.model_validate(body.get("spec") or {})
-        problem = name_too_long(name, spec.max_replicas if spec else 1)
+        # With a refused replica field maxReplicas is unknown: 1 is the bound every job name must fit.
+        known = spec is not None and not any(_overlaps(f, bad) for f in REPLICA_FIELDS for bad in invalid)
+        problem = name_too_long(name, spec.max_replicas if known else 1)
         if problem:
             errors.append(FieldError("metadata.name", name, problem))
     return errors + spec_errors

@@ -11,10 +11,10 @@ from typing import Any, Mapping
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.api.clock import format_time
-from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef, validate_job
+from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
 from ddpjob_operator.decide import bounds, isolation, last_valid
-from ddpjob_operator.decide.creation import CreateFailure, replica_limit_errors
+from ddpjob_operator.decide.creation import CreateFailure, job_errors
 from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
 from ddpjob_operator.decide.observed import Observed
@@ -49,7 +49,7 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
         max_replicas: the operator's --max-replicas (None: no cap); a job above it is invalid.
     """
     ref = JobRef.from_body(body)
-    errors = validate_job(body) or replica_limit_errors(body.get("spec"), max_replicas)
+    errors = job_errors(body, max_replicas)
     spec = last_valid.kept_spec(body, max_replicas) if errors else DDPJobSpec.model_validate(body.get("spec") or {})
     kept = bool(errors) and spec is not None
     update = compute_status(ref, spec, observed, body.get("status"), now, errors=[] if kept else errors,

@@ -1,4 +1,6 @@
 """The `ddpjob` command: validate and render a DDPJob file, clear errors for bad input."""
+import importlib.metadata
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +120,75 @@ def test_render_leaves_out_the_policy_and_the_budget_a_job_turns_off(tmp_path, c
 def test_render_refuses_an_invalid_job(tmp_path, capsys):
     assert cli.main(["render", example_with(tmp_path, replicas=0)]) == cli.EXIT_INVALID
     assert "spec.replicas (0)" in capsys.readouterr().err
+
+
+def test_validate_reports_field_and_cross_field_errors_in_one_run(tmp_path, capsys):
+    path = example_with(tmp_path, replicas=9, imagePullPolicy="Sometimes", script="/w/train.py",
+                        elasticPolicy={"minReplicas": 1, "maxReplicas": 4, "maxRestarts": -1},
+                        failurePolicy={"backoffSeconds": 10, "maxBackoffSeconds": 1})
+    assert cli.main(["validate", path]) == cli.EXIT_INVALID
+    assert capsys.readouterr().err.splitlines() == [f"{path}: {line}" for line in (
+        "spec.imagePullPolicy (\"Sometimes\") must be one of 'Always', 'IfNotPresent' or 'Never'",
+        "spec.elasticPolicy.maxRestarts (-1) must be >= 0",
+        'spec.script ("/w/train.py") may not be set together with spec.module ("ddpjob_trainer.examples.mlp"): '
+        "set exactly one of them",
+        "spec.replicas (9) must be <= spec.elasticPolicy.maxReplicas (4)",
+        "spec.failurePolicy.maxBackoffSeconds (1) must be >= spec.failurePolicy.backoffSeconds (10)",
+    )]
+
+
+def test_validate_suggests_the_field_a_misspelt_one_was_meant_to_be(tmp_path, capsys):
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["spec"]["elasticPolicy"]["minReplica"] = job["spec"]["elasticPolicy"].pop("minReplicas")
+    path = write(tmp_path, yaml.safe_dump(job))
+    assert cli.main(["validate", path]) == cli.EXIT_INVALID
+    assert capsys.readouterr().err == (
+        f"{path}: spec.elasticPolicy.minReplica (1) is not a field of this object: did you mean 'minReplicas'?\n")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["validate", "--version"]])
+def test_version_prints_the_installed_package_version(argv, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"ddpjob {importlib.metadata.version('ddpjob-operator')}\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["validate", "--help"], ["render", "--help"], ["run", "--help"]])
+def test_help_is_plain_text_without_docstring_markup(argv, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    text = capsys.readouterr().out
+    assert text.startswith("usage: ddpjob")
+    assert "``" not in text and ":func:" not in text and not re.search(r":\w+:`", text)
+
+
+def test_validate_applies_the_operators_replica_cap_by_default(tmp_path, capsys):
+    path = example_with(tmp_path, replicas=600, elasticPolicy={"maxReplicas": 700})
+    assert cli.main(["validate", path]) == cli.EXIT_INVALID
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: spec.replicas (600) must be <= 500, the operator's --max-replicas setting",
+        f"{path}: spec.elasticPolicy.maxReplicas (700) must be <= 500, the operator's --max-replicas setting"]
+
+
+def test_validate_max_replicas_sets_the_cap_the_operator_runs_with(tmp_path, capsys):
+    path = example_with(tmp_path)  # elasticPolicy.maxReplicas: 4
+    assert cli.main(["validate", path, "--max-replicas", "3"]) == cli.EXIT_INVALID
+    assert capsys.readouterr().err == (
+        f"{path}: spec.elasticPolicy.maxReplicas (4) must be <= 3, the operator's --max-replicas setting\n")
+    assert cli.main(["validate", path, "--max-replicas", "4"]) == 0
+
+
+def test_validate_refuses_a_max_replicas_the_operator_would_refuse(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["validate", str(EXAMPLE), "--max-replicas", "1001"])
+    assert exited.value.code == 2
+    assert "argument --max-replicas: (1001) must be 1..1000, the CRD's own maximum" in capsys.readouterr().err
+
+
+def test_validate_reports_both_the_crd_maximum_and_the_cap_once_each(tmp_path, capsys):
+    path = example_with(tmp_path, replicas=2000, elasticPolicy={"maxReplicas": 600})
+    assert cli.main(["validate", path]) == cli.EXIT_INVALID
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: spec.replicas (2000) must be <= 1000",
+        f"{path}: spec.elasticPolicy.maxReplicas (600) must be <= 500, the operator's --max-replicas setting"]

@@ -6,6 +6,8 @@ here: how errors are collected and shown, defaults, and the rules' edges.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from ddpjob_operator.api.spec import (
@@ -47,7 +49,84 @@ def test_all_type_errors_are_reported_together():
         "spec.replicas (0) must be >= 1",
         "spec.image is required",
         "spec.elasticPolicy.maxRestarts (-2) must be >= 0",
+        "spec.module is required: set exactly one of spec.module or spec.script",
     ]
+
+
+def test_field_and_cross_field_errors_are_reported_together_in_one_run():
+    errors = validate_spec(spec_with({
+        "image": "", "imagePullPolicy": "Sometimes", "script": "/w/train.py",
+        "elasticPolicy": {"minReplicas": 3, "maxReplicas": 2, "maxRestarts": -1, "rdzvBackend": "etcd"},
+        "failurePolicy": {"backoffSeconds": 10, "maxBackoffSeconds": 1},
+        "env": [{"name": "PET_NNODES", "value": "1"}],
+    }))
+    assert [e.message for e in errors] == [
+        'spec.image ("") must not be empty',
+        "spec.imagePullPolicy (\"Sometimes\") must be one of 'Always', 'IfNotPresent' or 'Never'",
+        "spec.elasticPolicy.maxRestarts (-1) must be >= 0",
+        'spec.script ("/w/train.py") may not be set together with spec.module ("ddpjob_trainer.examples.mlp"): '
+        "set exactly one of them",
+        "spec.elasticPolicy.maxReplicas (2) must be >= spec.elasticPolicy.minReplicas (3)",
+        "spec.replicas (2) must be >= spec.elasticPolicy.minReplicas (3)",
+        "spec.elasticPolicy.rdzvEndpoints ([]) must list at least one etcd host:port when rdzvBackend is etcd "
+        "(or set managedEtcd.enabled: true)",
+        "spec.failurePolicy.maxBackoffSeconds (1) must be >= spec.failurePolicy.backoffSeconds (10)",
+        'spec.env[0].name ("PET_NNODES") is set by the operator; use spec.elasticPolicy.minReplicas/maxReplicas '
+        "instead",
+    ]
+
+
+@pytest.mark.parametrize("changes, message", [
+    # minReplicas refused: judged on its default, "maxReplicas >= minReplicas" would be a guess
+    ({"replicas": 2, "elasticPolicy": {"minReplicas": "3", "maxReplicas": 2}},
+     'spec.elasticPolicy.minReplicas ("3") must be an integer'),
+    # resources refused: whether nProcPerNode gpu has its GPU limit cannot be known
+    ({"resources": {"limits": "lots"}, "elasticPolicy": {"nProcPerNode": "gpu"}},
+     'spec.resources.limits ("lots") must be a mapping (an object)'),
+    # one env entry refused: the duplicate-name rule would judge a list the file does not have
+    ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": 2}]}, "spec.env[1].value (2) must be a string"),
+])
+def test_a_cross_field_rule_that_reads_a_refused_field_says_nothing(changes, message):
+    assert [e.message for e in validate_spec(spec_with(changes))] == [message]
+
+
+def test_a_misspelt_field_holds_back_the_rules_reading_the_field_it_meant_only():
+    # minReplicas holds its default (replicas, 6), not the 2 the file meant: "maxReplicas (4) must be >=
+    # minReplicas (6)" would be false; replicas above maxReplicas reads neither and is reported.
+    errors = validate_spec(spec_with({"replicas": 6, "elasticPolicy": {"minReplica": 2, "maxReplicas": 4}}))
+    assert [e.message for e in errors] == [
+        "spec.elasticPolicy.minReplica (2) is not a field of this object: did you mean 'minReplicas'?",
+        "spec.replicas (6) must be <= spec.elasticPolicy.maxReplicas (4)",
+    ]
+
+
+def test_collecting_every_error_leaves_the_callers_spec_as_it_was():
+    spec = spec_with({"image": "", "elasticPolicy": {"minReplica": 2, "maxRestarts": -1}, "env": [{"name": 3}]})
+    before = copy.deepcopy(spec)
+    assert len(validate_spec(spec)) == 4
+    assert spec == before
+
+
+def test_a_refused_replicas_leaves_the_explicit_min_max_rule_running():
+    errors = validate_spec(spec_with({"replicas": "x", "elasticPolicy": {"minReplicas": 3, "maxReplicas": 2}}))
+    assert [e.message for e in errors] == [
+        'spec.replicas ("x") must be an integer',
+        "spec.elasticPolicy.maxReplicas (2) must be >= spec.elasticPolicy.minReplicas (3)",
+    ]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"elasticPolicy": {"minReplica": 1}},
+     "spec.elasticPolicy.minReplica (1) is not a field of this object: did you mean 'minReplicas'?"),
+    ({"imag": "x"}, 'spec.imag ("x") is not a field of this object: did you mean \'image\'?'),
+    ({"env": [{"name": "A", "valu": "1"}]},
+     'spec.env[0].valu ("1") is not a field of this object: did you mean \'value\'?'),
+    ({"zzzz": 1}, "spec.zzzz (1) is not a field of this object (check the spelling)"),
+    # too long to be a misspelling of any field: not compared at all (difflib would index all of it)
+    ({"image" * 40: 1}, f"spec.{'image' * 40} (1) is not a field of this object (check the spelling)"),
+])
+def test_a_misspelt_field_gets_the_closest_field_name_of_its_object(changes, message):
+    assert [e.message for e in validate_spec(spec_with(changes))] == [message]
 
 
 def test_parse_spec_raises_an_error_carrying_every_field_error():
@@ -140,6 +219,11 @@ def test_a_job_name_too_long_for_its_pod_names_is_rejected_with_the_limit():
     assert [e.message for e in validate_job(body)] == [
         f'metadata.name ("{"a" * 56}") is too long: pod name \'{"a" * 56}-node-11\' has 64 characters, '
         "over the DNS label limit of 63; use at most 55 characters"]
+
+
+def test_a_job_name_too_long_is_reported_with_field_errors_elsewhere_in_the_spec():
+    body = make_ddpjob("a" * 56, replicas=2, max_replicas=12, imagePullPolicy="Sometimes")
+    assert [e.path for e in validate_job(body)] == ["metadata.name", "spec.imagePullPolicy"]
 
 
 def test_a_job_name_that_just_fits_is_accepted():

@@ -120,6 +120,15 @@ def test_a_job_above_the_crds_maximum_is_reported_by_that_rule_alone():
     assert invalid["message"] == "spec.replicas (100000) must be <= 1000"
 
 
+def test_the_invalid_spec_message_names_a_misspelt_field_and_the_cap_together():
+    job = make_ddpjob(replicas=100)
+    job["spec"]["imag"] = "x"
+    invalid = next(c for c in step(job, [], 0, max_replicas=64).status["conditions"]
+                   if c["type"] == C.COND_INVALID_SPEC)
+    assert invalid["message"] == ("spec.imag (\"x\") is not a field of this object: did you mean 'image'?; "
+                                  "spec.replicas (100) must be <= 64, the operator's --max-replicas setting")
+
+
 def test_a_job_at_the_operators_max_replicas_is_created():
     job = make_ddpjob(replicas=8, max_replicas=8, **STORE_ON_NODE)
     assert len([a for a in step(job, [], 0, max_replicas=8).actions if isinstance(a, CreatePod)]) == 8

@@ -249,7 +249,8 @@ def test_overrides_that_leave_the_profile_are_applied_and_show_up_in_the_checker
     ({"containerSecurityContext": {"procMount": "Host"}},
      "spec.podOverrides.containerSecurityContext.procMount (\"Host\") must be one of 'Default' or 'Unmasked'"),
     ({"containerSecurityContext": {"runAsUsr": 1000}},
-     "spec.podOverrides.containerSecurityContext.runAsUsr (1000) is not a field of this object (check the spelling)"),
+     "spec.podOverrides.containerSecurityContext.runAsUsr (1000) is not a field of this object: "
+     "did you mean 'runAsUser'?"),
     ({"securityContext": {"seccompProfile": {"type": "None"}}},
      "spec.podOverrides.securityContext.seccompProfile.type (\"None\") must be one of "
      "'RuntimeDefault', 'Localhost' or 'Unconfined'"),
