@@ -90,7 +90,7 @@ def localize(value: str, mount_path: str | None, local_dir: Path | None) -> str:
 
 
 def local_spec(spec: DDPJobSpec, *, port: int | None, fast_rendezvous: bool) -> tuple[DDPJobSpec, list[str]]:
-    """The spec as a local run uses it, and one note per change.
+    """The spec as a local run uses it, and one note per change (and one saying what "auto" runs).
 
     Args:
         spec: the parsed spec.
