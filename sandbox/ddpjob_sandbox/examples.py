@@ -35,8 +35,7 @@ def example_job(file: str = "ddpjob-c10d.yaml", *, args: list[str], rdzv_port: i
                 backoff_seconds: int = 1) -> dict:
     """An example manifest with test-speed overrides, each of which a test must say it uses:
 
-    ``args`` replace the trainer's (fewer samples, --step-sleep, --snapshot-every-steps),
-    one worker per node (``auto`` would start one per CPU on this 2-core machine), a free
+    ``args`` replace the trainer's (fewer samples, --step-sleep, --snapshot-every-steps), a free
     rendezvous port (tests run side by side on one loopback), FAST_RDZV_TIMEOUTS, and a
     ``backoff_seconds`` first replacement delay (the example waits 10 s).
     """
@@ -44,7 +43,6 @@ def example_job(file: str = "ddpjob-c10d.yaml", *, args: list[str], rdzv_port: i
     spec = body["spec"]
     spec["args"] = list(args)
     elastic = spec["elasticPolicy"]
-    elastic["nProcPerNode"] = 1
     elastic["rdzvTimeouts"] = dict(FAST_RDZV_TIMEOUTS)
     if rdzv_port is not None:
         elastic["rdzvPort"] = rdzv_port

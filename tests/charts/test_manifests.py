@@ -122,6 +122,24 @@ def test_cel_check_rejects_min_replicas_above_max_replicas():
     assert any("maxReplicas must be >= spec.elasticPolicy.minReplicas" in message for message in failed), failed
 
 
+@pytest.mark.parametrize("name, workers", [("ddpjob-c10d.yaml", "1"), ("ddpjob-etcd.yaml", "2"),
+                                           ("ddpjob-managed-etcd.yaml", "2")])
+def test_example_jobs_start_one_worker_per_whole_cpu_requested_also_in_the_sandbox(name, workers):
+    # nProcPerNode: auto as written, resolved by the operator: torchrun's own "auto" would start
+    # one worker per CPU of the host. The sandbox's test-speed copy keeps the field as written.
+    from ddpjob_operator.api.spec import JobRef, parse_spec
+    from ddpjob_operator.render.node_pod import render_pod
+    from ddpjob_sandbox.examples import example_job as sandbox_job
+
+    def rendered(job):
+        (container,) = render_pod(JobRef(name="j", namespace=NAMESPACE, uid="u"), parse_spec(job["spec"]),
+                                  0)["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in container["env"]}["PET_NPROC_PER_NODE"]
+
+    assert example_job(name)["spec"]["elasticPolicy"].get("nProcPerNode", "auto") == "auto"
+    assert (rendered(example_job(name)), rendered(sandbox_job(name, args=[]))) == (workers, workers)
+
+
 @pytest.mark.parametrize("name", JOB_EXAMPLES)
 def test_example_job_passes_the_operators_own_validation(name):
     spec_module = pytest.importorskip("ddpjob_operator.api.spec", reason="ddpjob_operator.api.spec not written yet")

@@ -13,6 +13,7 @@ from ddpjob_operator.render.launch import zygote_socket
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.spec import JobRef, parse_spec
 from ddpjob_sandbox.jobs import make_spec
+from ddpjob_sandbox.node.launch import container_launch
 
 RUN = Path("/tmp/run")
 SNAP = RUN / "snapshots"
@@ -54,7 +55,7 @@ def test_each_node_gets_the_pods_environment_with_only_the_local_differences():
         differ = {k for k in node.env if pod_env.get(k) != node.env[k]}
         # Pod-only variables (the kubelet's termination log) are fine; a torchrun flag missing locally is not.
         assert not [k for k in set(pod_env) - set(node.env) if k.startswith("PET_")]
-        assert differ == {"PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_NPROC_PER_NODE",
+        assert differ == {"PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF",
                           "PET_RDZV_BACKEND", "DDPJOB_SNAPSHOT_DIR", "DDPJOB_NAMESPACE", "DDPJOB_ZYGOTE_SOCKET",
                           "DDPJOB_JOB_UID", *LOOPBACK_ENV}
         assert node.env["PET_RDZV_ENDPOINT"] == "127.0.0.1:29555"
@@ -198,11 +199,28 @@ def test_spec_timeouts_are_kept_on_request():
     assert "last_call_timeout=30" in plan_of(spec, fast_rendezvous=False).nodes[0].env["PET_RDZV_CONF"]
 
 
-@pytest.mark.parametrize("nproc, expected", [("auto", "1"), (3, "3"), ("gpu", "gpu")])
-def test_nproc_auto_means_one_worker_per_local_node(nproc, expected):
-    spec = spec_of(elasticPolicy={"nProcPerNode": nproc},
-                   resources={"limits": {"nvidia.com/gpu": 1}})
-    assert plan_of(spec).nodes[0].env["PET_NPROC_PER_NODE"] == expected
+@pytest.mark.parametrize("nproc, resources, expected", [
+    ("auto", {"requests": {"cpu": "2"}}, "2"),  # the Pods' rule, not one worker per local node
+    ("auto", {"limits": {"nvidia.com/gpu": 2}}, "2"),
+    ("auto", {}, "1"),  # a local run has no CPU request unless the spec sets one
+    (3, {}, "3"),
+    ("gpu", {"limits": {"nvidia.com/gpu": 1}}, "gpu"),
+])
+def test_nproc_resolves_as_in_the_pods(nproc, resources, expected):
+    spec = spec_of(elasticPolicy={"nProcPerNode": nproc}, resources=resources)
+    plan = plan_of(spec)
+    assert [node.env["PET_NPROC_PER_NODE"] for node in plan.nodes] == [expected] * len(plan.nodes)
+
+
+def test_a_local_run_the_sandbox_and_the_pod_start_the_same_workers_for_a_cpu_request_of_2(tmp_path):
+    spec = spec_of(resources={"requests": {"cpu": "2"}})
+    pod = render_pod(JobRef(name="mlp", namespace="team-a", uid="uid-1"), spec, 0)
+    pod["metadata"]["uid"] = "pod-uid-0"  # the API server gives each pod its uid when it creates it
+    sandbox = container_launch(pod, tmp_path, [], {})
+    pod_env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert (plan_of(spec).nodes[0].env["PET_NPROC_PER_NODE"], sandbox.env["PET_NPROC_PER_NODE"],
+            pod_env["PET_NPROC_PER_NODE"]) == ("2", "2", "2")
+    assert 'nProcPerNode "auto" -> 2 worker(s) per node, as in the Pods' in plan_of(spec).notes
 
 
 def test_etcd_jobs_keep_the_specs_endpoints_and_say_the_user_runs_etcd():

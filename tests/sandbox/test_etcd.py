@@ -1,7 +1,8 @@
 """End to end in the sandbox with the rendezvous in a real etcd (manifests/examples/ddpjob-etcd.yaml).
 
 Test-speed overrides on a copy of the example (besides those of ``example_job``): 2 replicas
-instead of 3 (6 torch processes would crowd 2 cores), fewer samples and epochs, a step
+instead of 3 and a CPU request of 1 (nProcPerNode auto then runs one worker per node instead of
+the example's two; more torch processes would crowd 2 cores), fewer samples and epochs, a step
 sleep, and rdzvEndpoints pointing at the test's etcd through a Service-style DNS name
 (``ddpjob-etcd.<ns>.svc:<port>``; the sandbox node resolves it to loopback). minReplicas
 stays 2, so a lost node's replacement must join before training goes on.
@@ -35,6 +36,7 @@ def test_a_killed_node_rejoins_through_etcd_and_the_other_node_keeps_its_pod(bac
                         snapshot_every_steps=SNAPSHOT_EVERY, extra=("--accumulation-steps", "2"))
     body = example_job("ddpjob-etcd.yaml", args=args)
     body["spec"]["replicas"] = 2
+    body["spec"]["resources"]["requests"] = {"cpu": "1"}
     body["spec"]["elasticPolicy"].update(rdzvBackend=backend,
                                          rdzvEndpoints=[f"ddpjob-etcd.{k8s.namespace}.svc:{etcd.port}"])
     kubectl_apply(k8s, body, tmp_path)

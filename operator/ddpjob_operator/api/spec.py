@@ -401,8 +401,16 @@ class ElasticPolicy(_Model):
         json_schema_extra=immutable(
             "spec.elasticPolicy.maxReplicas", "running torchrun agents were started with it"))
     n_proc_per_node: NProcPerNode = Field("auto", description=(
-        'Worker processes per node: an integer, "gpu" (one per GPU; needs an nvidia.com/gpu '
-        'limit) or "auto" (one per GPU, else one per CPU).'))
+        'Worker processes per node (torchrun --nproc-per-node): an integer, "gpu" (torchrun counts '
+        'the GPUs the container sees; needs an nvidia.com/gpu limit) or "auto", which the operator '
+        'resolves to a number: resources.limits["nvidia.com/gpu"] when set, else the whole CPUs of '
+        'the CPU request (resources.requests.cpu, else resources.limits.cpu; rounded down, at least 1: '
+        '"2" -> 2, "1500m" -> 1), else 1. This default differs from torchrun\'s own "auto" '
+        '(the one a Kubeflow PyTorchJob user may know), which without an accelerator starts one '
+        'worker per CPU the process may run on: every CPU of the node (a CPU limit does not '
+        'change it) unless the kubelet\'s static CPU manager pins a Guaranteed pod to its CPUs. '
+        'A request set by a LimitRange is not seen (it is added at admission, after the operator '
+        'rendered the pod).'))
     max_restarts: int = Field(3, ge=0, description=(
         "Worker group restarts torchrun does inside a pod before the pod fails "
         "(torchrun --max-restarts)."))

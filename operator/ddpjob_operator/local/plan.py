@@ -29,7 +29,7 @@ from typing import Mapping
 from ddpjob_rdzv import C10D_BACKEND_NAME
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.render.launch import WORK_DIR_NAME, launch_plan, merged_env, working_dir
+from ddpjob_operator.render.launch import WORK_DIR_NAME, launch_plan, merged_env, working_dir, workers_per_node
 from ddpjob_operator.api.spec import DDPJobSpec
 
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
@@ -90,7 +90,7 @@ def localize(value: str, mount_path: str | None, local_dir: Path | None) -> str:
 
 
 def local_spec(spec: DDPJobSpec, *, port: int | None, fast_rendezvous: bool) -> tuple[DDPJobSpec, list[str]]:
-    """The spec as a local run uses it, and one note per change.
+    """The spec as a local run uses it, and one note per change (and one saying what "auto" runs).
 
     Args:
         spec: the parsed spec.
@@ -99,9 +99,9 @@ def local_spec(spec: DDPJobSpec, *, port: int | None, fast_rendezvous: bool) -> 
     """
     ep, notes, update = spec.elastic_policy, [], {}
     if ep.n_proc_per_node == "auto":
-        # In a Pod "auto" means one worker per GPU, else per CPU; local nodes share one machine.
-        update["n_proc_per_node"] = 1
-        notes.append('nProcPerNode "auto" -> 1 worker per local node')
+        # Resolved by the Pods' rule (launch.workers_per_node), not replaced: said because local
+        # nodes share this machine, so N nodes of W workers start N x W processes here.
+        notes.append(f'nProcPerNode "auto" -> {workers_per_node(spec)} worker(s) per node, as in the Pods')
     if port is not None and ep.rdzv_backend == "c10d":
         update["rdzv_port"] = port
     if fast_rendezvous:

@@ -23,7 +23,8 @@ from typing import Any, Mapping
 from ddpjob_rdzv import C10D_BACKEND_NAME
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import ETCD_V3, DDPJobSpec, RdzvTimeouts
+from ddpjob_operator.api.quantity import parse_quantity
+from ddpjob_operator.api.spec import ETCD_V3, GPU_RESOURCE, DDPJobSpec, RdzvTimeouts
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,38 @@ def torchrun_args(spec: DDPJobSpec) -> list[str]:
     """`-m MODULE ARGS...` or `SCRIPT ARGS...` (torchrun's positional part)."""
     head = ["-m", spec.module] if spec.module else [spec.script]
     return [*head, *spec.args]
+
+
+def workers_per_node(spec: DDPJobSpec) -> str:
+    """PET_NPROC_PER_NODE: spec.elasticPolicy.nProcPerNode with "auto" resolved here, for the
+    Pods, the sandbox and `ddpjob run` alike (each reads it from this launch plan).
+
+    "auto": one worker per GPU of spec.resources.limits["nvidia.com/gpu"]; without a GPU, the
+    whole CPUs of the CPU request (floor, at least 1), 1 without one. torchrun's own "auto"
+    is never passed on: without an accelerator it starts one worker per CPU of
+    os.sched_getaffinity, every CPU of the node unless the static CPU manager pins the pod
+    (a CFS CPU limit does not): 64 workers in a 2Gi pod on a 64-core node. An integer and
+    "gpu" (torchrun counts the visible GPUs) pass unchanged.
+    """
+    nproc = spec.elastic_policy.n_proc_per_node
+    if nproc != "auto":
+        return str(nproc)
+    gpus = _whole(spec.resources.limits.get(GPU_RESOURCE, 0))
+    return str(gpus if gpus >= 1 else max(1, _whole(cpu_request(spec))))
+
+
+def cpu_request(spec: DDPJobSpec) -> int | str:
+    """The container's CPU request: requests.cpu, else limits.cpu (the API server copies a limit
+    into a missing request), else 0. A LimitRange default is not seen: it is applied at admission."""
+    res = spec.resources
+    return res.requests.get("cpu", res.limits.get("cpu", 0))
+
+
+def _whole(quantity: int | str) -> int:
+    """The whole units of a quantity, rounded down; 0 for one too large to be a number, which
+    the API server refuses in a pod anyway (the render must still answer, not crash)."""
+    value = parse_quantity(quantity)
+    return int(value) if value.is_finite() else 0
 
 
 WORK_DIR_NAME = "work"  # <snapshot mountPath>/work/<job>: the working directory of script jobs
@@ -158,7 +191,7 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
     ep = spec.elastic_policy
     env = {
         "PET_NNODES": f"{spec.min_replicas}:{spec.max_replicas}",
-        "PET_NPROC_PER_NODE": str(ep.n_proc_per_node),
+        "PET_NPROC_PER_NODE": workers_per_node(spec),
         "PET_RDZV_BACKEND": ep.rdzv_backend,
         "PET_RDZV_ENDPOINT": rdzv_endpoint_for(spec, rdzv_host),
         "PET_RDZV_ID": rdzv_id(uid, rdzv_generation),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError, launch_plan, merged_env, rdzv_conf
-from ddpjob_operator.api.spec import InvalidSpecError, RdzvTimeouts, parse_spec
+from ddpjob_operator.api.spec import InvalidSpecError, JobRef, RdzvTimeouts, parse_spec
+from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_trainer.env import snapshot_on_unreadable
 from ddpjob_sandbox.jobs import make_spec
 
@@ -24,7 +25,7 @@ def test_local_launch_of_a_c10d_job():
     assert launch.args == ["-m", "ddpjob_trainer.examples.mlp", "--epochs", "2"]
     assert launch.env == {
         "PET_NNODES": "1:3",
-        "PET_NPROC_PER_NODE": "auto",
+        "PET_NPROC_PER_NODE": "1",
         "PET_RDZV_BACKEND": "c10d",
         "PET_RDZV_ENDPOINT": "127.0.0.1:29400",
         "PET_RDZV_ID": "uid-1",
@@ -71,6 +72,36 @@ def test_torchs_v2_etcd_backend_also_gets_its_own_join_timeout_key():
 def test_integer_nproc_per_node_and_torchrun_restarts_are_passed_as_strings():
     launch = plan({"elasticPolicy": {"nProcPerNode": 4, "maxRestarts": 0}})
     assert (launch.env["PET_NPROC_PER_NODE"], launch.env["PET_MAX_RESTARTS"]) == ("4", "0")
+
+
+GPUS_4 = {"limits": {"nvidia.com/gpu": 4}}
+
+
+@pytest.mark.parametrize("nproc, resources, workers", [
+    ("auto", GPUS_4, "4"),  # one worker per GPU of the limit
+    ("auto", {"limits": {"nvidia.com/gpu": "4", "cpu": "16"}}, "4"),  # GPUs win over CPUs
+    ("auto", {"requests": {"cpu": "2"}}, "2"),
+    ("auto", {"requests": {"cpu": 2}}, "2"),  # an integer quantity, as YAML gives `cpu: 2`
+    ("auto", {"requests": {"cpu": "1500m"}}, "1"),  # whole CPUs, rounded down
+    ("auto", {"requests": {"cpu": "500m"}}, "1"),  # less than one CPU still runs one worker
+    ("auto", {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2"}}, "1"),  # the request, not the limit
+    ("auto", {"limits": {"cpu": "3"}}, "3"),  # the API server copies a lone limit into the request
+    ("auto", {"limits": {"memory": "2Gi"}}, "1"),  # no CPU request: one worker, never one per host CPU
+    ("auto", {}, "1"),
+    ("auto", {"requests": {"cpu": "1e999999999"}}, "1"),  # not a number the API server takes: answered, no crash
+    (3, {"requests": {"cpu": "8"}, **GPUS_4}, "3"),  # an explicit count is kept
+    ("gpu", {"requests": {"cpu": "8"}, **GPUS_4}, "gpu"),  # torchrun counts the visible GPUs itself
+])
+def test_nproc_auto_resolves_to_the_gpu_limit_else_the_whole_cpus_requested(nproc, resources, workers):
+    launch = plan({"elasticPolicy": {"nProcPerNode": nproc}, "resources": resources})
+    assert launch.env["PET_NPROC_PER_NODE"] == workers
+
+
+def test_the_pods_env_carries_the_resolved_count_never_torchruns_auto():
+    # Checked on the Pod as rendered, which is what the kubelet (and the sandbox's node) runs.
+    spec = parse_spec(make_spec(resources={"requests": {"cpu": "2"}}))
+    (container,) = render_pod(JobRef(name="mlp", namespace="ns", uid="uid-1"), spec, 0)["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["PET_NPROC_PER_NODE"] == "2"
 
 
 def test_no_snapshot_dir_means_no_snapshot_variable():
