@@ -780,6 +780,12 @@ class ContainerSecurityContext(_SecurityContext):
         "set it together with a /tmp emptyDir in volumes and volumeMounts)."))
 
 
+def _without_keys(path: str, keys: tuple[str, ...], why: str) -> dict[str, Any]:
+    """json_schema_extra of a map that may not hold Kueue's `keys` (`in` on a map costs O(1))."""
+    return {"x-kubernetes-validations": [cel(" && ".join(f"!('{k}' in self)" for k in keys),
+                                             f"{path} may not set Kueue's {', '.join(keys)}: {why}")]}
+
+
 class PodOverrides(_Model):
     """Extra settings copied into every node pod."""
 
@@ -818,16 +824,12 @@ class PodOverrides(_Model):
         json_schema_extra=list_map("mountPath"))
     labels: dict[str, LabelValue] = Field(default_factory=dict, description=(
         "Extra pod labels (not the operator's own, nor Kueue's " + ", ".join(RESERVED_KUEUE_LABELS) + ")."),
-        json_schema_extra={"x-kubernetes-validations": [cel(
-            " && ".join(f"!('{k}' in self)" for k in RESERVED_KUEUE_LABELS),
-            f"spec.podOverrides.labels may not set Kueue's {', '.join(RESERVED_KUEUE_LABELS)}: "
-            "the operator sets them from spec.scheduling.queueName")]})
+        json_schema_extra=_without_keys("spec.podOverrides.labels", RESERVED_KUEUE_LABELS,
+                                        "the operator sets them from spec.scheduling.queueName"))
     annotations: dict[str, str] = Field(default_factory=dict, description=(
         "Extra pod annotations (not Kueue's " + ", ".join(RESERVED_KUEUE_ANNOTATIONS) + ")."),
-        json_schema_extra={"x-kubernetes-validations": [cel(
-            " && ".join(f"!('{k}' in self)" for k in RESERVED_KUEUE_ANNOTATIONS),
-            f"spec.podOverrides.annotations may not set Kueue's {', '.join(RESERVED_KUEUE_ANNOTATIONS)}: "
-            "the operator sets it from spec.replicas")]})
+        json_schema_extra=_without_keys("spec.podOverrides.annotations", RESERVED_KUEUE_ANNOTATIONS,
+                                        "the operator sets it from spec.replicas"))
 
 
 MOUNTED_BY_OPERATOR = ("is already mounted by the operator (/dev/shm, spec.snapshot.mountPath or the "
