@@ -46,7 +46,7 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube
-from ddpjob_operator.decide.observed import PodView, view_pod
+from ddpjob_operator.decide.observed import PodView, controller_of, view_pod
 from ddpjob_operator.decide.plan import BUDGET_COMPARED
 
 logger = logging.getLogger("ddpjob_operator")
@@ -115,8 +115,8 @@ def keep_budget(body: dict) -> dict:
     controller's uid and the compared fields. Anyone who may edit budgets in the namespace can grow
     ours (a 654 KiB selector, parsed, holds 1.1 MiB): a field over MAX_KEPT_BUDGET_FIELD_BYTES is kept as
     a short marker, which differs from what the job wants, so the pass patches it back."""
-    controller = [{"uid": o.get("uid"), "controller": True} for o in (body.get("metadata") or {}).get(
-        "ownerReferences") or [] if isinstance(o, Mapping) and o.get("controller")][:1]
+    owner = controller_of(body.get("metadata") or {})
+    controller = [{"uid": owner.get("uid"), "controller": True}] if owner else []
     spec = body.get("spec") or {}
     kept = {}
     for key in BUDGET_COMPARED:

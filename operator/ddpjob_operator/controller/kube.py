@@ -29,6 +29,7 @@ from ddpjob_operator.api.constants import (
     API_VERSION, GROUP, MANAGED_BY, MAX_EVENT_MESSAGE_CHARS, NETWORKING_API_VERSION, PLURAL, POLICY_API_VERSION,
     VERSION
 )
+from ddpjob_operator.decide.observed import controller_of
 
 RETRY_DELAY_SECONDS = 2.0  # how long kopf waits before retrying a handler after a transient API error
 REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a reconcile forever
@@ -72,12 +73,6 @@ class ForeignObjectError(ApiError):
                    f"{wanted.get('name')!r} (uid {wanted.get('uid')}): the operator neither adopts nor "
                    f"replaces it; delete or rename it so the job can create its own")
         super().__init__(409, FOREIGN_OBJECT_REASON, message, what)
-
-
-def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The ownerReference marked controller in an object's metadata (None: none)."""
-    owners = meta.get("ownerReferences") or []
-    return next((o for o in owners if isinstance(o, Mapping) and o.get("controller")), None)
 
 
 class RetryableError(kopf.TemporaryError):

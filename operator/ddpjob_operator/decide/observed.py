@@ -162,9 +162,14 @@ def named_by_operator(pod: PodView, job: str) -> bool:
     return pod.component in names and pod.name == names[pod.component]
 
 
-def _controller_uid(meta: Mapping[str, Any]) -> str:
+def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference marked controller in an object's metadata (None: none)."""
     owners = meta.get("ownerReferences") or []
-    return next((o.get("uid") or "" for o in owners if isinstance(o, Mapping) and o.get("controller")), "")
+    return next((o for o in owners if isinstance(o, Mapping) and o.get("controller")), None)
+
+
+def _controller_uid(meta: Mapping[str, Any]) -> str:
+    return (controller_of(meta) or {}).get("uid") or ""
 
 
 def _number(raw: Any) -> int | None:
