@@ -924,7 +924,7 @@ def _size_rule() -> dict[str, str]:
              f"{old_low_text} + ':' + {old_high_text} + ' (both default to spec.replicas); delete and recreate the "
              "job with the minReplicas and maxReplicas it may be scaled within'")
     ranged = (f"'spec.elasticPolicy minReplicas:maxReplicas (' + {low_text} + ':' + {high_text} + ') may not "
-              f"change from ' + {old_low_text} + ':' + {old_high_text} + ', the --nnodes the job torchrun agents "
+              f"change from ' + {old_low_text} + ':' + {old_high_text} + ', the --nnodes its torchrun agents "
               "were started with (unset, both default to spec.replicas); delete and recreate the job to change them'")
     return cel(f"{low} == {old_low} && {high} == {old_high}",
                f"spec.elasticPolicy minReplicas:maxReplicas {SIZE_RULE}",

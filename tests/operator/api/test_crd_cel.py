@@ -192,7 +192,7 @@ def test_scaling_a_job_created_without_min_and_max_is_refused_naming_both_sizes(
 ])
 def test_adding_min_or_max_replicas_to_a_created_job_is_refused_with_the_effective_ranges(new, shown):
     assert job_failures(new, make_spec(replicas=3)) == [(SIZE_RULE, (
-        f"spec.elasticPolicy minReplicas:maxReplicas ({shown}) may not change from 3:3, the --nnodes the job "
+        f"spec.elasticPolicy minReplicas:maxReplicas ({shown}) may not change from 3:3, the --nnodes its "
         "torchrun agents were started with (unset, both default to spec.replicas); delete and recreate the job "
         "to change them"))]
 
