@@ -2,21 +2,29 @@
 
 `ddpjob validate|render` on a laptop must not pull kopf, aiohttp or prometheus (the
 operator process's [controller] extra), and the operator image need not install the
-trainer (`ddpjob run`'s [local] extra).
+trainer (`ddpjob run`'s [local] extra). And `pip install ./rdzv ./operator` into a clean venv
+gives both commands with no torch anywhere (from a wheelhouse, offline: tests/support/wheelhouse.py).
 """
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+import venv
 from importlib.metadata import distribution, packages_distributions
 from pathlib import Path
 
+import pytest
+import yaml
 from packaging.requirements import Requirement
+
+from tests.support.wheelhouse import CONSTRAINTS, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "operator" / "ddpjob_operator"
 EXAMPLE = ROOT / "manifests" / "examples" / "ddpjob-c10d.yaml"
+INVALID = ROOT / "tests" / "operator" / "corpus" / "replicas-above-max.yaml"
 CONTROLLER_ONLY = ("kopf", "aiohttp", "prometheus_client")
 
 
@@ -72,3 +80,43 @@ def test_ddpjob_validate_and_render_run_without_the_controller_libraries():
         code = f"import sys; {block}; from ddpjob_operator.cli import main; sys.exit(main([{verb!r}, {str(EXAMPLE)!r}]))"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
+
+
+def run_in(venv_dir: Path, *command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command of the venv, outside the clone and with no PYTHONPATH: only what pip installed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+@pytest.mark.slow  # ~2.5 min here (pip builds both packages), of which ~14 s CPU; load average 17
+@pytest.mark.timeout(600)  # the first run also fetches the wheelhouse (~12 MB, 98 s here)
+def test_pip_install_of_the_operator_alone_gives_validate_and_render_without_torch(tmp_path):
+    """What README's install line does, offline: `pip install ./rdzv ./operator` into a fresh venv."""
+    venv_dir, outside = tmp_path / "venv", tmp_path / "elsewhere"
+    outside.mkdir()
+    venv.create(venv_dir, with_pip=True)
+    install = run_in(venv_dir, "python", "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                     str(wheelhouse()), "-c", str(CONSTRAINTS), str(ROOT / "rdzv"), str(ROOT / "operator"),
+                     cwd=outside)
+    assert install.returncode == 0, install.stderr
+
+    where = run_in(venv_dir, "python", "-c", "import importlib.util as u, ddpjob_operator; print(ddpjob_operator.__file__); "
+                   "print([m for m in ('torch', 'ddpjob_trainer', 'kopf') if u.find_spec(m)])", cwd=outside)
+    assert where.stdout.splitlines()[0].startswith(str(venv_dir)), where.stdout  # the installed copy, not the clone's
+    assert where.stdout.splitlines()[1] == "[]", "torch, the trainer and kopf are not installed"
+
+    valid = run_in(venv_dir, "ddpjob", "validate", str(EXAMPLE), cwd=outside)
+    assert (valid.returncode, valid.stdout) == (0, f"{EXAMPLE}: valid\n"), valid.stderr
+    invalid = run_in(venv_dir, "ddpjob", "validate", str(INVALID), cwd=outside)
+    assert invalid.returncode == 1
+    assert "spec.replicas (5) must be <= spec.elasticPolicy.maxReplicas (4)" in invalid.stdout + invalid.stderr
+
+    rendered = run_in(venv_dir, "ddpjob", "render", str(EXAMPLE), cwd=outside)
+    assert rendered.returncode == 0, rendered.stderr
+    here = subprocess.run([sys.executable, "-c", f"import sys; from ddpjob_operator.cli import main; "
+                           f"sys.exit(main(['render', {str(EXAMPLE)!r}]))"], capture_output=True, text=True,
+                          timeout=60)
+    assert rendered.stdout == here.stdout, "the installed render differs from the clone's"
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc]
+    assert "Pod" in kinds and "Service" in kinds, kinds

@@ -170,13 +170,28 @@ def cel(rule: str, message: str, message_expression: str | None = None) -> dict[
     A messageExpression must stay cheap by the API server's own estimate: concatenating strings
     whose schema bounds their length is fine, but `string(<int>)` has no bound the estimator can
     see, and kube-apiserver refuses the whole CRD at install for one such expression (proved by
-    tests/cluster/test_crd_install.py against a real kube-apiserver). Rules that compare integers
-    therefore carry a static message.
+    tests/cluster/test_crd_on_apiserver.py against a real kube-apiserver). A message that names an
+    integer spells it with `cel_int_text`.
     """
     entry = {"rule": rule, "message": message}
     if message_expression:
         entry["messageExpression"] = message_expression
     return entry
+
+
+_CEL_DIGITS = "['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']"
+
+
+def cel_int_text(value: str, largest: int = MAX_REPLICAS) -> str:
+    """CEL spelling the integer `value` (0 <= value <= `largest`, as its schema bounds it) in decimal.
+
+    Built from one-character strings picked out of a list literal: kube-apiserver v1.37.2 prices
+    that at a few units, where `string(value)` or `'%d'.format([value])` get the CRD refused at
+    install (tests/cluster/test_crd_on_apiserver.py). The schema's maximum bounds the digits.
+    """
+    places = [10 ** p for p in range(len(str(largest)) - 1, -1, -1)]
+    return " + ".join(f"({value} >= {place} ? {_CEL_DIGITS}[({value} / {place}) % 10] : '')" if place > 1
+                      else f"{_CEL_DIGITS}[{value} % 10]" for place in places)
 
 
 def immutable(path: str, why: str) -> dict[str, Any]:
@@ -355,7 +370,9 @@ class ElasticPolicy(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         cel("!has(self.minReplicas) || !has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",
-            "spec.elasticPolicy.maxReplicas must be >= spec.elasticPolicy.minReplicas"),
+            "spec.elasticPolicy.maxReplicas must be >= spec.elasticPolicy.minReplicas",
+            f"'spec.elasticPolicy.maxReplicas (' + {cel_int_text('self.maxReplicas')} + ') must be >= "
+            f"spec.elasticPolicy.minReplicas (' + {cel_int_text('self.minReplicas')} + ')'"),
         cel("!has(self.rdzvBackend) || self.rdzvBackend == 'c10d' || "
             "(has(self.rdzvEndpoints) && size(self.rdzvEndpoints) > 0) || "
             "(has(self.managedEtcd) && has(self.managedEtcd.enabled) && self.managedEtcd.enabled)",
@@ -391,15 +408,14 @@ class ElasticPolicy(_Model):
             "is etcd (torch's v2 backend takes one endpoint; etcd-v3 takes several)"),
     ]})
 
+    # Immutable, defaults included: a rule on the spec (_size_rule) compares the resolved range.
     min_replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, description=(
-        "Fewest nodes that may train (torchrun --nnodes MIN:MAX). Default: replicas, or 1."),
-        json_schema_extra=immutable(
-            "spec.elasticPolicy.minReplicas", "running torchrun agents were started with it"))
+        "Fewest nodes that may train (torchrun --nnodes MIN:MAX). Default: replicas, or 1. "
+        "Fixed when the job is created, the default included."))
     max_replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, description=(
         "Most nodes that may train; replicas may be scaled up to it. "
-        "Default: max(minReplicas, replicas)."),
-        json_schema_extra=immutable(
-            "spec.elasticPolicy.maxReplicas", "running torchrun agents were started with it"))
+        "Default: max(minReplicas, replicas), so a job that sets neither has a fixed size. "
+        "Fixed when the job is created, the default included."))
     n_proc_per_node: NProcPerNode = Field("auto", description=(
         'Worker processes per node (torchrun --nproc-per-node): an integer, "gpu" (torchrun counts '
         'the GPUs the container sees; needs an nvidia.com/gpu limit) or "auto", which the operator '
@@ -864,6 +880,57 @@ def _mount_rules() -> list[dict[str, str]]:
     ]
 
 
+def _replica_range(obj: str) -> tuple[str, str]:
+    """CEL for the minReplicas and maxReplicas the operator resolves from spec `obj` (self or
+    oldSelf), the defaults of `_resolve_replica_defaults`: minReplicas is replicas (else 1),
+    maxReplicas the larger of minReplicas and replicas."""
+    replicas = f"(has({obj}.replicas) ? {obj}.replicas : 0)"
+    low = (f"({_replica_field_given(obj, 'minReplicas')} ? {obj}.elasticPolicy.minReplicas : "
+           f"(has({obj}.replicas) ? {obj}.replicas : 1))")
+    high = (f"({_replica_field_given(obj, 'maxReplicas')} ? {obj}.elasticPolicy.maxReplicas : "
+            f"({replicas} > {low} ? {replicas} : {low}))")
+    return low, high
+
+
+def _replica_field_given(obj: str, name: str) -> str:
+    return f"(has({obj}.elasticPolicy) && has({obj}.elasticPolicy.{name}))"
+
+
+SIZE_RULE = ("may not change once the job exists: its torchrun agents were started with --nnodes "
+             "minReplicas:maxReplicas (unset, both default to spec.replicas, so a job created without "
+             "them keeps its size); delete and recreate the job to change them")
+
+
+def _size_rule() -> dict[str, str]:
+    """The transition rule that keeps a job's size within what its running agents were started with.
+
+    torchrun's --nnodes MIN:MAX is fixed when an agent starts, so a node pod created later with
+    another range would join a rendezvous that does not admit it. The rule compares the effective
+    range (defaults resolved) of the new and the stored spec: a field-level `self == oldSelf` runs
+    only when both objects set the field, so it let `minReplicas` be added later, and it says
+    nothing of `kubectl scale` (the scale subresource writes spec.replicas, and runs this rule) on
+    a job whose range defaults to replicas. spec.replicas itself may move within the range (the
+    rules above). There is no pydantic twin: `ddpjob validate` reads one file, not a change.
+    """
+    (low, high), (old_low, old_high) = _replica_range("self"), _replica_range("oldSelf")
+    unset = " && ".join(f"!{_replica_field_given(obj, name)}"
+                        for obj in ("self", "oldSelf") for name in ("minReplicas", "maxReplicas"))
+    # r: [min, max, old min, old max]. A map over a one-element list names the four ranges once,
+    # as cel.bind would (cel-python, which tests/operator/api/test_crd_cel.py runs the rules
+    # with, has no cel.bind); each then appears once instead of once per digit.
+    low_text, high_text, old_low_text, old_high_text = (cel_int_text(f"r[{i}]") for i in range(4))
+    fixed = (f"'spec.replicas (' + {low_text} + ') may not change from ' + {old_low_text} + ': the job has no "
+             f"spec.elasticPolicy.minReplicas or maxReplicas, so its torchrun agents were started with --nnodes ' + "
+             f"{old_low_text} + ':' + {old_high_text} + ' (both default to spec.replicas); delete and recreate the "
+             "job with the minReplicas and maxReplicas it may be scaled within'")
+    ranged = (f"'spec.elasticPolicy minReplicas:maxReplicas (' + {low_text} + ':' + {high_text} + ') may not "
+              f"change from ' + {old_low_text} + ':' + {old_high_text} + ', the --nnodes its torchrun agents "
+              "were started with (unset, both default to spec.replicas); delete and recreate the job to change them'")
+    return cel(f"{low} == {old_low} && {high} == {old_high}",
+               f"spec.elasticPolicy minReplicas:maxReplicas {SIZE_RULE}",
+               f"[[{low}, {high}, {old_low}, {old_high}]].map(r, ({unset}) ? {fixed} : {ranged})[0]")
+
+
 def _spec_rules() -> list[dict[str, str]]:
     """CEL twins of `_cross_field_errors` that span several spec fields."""
     ep = "has(self.elasticPolicy) && has(self.elasticPolicy.{0})"
@@ -872,10 +939,15 @@ def _spec_rules() -> list[dict[str, str]]:
             "exactly one of spec.module or spec.script must be set"),
         cel(f"!has(self.replicas) || !({ep.format('minReplicas')}) || "
             "self.replicas >= self.elasticPolicy.minReplicas",
-            "spec.replicas must be >= spec.elasticPolicy.minReplicas"),
+            "spec.replicas must be >= spec.elasticPolicy.minReplicas",
+            f"'spec.replicas (' + {cel_int_text('self.replicas')} + ') must be >= "
+            f"spec.elasticPolicy.minReplicas (' + {cel_int_text('self.elasticPolicy.minReplicas')} + ')'"),
         cel(f"!has(self.replicas) || !({ep.format('maxReplicas')}) || "
             "self.replicas <= self.elasticPolicy.maxReplicas",
-            "spec.replicas must be <= spec.elasticPolicy.maxReplicas"),
+            "spec.replicas must be <= spec.elasticPolicy.maxReplicas",
+            f"'spec.replicas (' + {cel_int_text('self.replicas')} + ') must be <= "
+            f"spec.elasticPolicy.maxReplicas (' + {cel_int_text('self.elasticPolicy.maxReplicas')} + ')'"),
+        _size_rule(),
         cel(f"!({ep.format('nProcPerNode')}) || type(self.elasticPolicy.nProcPerNode) == int || "
             "self.elasticPolicy.nProcPerNode != 'gpu' || (has(self.resources) && "
             f"has(self.resources.limits) && '{GPU_RESOURCE}' in self.resources.limits)",
@@ -897,8 +969,8 @@ class DDPJobSpec(_Model):
     # operator lists and judges every pod, and 1000 nodes of 8 GPUs is beyond the data-parallel
     # jobs this operator is for; node indexes up to 999 also leave job names 54 characters.
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, description=(
-        "Desired nodes (pods); between minReplicas and maxReplicas. Changed by kubectl scale. "
-        "Default: elasticPolicy.minReplicas."))
+        "Desired nodes (pods); between minReplicas and maxReplicas. Changed by kubectl scale, "
+        "within the minReplicas and maxReplicas the job was created with. Default: elasticPolicy.minReplicas."))
     image: str = Field(min_length=1, max_length=MAX_IMAGE, pattern=IMAGE_PATTERN,
                        description="Container image with torch and the training code.",
                        json_schema_extra=immutable(

@@ -139,8 +139,8 @@ def test_defaults_reach_the_schema():
     assert "default" not in SPEC["properties"]["replicas"]  # resolved from minReplicas by the model
 
 
-IMMUTABLE = ["image", "module", "script", "elasticPolicy.minReplicas", "elasticPolicy.maxReplicas",
-             "elasticPolicy.rdzvBackend", "elasticPolicy.rdzvPort", "elasticPolicy.rdzvEndpoints"]
+IMMUTABLE = ["image", "module", "script", "elasticPolicy.rdzvBackend", "elasticPolicy.rdzvPort",
+             "elasticPolicy.rdzvEndpoints"]
 
 
 def test_exactly_the_chosen_fields_are_immutable_through_transition_rules():
@@ -152,6 +152,12 @@ def test_exactly_the_chosen_fields_are_immutable_through_transition_rules():
                            "rendezvous (unset means pod)"]
     assert rules(SPEC["properties"]["image"]) == [{"rule": "self == oldSelf", "message": (
         "spec.image is immutable: all nodes of a DDP group must run the same code")}]
+    # minReplicas and maxReplicas: one rule on the spec compares the ranges with their defaults
+    # resolved (tests/operator/api/test_crd_cel.py runs it).
+    assert [r["message"] for r in rules(SPEC) if "oldSelf" in r["rule"]] == [
+        "spec.elasticPolicy minReplicas:maxReplicas may not change once the job exists: its torchrun agents were "
+        "started with --nnodes minReplicas:maxReplicas (unset, both default to spec.replicas, so a job created "
+        "without them keeps its size); delete and recreate the job to change them"]
 
 
 def cross_field_messages() -> list[str]:

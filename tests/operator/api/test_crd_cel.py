@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ddpjob_operator.api import crd
-from ddpjob_operator.api.spec import validate_spec
+from ddpjob_operator.api.spec import MAX_REPLICAS, _replica_range, cel_int_text, parse_spec, validate_spec
 from ddpjob_sandbox.jobs import make_ddpjob, make_spec
 from tests.operator.corpus_cases import load_corpus
 from tests.operator.api.test_crd import without_nulls
@@ -61,7 +61,7 @@ def failures(node: dict, value: Any, old: Any = None) -> list[tuple[str, str]]:
             continue
         if not bool(evaluate(rule["rule"], value, old)):
             expr = rule.get("messageExpression")
-            found.append((rule["message"], str(evaluate(expr, value)) if expr else rule["message"]))
+            found.append((rule["message"], str(evaluate(expr, value, old)) if expr else rule["message"]))
     for name, child in node.get("properties", {}).items():
         if isinstance(value, dict) and name in value:
             old_child = old.get(name) if isinstance(old, dict) else None
@@ -107,7 +107,10 @@ def test_cel_message_expressions_read_exactly_like_pydantic_errors(case):
 
 
 def test_every_message_expression_is_read_by_a_corpus_case():
-    assert with_message_expression(_all_rules(SCHEMA)) == {c.crd[1] for c in EXPRESSED}
+    """A corpus case is one file; a transition rule's words are read by the tests of changes below."""
+    single = [r for r in _all_rules(SCHEMA) if "oldSelf" not in r["rule"]]
+    assert with_message_expression(single) == {c.crd[1] for c in EXPRESSED}
+    assert with_message_expression([r for r in _all_rules(SCHEMA) if "oldSelf" in r["rule"]]) == {SIZE_RULE}
 
 
 @pytest.mark.parametrize("spec", [
@@ -143,8 +146,6 @@ def test_cel_counts_the_digits_of_the_largest_node_index_like_the_operator(max_r
 
 @pytest.mark.parametrize("field,old,new", [
     ("image", {"image": "a:1"}, {"image": "a:2"}),
-    ("spec.elasticPolicy.minReplicas", {"elasticPolicy": {"minReplicas": 1, "maxReplicas": 4}},
-     {"elasticPolicy": {"minReplicas": 2, "maxReplicas": 4}}),
     ("spec.elasticPolicy.rdzvBackend", {}, {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"]}}),
     ("spec.elasticPolicy.rdzvStore", {"elasticPolicy": {"rdzvStore": "pod"}}, {"elasticPolicy": {"rdzvStore": "node"}}),
     # unset means pod: pinning node later would move the store of a running job
@@ -167,3 +168,88 @@ def test_scaling_and_other_mutable_changes_pass_the_transition_rules():
     new = make_spec(replicas=4, min_replicas=1, max_replicas=4, args=["--epochs", "9"],
                     runPolicy={"suspend": True}, failurePolicy={"maxRestarts": 9})
     assert job_failures(new, old) == []
+
+
+# --- The size of a job: fixed by the --nnodes its agents were started with -----------------------
+
+SIZE_RULE = ("spec.elasticPolicy minReplicas:maxReplicas may not change once the job exists: its torchrun "
+             "agents were started with --nnodes minReplicas:maxReplicas (unset, both default to spec.replicas, "
+             "so a job created without them keeps its size); delete and recreate the job to change them")
+
+
+def test_scaling_a_job_created_without_min_and_max_is_refused_naming_both_sizes():
+    """What `kubectl scale --replicas=5` sends for a job created with replicas: 3 alone."""
+    assert job_failures(make_spec(replicas=5), make_spec(replicas=3)) == [(SIZE_RULE, (
+        "spec.replicas (5) may not change from 3: the job has no spec.elasticPolicy.minReplicas or maxReplicas, "
+        "so its torchrun agents were started with --nnodes 3:3 (both default to spec.replicas); delete and "
+        "recreate the job with the minReplicas and maxReplicas it may be scaled within"))]
+
+
+@pytest.mark.parametrize("new,shown", [
+    (make_spec(replicas=3, min_replicas=2, max_replicas=5), "2:5"),  # both added later
+    (make_spec(replicas=3, max_replicas=5), "3:5"),  # only maxReplicas: minReplicas stays 3
+    (make_spec(replicas=3, min_replicas=1), "1:3"),
+])
+def test_adding_min_or_max_replicas_to_a_created_job_is_refused_with_the_effective_ranges(new, shown):
+    assert job_failures(new, make_spec(replicas=3)) == [(SIZE_RULE, (
+        f"spec.elasticPolicy minReplicas:maxReplicas ({shown}) may not change from 3:3, the --nnodes its "
+        "torchrun agents were started with (unset, both default to spec.replicas); delete and recreate the job "
+        "to change them"))]
+
+
+@pytest.mark.parametrize("old,new,shown", [
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4), make_spec(replicas=2, min_replicas=1, max_replicas=8),
+     "(1:8) may not change from 1:4"),
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4), make_spec(replicas=2, min_replicas=2, max_replicas=4),
+     "(2:4) may not change from 1:4"),
+    # removing them is a change too: the range falls back to replicas
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4), make_spec(replicas=2), "(2:2) may not change from 1:4"),
+    (make_spec(replicas=None, min_replicas=120, max_replicas=1000), make_spec(replicas=None, min_replicas=120,
+                                                                              max_replicas=999),
+     "(120:999) may not change from 120:1000"),
+])
+def test_changing_the_range_of_an_elastic_job_is_refused_with_both_ranges(old, new, shown):
+    [(message, text)] = job_failures(new, old)
+    assert message == SIZE_RULE and text.startswith(f"spec.elasticPolicy minReplicas:maxReplicas {shown}, "), text
+
+
+@pytest.mark.parametrize("old,new", [
+    (make_spec(replicas=3), make_spec(replicas=3, min_replicas=3, max_replicas=3)),  # the defaults written out
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4), make_spec(replicas=4, min_replicas=1, max_replicas=4)),
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4), make_spec(replicas=1, min_replicas=1, max_replicas=4)),
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4), make_spec(replicas=None, min_replicas=1, max_replicas=4)),
+    (make_spec(replicas=None, min_replicas=2), make_spec(replicas=2, min_replicas=2)),
+])
+def test_scaling_within_the_range_the_job_was_created_with_passes(old, new):
+    assert job_failures(new, old) == []
+
+
+def test_scaling_an_elastic_job_past_its_max_is_refused_by_the_range_rule_with_both_numbers():
+    old = make_spec(replicas=2, min_replicas=1, max_replicas=4)
+    assert job_failures(make_spec(replicas=5, min_replicas=1, max_replicas=4), old) == [(
+        "spec.replicas must be <= spec.elasticPolicy.maxReplicas",
+        "spec.replicas (5) must be <= spec.elasticPolicy.maxReplicas (4)")]
+
+
+SIZES = [make_spec(replicas=replicas, min_replicas=low, max_replicas=high)
+         for replicas in (None, 1, 3, 7) for low in (None, 1, 3) for high in (None, 3, 9)]
+
+
+@pytest.mark.parametrize("spec", [s for s in SIZES if not validate_spec(s)])
+def test_the_rule_resolves_min_and_max_as_the_operator_does(spec):
+    """The transition rule compares what the operator renders into --nnodes: its defaults must be
+    the model's (_resolve_replica_defaults) for every combination of given fields."""
+    stored = job_stored(spec)["spec"]
+    resolved = parse_spec(spec)
+    assert [int(evaluate(expr, stored)) for expr in _replica_range("self")] == [
+        resolved.min_replicas, resolved.max_replicas]
+
+
+def job_stored(spec: dict) -> dict:
+    return with_defaults(SCHEMA, without_nulls({"metadata": {"name": "mlp"}, "spec": spec}))
+
+
+def test_cel_int_text_spells_every_number_a_replica_field_may_hold():
+    spelt = program(cel_int_text("n"))
+    assert [str(spelt.evaluate({"n": celpy.celtypes.IntType(n)})) for n in range(MAX_REPLICAS + 1)] == [
+        str(n) for n in range(MAX_REPLICAS + 1)]
