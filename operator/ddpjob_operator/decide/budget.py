@@ -244,6 +244,21 @@ def ledger_fields(ledger: Ledger, status: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def budget_use(status: Mapping[str, Any], policy: FailurePolicy) -> dict[str, tuple[int, int]]:
+    """How much of each failurePolicy restart limit the job has used, as (used, limit) by field name.
+
+    maxRestarts counts the charged incidents (those after which no newer snapshot was complete);
+    maxRestartsWithoutProgress the current streak of such incidents, and appears only when the
+    policy sets it. One more incident than a limit fails the job (budget_limit_passed), so
+    used == limit means the next charged incident is the last straw.
+    """
+    budget = ledger_of(status).budget
+    use = {"maxRestarts": (budget.charged, policy.max_restarts)}
+    if policy.max_restarts_without_progress is not None:
+        use["maxRestartsWithoutProgress"] = (budget.without_progress, policy.max_restarts_without_progress)
+    return use
+
+
 def replacement_delay(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> float:
     """backoff_left for a job: seconds until its replacements may be created."""
     return backoff_left(ledger_of(status), spec.failure_policy, bool(status.get("lastSnapshot")), now)
