@@ -22,7 +22,7 @@ import prometheus_client
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time
 from ddpjob_operator.api.spec import DDPJobSpec
-from ddpjob_operator.decide.budget import budget_use
+from ddpjob_operator.decide.budget import BUDGETS, budget_use
 
 REGISTRY = prometheus_client.CollectorRegistry()  # our own: no process/platform collectors mixed in
 
@@ -75,7 +75,6 @@ RECONCILE_SECONDS = prometheus_client.Histogram(
 RECONCILE_ERRORS = prometheus_client.Counter(
     "ddpjob_operator_reconcile_errors_total", "Reconciliation passes that ended in an error", registry=REGISTRY)
 
-_BUDGETS = ("maxRestarts", "maxRestartsWithoutProgress")  # the budget label's values (decide.budget.budget_use)
 _PHASES = (C.PHASE_PENDING, C.PHASE_RUNNING, C.PHASE_RESTARTING, C.PHASE_SUCCEEDED, C.PHASE_FAILED,
            C.PHASE_SUSPENDED)
 _job_phases: dict[tuple[str, str], str] = {}
@@ -90,7 +89,7 @@ def observe_job(namespace: str, name: str, phase: str | None) -> None:
         _job_phases.pop((namespace, name), None)
         for gauge in (LOST_SECONDS, GOODPUT, STEP_ADVANCED):
             _remove(gauge, namespace, name)
-        for budget in _BUDGETS:
+        for budget in BUDGETS:
             _remove(BUDGET_USED, namespace, name, budget)
             _remove(BUDGET_LIMIT, namespace, name, budget)
         _clear_slowdown(namespace, name)
@@ -114,7 +113,7 @@ def observe_budget(namespace: str, name: str, status: Mapping, spec: DDPJobSpec 
     if spec is None:
         return
     use = budget_use(status, spec.failure_policy)
-    for budget in _BUDGETS:
+    for budget in BUDGETS:
         if budget not in use:  # the limit was taken off (maxRestartsWithoutProgress: null)
             _remove(BUDGET_USED, namespace, name, budget)
             _remove(BUDGET_LIMIT, namespace, name, budget)

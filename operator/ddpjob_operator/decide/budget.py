@@ -25,6 +25,11 @@ from ddpjob_operator.api.spec import DDPJobSpec, FailurePolicy
 # within seconds, and that is one failure, not replicas-many.
 INCIDENT_WINDOW_SECONDS = 60.0
 
+# The two limits of the budget, by their failurePolicy field (named in verdicts and metrics).
+MAX_RESTARTS = "maxRestarts"
+MAX_WITHOUT_PROGRESS = "maxRestartsWithoutProgress"
+BUDGETS = (MAX_RESTARTS, MAX_WITHOUT_PROGRESS)
+
 
 def starts_new_incident(failed_at: datetime, started_at: datetime | None,
                         incident_start: datetime | None) -> bool:
@@ -120,9 +125,9 @@ def budget_limit_passed(budget: RestartBudget, max_restarts: int, max_without_pr
     "maxRestartsWithoutProgress"), None while both hold. The streak is checked first:
     it is the more specific explanation of a crash loop."""
     if max_without_progress is not None and budget.without_progress > max_without_progress:
-        return "maxRestartsWithoutProgress"
+        return MAX_WITHOUT_PROGRESS
     if budget_exhausted(budget.charged, max_restarts):
-        return "maxRestarts"
+        return MAX_RESTARTS
     return None
 
 
@@ -188,7 +193,7 @@ def limit_verdict(ledger: Ledger, policy: FailurePolicy, snapshot: Mapping[str, 
     limit = budget_limit_passed(ledger.budget, policy.max_restarts, policy.max_restarts_without_progress)
     if limit is None:
         return None
-    if limit == "maxRestartsWithoutProgress":
+    if limit == MAX_WITHOUT_PROGRESS:
         snapshot = snapshot or {}
         return C.REASON_NO_PROGRESS, C.MSG_NO_PROGRESS.format(
             count=ledger.budget.without_progress, step=snapshot.get("step"), epoch=snapshot.get("epoch"),
@@ -253,9 +258,9 @@ def budget_use(status: Mapping[str, Any], policy: FailurePolicy) -> dict[str, tu
     used == limit means the next charged incident is the last straw.
     """
     budget = ledger_of(status).budget
-    use = {"maxRestarts": (budget.charged, policy.max_restarts)}
+    use = {MAX_RESTARTS: (budget.charged, policy.max_restarts)}
     if policy.max_restarts_without_progress is not None:
-        use["maxRestartsWithoutProgress"] = (budget.without_progress, policy.max_restarts_without_progress)
+        use[MAX_WITHOUT_PROGRESS] = (budget.without_progress, policy.max_restarts_without_progress)
     return use
 
 
