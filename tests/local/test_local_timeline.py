@@ -99,8 +99,10 @@ def test_a_long_run_keeps_a_bounded_number_of_steps_and_each_runs_last(monkeypat
 def test_unreadable_lines_and_times_are_skipped_not_fatal():
     metrics = [metric(1.0, "step", step=1), {"event": "step", "time": "not a time", "step": 2},
                {"event": "step", "step": 3}, metric(2.0, "step", step="4")]
-    runs = build_timeline("mlp", [event(0.0, "started", node=0)], metrics).runs
-    assert [r.steps for r in runs] == [[(1.0, 1)]]
+    events = [event(0.0, "started", node=0), {"t": "soon", "event": "killed"}, {"t": 3.0}, {"event": "killed"}]
+    timeline = build_timeline("mlp", events, metrics)
+    assert [r.steps for r in timeline.runs] == [[(1.0, 1)]]
+    assert timeline.kills == [] and timeline.end == 3.0
 
 
 def svg_texts(path):

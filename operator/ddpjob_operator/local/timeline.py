@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, Iterable
 
 from ddpjob_operator.api.clock import parse_time
@@ -71,10 +70,11 @@ class Timeline:
 
 def last_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events of the latest run: a reused run directory appends to events.jsonl, and each
-    run's clock starts again at 0."""
+    run's clock starts again at 0. Events without a numeric run clock `t` are dropped."""
+    events = [e for e in events if isinstance(e.get("t"), (int, float)) and not isinstance(e.get("t"), bool)]
     start = 0
     for index in range(1, len(events)):
-        if float(events[index].get("t", 0)) < float(events[index - 1].get("t", 0)):
+        if events[index]["t"] < events[index - 1]["t"]:
             start = index
     return events[start:]
 
@@ -84,7 +84,7 @@ def build_timeline(job: str, events: list[dict[str, Any]], metrics: list[dict[st
 
     Metrics lines from before the run started (a reused snapshot directory) are left out.
     """
-    events = [e for e in last_run(events) if isinstance(e.get("t"), (int, float))]
+    events = last_run(events)
     origin = _origin(events)
     end = max((float(e["t"]) for e in events), default=0.0)
     placed = [(_clock(e, origin), e) for e in metrics]
@@ -93,10 +93,10 @@ def build_timeline(job: str, events: list[dict[str, Any]], metrics: list[dict[st
     return Timeline(
         job=job, phase=_final_phase(events), end=round(end, 3), runs=_thin(_runs(placed)),
         snapshots=[(t, int(e["step"])) for t, e in placed if e.get("event") == "snapshot" and _is_int(e.get("step"))],
-        kills=[Mark(e["t"], f"kill node {e.get('node')}", e.get("node")) for e in events if e["event"] == "killed"],
+        kills=[Mark(e["t"], f"kill node {e.get('node')}", e.get("node")) for e in events if e.get("event") == "killed"],
         failures=_failures(events),
         group_restarts=[Mark(e["t"], f"group restart (generation {e.get('generation')})")
-                        for e in events if e["event"] == "group_restart"],
+                        for e in events if e.get("event") == "group_restart"],
         pauses=_pauses(events, end), nodes_running=_nodes_running(events))
 
 
@@ -126,16 +126,19 @@ def _is_int(value: Any) -> bool:
 
 
 def _runs(placed: list[tuple[float, dict[str, Any]]]) -> list[Run]:
-    runs: list[Run] = []
+    starts: list[tuple[float, Any, Any]] = []  # (t, world size, resume step) of each trainer start
+    steps: list[list[tuple[float, int]]] = []
     for t, event in placed:
         kind = event.get("event")
         if kind == "start":
-            runs.append(Run(t, event.get("world_size"), event.get("resume_step")))
+            starts.append((t, event.get("world_size"), event.get("resume_step")))
+            steps.append([])
         elif kind == "step" and _is_int(event.get("step")):
-            if not runs:  # steps whose start line was lost: a run of unknown size
-                runs.append(Run(t, event.get("world_size"), None))
-            runs[-1].steps.append((t, event["step"]))
-    return runs
+            if not starts:  # steps whose start line was lost: a run of unknown size
+                starts.append((t, event.get("world_size"), None))
+                steps.append([])
+            steps[-1].append((t, event["step"]))
+    return [Run(t, size, resume, run_steps) for (t, size, resume), run_steps in zip(starts, steps)]
 
 
 def _thin(runs: list[Run]) -> list[Run]:
@@ -152,23 +155,23 @@ def _failures(events: Iterable[dict[str, Any]]) -> list[Mark]:
     marks = []
     for event in events:
         code = event.get("code")
-        if event["event"] == "exited" and code not in (0, None):
+        if event.get("event") == "exited" and code not in (0, None):
             marks.append(Mark(event["t"], f"node {event.get('node')} exit {code}", event.get("node")))
-        elif event["event"] == "store_exited" and code not in (0, None):
+        elif event.get("event") == "store_exited" and code not in (0, None):
             marks.append(Mark(event["t"], f"store exit {code}"))
     return marks
 
 
 def _final_phase(events: list[dict[str, Any]]) -> str | None:
     """The phase the run ended in (the runner writes it last, with a message)."""
-    final = [e for e in events if e["event"] == "phase" and e.get("message")]
+    final = [e for e in events if e.get("event") == "phase" and e.get("message")]
     return final[-1].get("phase") if final else None
 
 
 def _pauses(events: list[dict[str, Any]], end: float) -> list[tuple[float, float]]:
     spans, since = [], None
     for event in events:
-        if event["event"] != "phase":
+        if event.get("event") != "phase":
             continue
         if event.get("phase") == "Restarting":
             since = event["t"] if since is None else since
@@ -184,9 +187,9 @@ def _nodes_running(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
     running: set[Any] = set()
     points = [(0.0, 0)]
     for event in events:
-        if event["event"] == "started":
+        if event.get("event") == "started":
             running.add(event.get("node"))
-        elif event["event"] in ("exited", "stopped") and "node" in event:
+        elif event.get("event") in ("exited", "stopped") and "node" in event:
             running.discard(event.get("node"))
         else:
             continue
