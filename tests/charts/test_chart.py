@@ -21,6 +21,8 @@ VALUE_SETS = {
     "defaults": {},
     "namespaced": NAMESPACED,
     "metrics": METRICS_ON,
+    "monitoring": {"metrics": {**METRICS_ON["metrics"], "grafanaDashboard": {"enabled": True},
+                               "prometheusRule": {"enabled": True}}},
     "custom-image": CUSTOM_IMAGE,
     "peering": PEERING,
     "peering-namespaced": {**PEERING, **NAMESPACED},

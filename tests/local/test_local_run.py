@@ -17,6 +17,7 @@ import yaml
 from ddpjob_operator import cli
 from ddpjob_operator.local.command import EXIT_INTERRUPTED, EXIT_JOB_FAILED
 from ddpjob_operator.local.procs import marked_pids
+from tests.local.test_local_timeline import svg_texts
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
 from ddpjob_sandbox.examples import load_example, write_manifest
 from ddpjob_sandbox.metrics import read_events
@@ -88,6 +89,31 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_its_snapshot(tmp_pa
     assert "training resumed from the snapshot at epoch" in out and "as a replacement" in out
     assert out.rstrip().endswith("Succeeded: training finished; 1 failure incident(s) recovered from")
     assert leftovers(run_dir) == []
+
+    # Beside the summary, the timeline: the same starts, the kill and the pause, drawn in words.
+    assert f"timeline: {run_dir / 'timeline.svg'} (data: timeline.json)" in out
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    assert [run["world_size"] for run in timeline["runs"]] == [e["world_size"] for e in raw if e["event"] == "start"]
+    assert [mark["label"] for mark in timeline["kills"]] == ["kill node 1"] and timeline["pauses"]
+    assert [step for _, step in timeline["snapshots"]] == [e["step"] for e in raw if e["event"] == "snapshot"]
+    assert any(text.startswith("kill node 1") for text in svg_texts(run_dir / "timeline.svg"))
+
+
+def test_a_short_run_writes_its_timeline_picture_beside_the_summary(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = ["--epochs", "1", "--samples", "256", "--batch-size", "32", "--snapshot-every-steps", "4"]
+    code = cli.main(["run", job_file(tmp_path, args=args, replicas=1), "--workdir", str(run_dir), "--port", "0",
+                     "--plain"])
+    out = capsys.readouterr().out
+    assert code == 0, out + logs(run_dir)
+    lines = out.splitlines()
+    # The picture's line comes right after the summary, before the verdict.
+    assert lines[-2] == f"timeline: {run_dir / 'timeline.svg'} (data: timeline.json)"
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    assert timeline["phase"] == "Succeeded" and [run["world_size"] for run in timeline["runs"]] == [1]
+    assert [step for _, step in timeline["runs"][0]["steps"]] == list(range(1, 9))
+    assert [step for _, step in timeline["snapshots"]][:2] == [4, 8]
+    assert "ddpjob run mlp: Succeeded" in " ".join(svg_texts(run_dir / "timeline.svg"))
 
 
 def test_a_permanent_exit_code_fails_the_run_with_the_reason(tmp_path, capsys):

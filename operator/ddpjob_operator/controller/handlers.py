@@ -199,6 +199,8 @@ async def run_pass(api: kube.Kube, cache: ClusterCache, key: JobKey,
             requeue = progress_poll if requeue is None else min(requeue, progress_poll)
     metrics.observe_job(namespace, name, result.status.get("phase"))
     metrics.observe_goodput(namespace, name, result.status, now)
+    metrics.observe_budget(namespace, name, result.status, result.spec)
+    metrics.observe_step_advanced(namespace, name, result.status)
     if cleaner is not None:  # started, not awaited: the user's etcd must not hold the pass's slot
         cleaner.after_pass(job, pods, result.status)
     return PassOutcome(requeue, "; ".join(str(e) for e in result.errors))

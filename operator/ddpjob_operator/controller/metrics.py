@@ -20,6 +20,9 @@ from contextlib import contextmanager
 import prometheus_client
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import parse_time
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.decide.budget import BUDGETS, budget_use
 
 REGISTRY = prometheus_client.CollectorRegistry()  # our own: no process/platform collectors mixed in
 
@@ -51,6 +54,21 @@ SLOWDOWN = prometheus_client.Gauge(
     "ddpjob_operator_straggler_slowdown_ratio", "The job's step time over what it would be if its slowest "
     "node kept pace with the median node (status.progress.slowdown; 1: no straggler)",
     ["namespace", "name", "node"], registry=REGISTRY)
+JOB_PHASE = prometheus_client.Gauge(
+    "ddpjob_operator_job_phase", "1 for each job under its status.phase (one series per job: the "
+    "previous phase's series goes when the phase changes)", ["namespace", "name", "phase"], registry=REGISTRY)
+BUDGET_USED = prometheus_client.Gauge(
+    "ddpjob_operator_restart_budget_used", "Failure incidents charged against a failurePolicy limit, by "
+    "the limit's field (budget=maxRestarts: incidents without a newer snapshot; maxRestartsWithoutProgress: "
+    "such incidents in a row); one more than the limit fails the job", ["namespace", "name", "budget"],
+    registry=REGISTRY)
+BUDGET_LIMIT = prometheus_client.Gauge(
+    "ddpjob_operator_restart_budget_limit", "The failurePolicy limit itself (spec.failurePolicy.<budget>); "
+    "maxRestartsWithoutProgress only when the spec sets one", ["namespace", "name", "budget"], registry=REGISTRY)
+STEP_ADVANCED = prometheus_client.Gauge(
+    "ddpjob_operator_step_advanced_timestamp_seconds", "When the operator last saw the job's training step "
+    "advance or a new run start (status.progress.advancedTime, Unix time); time() minus it is how long "
+    "training has stood still, as the hang detector sees it", ["namespace", "name"], registry=REGISTRY)
 RECONCILE_SECONDS = prometheus_client.Histogram(
     "ddpjob_operator_reconcile_seconds", "Duration of one reconciliation pass of one job",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
@@ -64,18 +82,54 @@ _job_phases: dict[tuple[str, str], str] = {}
 
 def observe_job(namespace: str, name: str, phase: str | None) -> None:
     """Records a job's phase (None: the job is gone) and refreshes the per-phase gauge."""
+    previous = _job_phases.get((namespace, name))
+    if previous is not None and previous != phase:
+        _remove(JOB_PHASE, namespace, name, previous)
     if phase is None:
         _job_phases.pop((namespace, name), None)
-        for gauge in (LOST_SECONDS, GOODPUT):
-            try:
-                gauge.remove(namespace, name)
-            except KeyError:  # never set for this job
-                pass
+        for gauge in (LOST_SECONDS, GOODPUT, STEP_ADVANCED):
+            _remove(gauge, namespace, name)
+        for budget in BUDGETS:
+            _remove(BUDGET_USED, namespace, name, budget)
+            _remove(BUDGET_LIMIT, namespace, name, budget)
         _clear_slowdown(namespace, name)
     else:
         _job_phases[(namespace, name)] = phase
+        JOB_PHASE.labels(namespace=namespace, name=name, phase=phase).set(1)
     for each in set(_PHASES) | set(_job_phases.values()):
         JOBS.labels(phase=each).set(sum(1 for p in _job_phases.values() if p == each))
+
+
+def _remove(gauge: prometheus_client.Gauge, *labels: str) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:  # never set for this job
+        pass
+
+
+def observe_budget(namespace: str, name: str, status: Mapping, spec: DDPJobSpec | None) -> None:
+    """Sets the job's restart-budget gauges from its status and failurePolicy (an invalid spec,
+    None, has no limits: its gauges stay as they were)."""
+    if spec is None:
+        return
+    use = budget_use(status, spec.failure_policy)
+    for budget in BUDGETS:
+        if budget not in use:  # the limit was taken off (maxRestartsWithoutProgress: null)
+            _remove(BUDGET_USED, namespace, name, budget)
+            _remove(BUDGET_LIMIT, namespace, name, budget)
+            continue
+        used, limit = use[budget]
+        BUDGET_USED.labels(namespace=namespace, name=name, budget=budget).set(used)
+        BUDGET_LIMIT.labels(namespace=namespace, name=name, budget=budget).set(limit)
+
+
+def observe_step_advanced(namespace: str, name: str, status: Mapping) -> None:
+    """Sets when the job's step last advanced; the series goes while no step of the run is known."""
+    advanced = parse_time((status.get("progress") or {}).get("advancedTime"))
+    if advanced is None:
+        _remove(STEP_ADVANCED, namespace, name)
+    else:
+        STEP_ADVANCED.labels(namespace=namespace, name=name).set(advanced.timestamp())
 
 
 def observe_restarts(before: int, after: int) -> None:
@@ -104,7 +158,7 @@ def observe_status_change(old: Mapping, new: Mapping) -> None:
 def goodput(status: Mapping, now: datetime.datetime) -> float | None:
     """1 - lostSeconds / wall time since startTime (until completionTime); None before any report."""
     recovery = status.get("recovery") or {}
-    start, end = _time(status.get("startTime")), _time(status.get("completionTime")) or now
+    start, end = parse_time(status.get("startTime")), parse_time(status.get("completionTime")) or now
     if not recovery.get("lastResume") or start is None or end <= start:
         return None
     wall = (end - start).total_seconds()
@@ -138,14 +192,7 @@ def observe_slowdown(namespace: str, name: str, status: Mapping) -> None:
 def _clear_slowdown(namespace: str, name: str) -> None:
     node = _slowest.pop((namespace, name), None)
     if node is not None:
-        try:
-            SLOWDOWN.remove(namespace, name, node)
-        except KeyError:
-            pass
-
-
-def _time(text: str | None) -> datetime.datetime | None:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+        _remove(SLOWDOWN, namespace, name, node)
 
 
 @contextmanager

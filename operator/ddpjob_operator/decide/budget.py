@@ -25,6 +25,11 @@ from ddpjob_operator.api.spec import DDPJobSpec, FailurePolicy
 # within seconds, and that is one failure, not replicas-many.
 INCIDENT_WINDOW_SECONDS = 60.0
 
+# The two limits of the budget, by their failurePolicy field (named in verdicts and metrics).
+MAX_RESTARTS = "maxRestarts"
+MAX_WITHOUT_PROGRESS = "maxRestartsWithoutProgress"
+BUDGETS = (MAX_RESTARTS, MAX_WITHOUT_PROGRESS)
+
 
 def starts_new_incident(failed_at: datetime, started_at: datetime | None,
                         incident_start: datetime | None) -> bool:
@@ -120,9 +125,9 @@ def budget_limit_passed(budget: RestartBudget, max_restarts: int, max_without_pr
     "maxRestartsWithoutProgress"), None while both hold. The streak is checked first:
     it is the more specific explanation of a crash loop."""
     if max_without_progress is not None and budget.without_progress > max_without_progress:
-        return "maxRestartsWithoutProgress"
+        return MAX_WITHOUT_PROGRESS
     if budget_exhausted(budget.charged, max_restarts):
-        return "maxRestarts"
+        return MAX_RESTARTS
     return None
 
 
@@ -188,7 +193,7 @@ def limit_verdict(ledger: Ledger, policy: FailurePolicy, snapshot: Mapping[str, 
     limit = budget_limit_passed(ledger.budget, policy.max_restarts, policy.max_restarts_without_progress)
     if limit is None:
         return None
-    if limit == "maxRestartsWithoutProgress":
+    if limit == MAX_WITHOUT_PROGRESS:
         snapshot = snapshot or {}
         return C.REASON_NO_PROGRESS, C.MSG_NO_PROGRESS.format(
             count=ledger.budget.without_progress, step=snapshot.get("step"), epoch=snapshot.get("epoch"),
@@ -242,6 +247,21 @@ def ledger_fields(ledger: Ledger, status: Mapping[str, Any]) -> dict[str, Any]:
         fields.update(restartsWithProgress=ledger.budget.with_progress,
                       restartsWithoutProgress=ledger.budget.without_progress)
     return fields
+
+
+def budget_use(status: Mapping[str, Any], policy: FailurePolicy) -> dict[str, tuple[int, int]]:
+    """How much of each failurePolicy restart limit the job has used, as (used, limit) by field name.
+
+    maxRestarts counts the charged incidents (those after which no newer snapshot was complete);
+    maxRestartsWithoutProgress the current streak of such incidents, and appears only when the
+    policy sets it. One more incident than a limit fails the job (budget_limit_passed), so
+    used == limit means the next charged incident is the last straw.
+    """
+    budget = ledger_of(status).budget
+    use = {MAX_RESTARTS: (budget.charged, policy.max_restarts)}
+    if policy.max_restarts_without_progress is not None:
+        use[MAX_WITHOUT_PROGRESS] = (budget.without_progress, policy.max_restarts_without_progress)
+    return use
 
 
 def replacement_delay(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime) -> float:

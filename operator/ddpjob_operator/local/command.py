@@ -159,7 +159,8 @@ def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str
     lines = [f"ddpjob run: job {plan.job}, {len(plan.nodes)} local node(s) (elastic {plan.spec.min_replicas}.."
              f"{plan.spec.max_replicas}), {ep.rdzv_backend} rendezvous at {rdzv_endpoint(plan)}, "
              f"rdzv id {plan.rdzv_id}",
-             f"run directory {run_dir}: snapshots/, logs/node-<i>.log, events.jsonl, launch.json",
+             f"run directory {run_dir}: snapshots/, logs/node-<i>.log, events.jsonl, launch.json, "
+             "at the end timeline.json and timeline.svg",
              f"failure policy: maxRestarts {fp.max_restarts}, backoff {fp.backoff_seconds} s doubling to "
              f"{fp.max_backoff_seconds} s, permanent exit codes {fp.permanent_exit_codes}"]
     lines += [f"note: {note}" for note in plan.notes]
@@ -192,7 +193,7 @@ def execute(job: str, spec: DDPJobSpec, args: argparse.Namespace, out: TextIO) -
 
 
 def report(result: RunResult, out: TextIO) -> int:
-    for line in result.summary.lines:
+    for line in result.summary.lines + result.timeline:
         print(line, file=out)
     print(f"{result.phase}: {result.message}", file=out, flush=True)
     if result.phase == "Succeeded":

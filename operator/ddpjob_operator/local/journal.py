@@ -1,13 +1,20 @@
-"""The files a local run appends to and follows: its events.jsonl and the trainer's metrics."""
+"""The files of a local run: events.jsonl it appends to, the trainer's metrics it follows, and
+the timeline (timeline.json, and its picture timeline.svg with the [plot] extra) it writes at the end."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from .state import parse_lines
+from .timeline import build_timeline
+
+TIMELINE_JSON = "timeline.json"
+TIMELINE_PICTURE = "timeline.svg"  # SVG: its labels stay text (searchable), it scales, it is small
+PLOT_HINT = "pip install 'ddpjob-operator[plot]'"  # the extra that brings matplotlib
 
 
 class Journal:
@@ -47,3 +54,26 @@ class MetricsFollower:
             return []
         events, self.rest = parse_lines(self.rest + chunk)
         return events
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON object line of `path` (none when it does not exist)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    return parse_lines(text + "\n")[0]
+
+
+def write_timeline(job: str, run_dir: Path, metrics_file: Path) -> list[str]:
+    """Writes timeline.json, and timeline.svg when matplotlib is installed; returns the line
+    that says where they are (or how to get the picture)."""
+    timeline = build_timeline(job, read_json_lines(run_dir / "events.jsonl"), read_json_lines(metrics_file))
+    data = run_dir / TIMELINE_JSON
+    data.write_text(timeline.to_json(), encoding="utf-8")
+    if importlib.util.find_spec("matplotlib") is None:  # the optional [plot] extra
+        return [f"timeline data: {data}; for the picture, {PLOT_HINT}"]
+    from .timeline_plot import draw  # here: matplotlib takes a second to import
+
+    picture = draw(timeline, run_dir / TIMELINE_PICTURE)
+    return [f"timeline: {picture} (data: {data.name})"]

@@ -24,7 +24,8 @@ backoff with PET_RDZV_ID `<id>-<generation>`.
 
 Run directory: `snapshots/` (spec.snapshot.mountPath of the Pods), `logs/node-<i>.log`
 (every incarnation of node i, appended), `launch.json` (each node's argv and the
-launch plan's environment) and `events.jsonl`.
+launch plan's environment), `events.jsonl`, and at the end `timeline.json` with its picture
+`timeline.svg` (timeline.py; the picture needs the [plot] extra).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any, TextIO
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import rdzv_id
-from .journal import Journal, MetricsFollower
+from .journal import Journal, MetricsFollower, write_timeline
 from .plan import LocalNode, LocalPlan, inherited_env
 from .policy import Action, Decision, FailureBudget, hold_replacements
 from .procs import NodeProcess, kill_marked_until_gone, remove_fork_server_dirs, stop_all
@@ -80,6 +81,7 @@ class RunResult:
     phase: str  # Succeeded, Failed or Interrupted
     message: str
     summary: Summary
+    timeline: list[str]  # where the timeline picture and its data are (or how to get the picture)
 
 
 class Runner:
@@ -129,7 +131,7 @@ class Runner:
         self._event("phase", phase=phase, message=message)
         self.view.close(self.state, self.clock())
         self.journal.close()
-        return RunResult(phase, message, summarize(self.plan.metrics_file))
+        return RunResult(phase, message, summarize(self.plan.metrics_file), self._timeline())
 
     # -- the loop ---------------------------------------------------------------
 
@@ -354,6 +356,13 @@ class Runner:
         line = apply_node_event(self.state, record)
         if line and kind != "phase" or kind == "phase" and fields.get("message"):
             self.view.log(record["t"], line)
+
+    def _timeline(self) -> list[str]:
+        """The timeline files beside the summary; a full disk costs the picture, not the result."""
+        try:
+            return write_timeline(self.plan.job, self.run_dir, self.plan.metrics_file)
+        except OSError as e:
+            return [f"timeline not written to {self.run_dir}: {e.strerror or e}"]
 
     def _write_launch(self) -> None:
         nodes = [{"node": n.index, "argv": n.argv, "env": n.env, "cwd": str(n.cwd) if n.cwd else None}

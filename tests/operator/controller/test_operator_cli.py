@@ -5,6 +5,7 @@ import sys
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ddpjob_operator.controller.main import parse_args, settings_for, watched_namespaces
 from ddpjob_sandbox.jobs import make_manifest
@@ -80,7 +81,7 @@ def test_a_port_out_of_range_names_the_flag():
         parse_args(["--metrics-port", "70000"])
 
 
-def test_healthz_and_metrics_are_served_and_count_jobs_by_phase(cluster, k8s, tmp_path):
+def test_healthz_and_metrics_are_served_and_count_jobs_by_phase_and_restart_budget(cluster, k8s, tmp_path):
     liveness, metrics = free_port(), free_port()
     command = [sys.executable, "-m", "ddpjob_operator", "--namespace", k8s.namespace,
                "--liveness-port", str(liveness), "--metrics-port", str(metrics)]
@@ -94,9 +95,20 @@ def test_healthz_and_metrics_are_served_and_count_jobs_by_phase(cluster, k8s, tm
                             and t, what="the Restarting job in /metrics")
         assert "ddpjob_operator_pod_replacements_total 1.0" in text
         assert "ddpjob_operator_reconcile_seconds_count" in text
+        # The budget from the job's status: no snapshot yet, so the failure is charged (1 of maxRestarts 3).
+        job = {"namespace": k8s.namespace, "name": "mlp"}
+        assert sample(text, "ddpjob_operator_restart_budget_used", **job, budget="maxRestarts") == 1
+        assert sample(text, "ddpjob_operator_restart_budget_limit", **job, budget="maxRestarts") == 3
+        assert sample(text, "ddpjob_operator_job_phase", **job, phase="Restarting") == 1
     log = process.log()
     assert "Traceback" not in log
     assert "Handler 'job_changed' succeeded" in log
+
+
+def sample(text: str, series: str, **labels: str) -> float | None:
+    """The value of one series in Prometheus' text format (None when absent)."""
+    return next((s.value for family in text_string_to_metric_families(text) for s in family.samples
+                 if s.name == series and s.labels == labels), None)
 
 
 def test_without_namespaces_the_operator_serves_every_namespace(cluster, tmp_path):
