@@ -46,8 +46,7 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube
-from ddpjob_operator.decide.observed import PodView, controller_of, view_pod
-from ddpjob_operator.decide.plan import BUDGET_COMPARED
+from ddpjob_operator.decide.observed import BUDGET_COMPARED, PodView, controller_of, view_pod
 
 logger = logging.getLogger("ddpjob_operator")
 
