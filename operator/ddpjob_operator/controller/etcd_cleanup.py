@@ -108,7 +108,7 @@ def delete_keys(target: DeleteRendezvousKeys, credentials_dir: str | None, timeo
     if target.allow_insecure_credentials:  # the same permission the job's agents got (launch.credential_conf)
         options["allow_insecure_credentials"] = "true"
     return sum(delete_rendezvous(list(target.endpoints), run_id, namespace=target.namespace, **options)
-               for run_id in target.job_uids)
+               for run_id in target.run_ids)
 
 
 class RendezvousCleaner:

@@ -5,7 +5,8 @@ import base64
 
 import pytest
 
-from ddpjob_operator.controller.etcd_cleanup import needs_finalizer, write_credentials
+from ddpjob_operator.controller.etcd_cleanup import delete_keys, needs_finalizer, write_credentials
+from ddpjob_operator.decide.rendezvous_keys import of_body
 from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_sandbox.jobs import make_ddpjob
 
@@ -34,3 +35,16 @@ def test_the_secret_is_written_as_the_pods_see_it_and_the_backend_reads_it(tmp_p
     assert all(p.stat().st_mode & 0o077 == 0 for p in tmp_path.iterdir())
     settings = settings_from_conf("e:1", {"credentials_dir": str(tmp_path), "allow_insecure_credentials": "true"})
     assert (settings.username, settings.password) == ("trainer", "s3cret")
+
+
+def test_every_generations_keys_are_deleted_under_the_jobs_namespace(monkeypatch):
+    """delete_keys dials once per --rdzv_id the job's groups used (the action's run_ids)."""
+    from ddpjob_rdzv import cleanup
+
+    calls = []
+    monkeypatch.setattr(cleanup, "delete_rendezvous",
+                        lambda endpoints, run_id, namespace, **options: calls.append((run_id, namespace, options)) or 2)
+    target = of_body(make_ddpjob(uid="abc", namespace="team-a", elasticPolicy=V3, status={"rendezvousGeneration": 1}))
+
+    assert delete_keys(target, None, 3) == 4
+    assert calls == [("abc", "team-a", {"read_timeout": 3}), ("abc-1", "team-a", {"read_timeout": 3})]
