@@ -3,7 +3,7 @@
 Why before: the c10d store and a managed etcd have no authentication (docs/security.md), so
 a pod that runs before its policy exists is reachable by anyone in the cluster for as long
 as the gap lasts. While the policy is wanted and missing, its create is the pass's first
-action, and the executor (controller/handlers.py) makes it, and sees it succeed, before any
+action, and the executor (controller/apply.py) makes it, and sees it succeed, before any
 other write of the pass; a pass whose policy create fails creates no pod. While someone
 else's policy holds its name, the pass creates no pod at all.
 
@@ -42,7 +42,8 @@ HOLD_POLL_SECONDS = 2.0
 def plan_network_policy(ref: JobRef, spec: DDPJobSpec, observed: ObservedPolicy | None,
                         operator: OperatorPeer) -> list[Action]:
     """Create the policy when missing, put its spec back when it drifted; nothing for someone else's."""
-    policy = wanted.one(wanted.wanted_objects(ref, spec, operator=operator), wanted.NETWORK_POLICY)
+    policy = wanted.one(wanted.wanted_objects(ref, spec, operator=operator, roles=(wanted.NETWORK_POLICY,)),
+                        wanted.NETWORK_POLICY)
     if observed is None or policy is None or observed.state in (C.POLICY_FOREIGN, C.POLICY_UNREADABLE):
         return []
     body = policy.body()

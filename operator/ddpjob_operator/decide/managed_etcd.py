@@ -29,7 +29,7 @@ def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,
         phase: status.phase computed for this pass.
         observed: what the pass saw; None when the job does not ask for a managed etcd.
     """
-    objects = wanted.wanted_objects(ref, spec) if spec is not None else ()
+    objects = wanted.wanted_objects(ref, spec, roles=(wanted.ETCD_SERVICE, wanted.ETCD)) if spec is not None else ()
     service, etcd = wanted.one(objects, wanted.ETCD_SERVICE), wanted.one(objects, wanted.ETCD)
     if observed is None or service is None or etcd is None:
         return []

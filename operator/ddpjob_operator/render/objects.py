@@ -13,7 +13,7 @@ and the PodDisruptionBudget (the plan puts the policy first of all: decide/isola
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name, pod_name
 from ddpjob_operator.api.names import rdzv_store_name, service_name
@@ -49,8 +49,9 @@ class Wanted:
 
 
 def wanted_objects(ref: JobRef, spec: DDPJobSpec, *, operator: OperatorPeer = OperatorPeer(), generation: int = 0,
-                   avoid: Sequence[str] = (), healthy: int | None = None) -> tuple[Wanted, ...]:
-    """Every object the job wants, in the order of creation.
+                   avoid: Sequence[str] = (), healthy: int | None = None,
+                   roles: Collection[str] | None = None) -> tuple[Wanted, ...]:
+    """Every object the job wants, in the order of creation (of ``roles`` only, when given).
 
     Args:
         ref: the job's identity.
@@ -60,6 +61,8 @@ def wanted_objects(ref: JobRef, spec: DDPJobSpec, *, operator: OperatorPeer = Op
         generation: the rendezvous generation new node pods join.
         avoid: nodes new node pods keep off (status.avoidedNodes).
         healthy: the budgeted pods Ready now (None: all of them, the job running whole).
+        roles: the roles a caller asks about (None: all): a policy about one companion object
+            does not list 1,000 node pods to find it.
     """
     ep = spec.elastic_policy
     objects = [Wanted(SERVICE, service_name(ref.name), render=lambda: render_service(ref, spec))]
@@ -69,15 +72,16 @@ def wanted_objects(ref: JobRef, spec: DDPJobSpec, *, operator: OperatorPeer = Op
     if ep.store_on_pod:
         objects += [Wanted(STORE_SERVICE, rdzv_store_name(ref.name), render=lambda: render_store_service(ref, spec)),
                     Wanted(STORE, rdzv_store_name(ref.name), render=lambda: render_store_pod(ref, spec))]
-    objects += [Wanted(NODE, pod_name(ref.name, i), i, _node(ref, spec, i, generation, avoid))
-                for i in range(spec.desired_replicas)]
+    if roles is None or NODE in roles:
+        objects += [Wanted(NODE, pod_name(ref.name, i), i, _node(ref, spec, i, generation, avoid))
+                    for i in range(spec.desired_replicas)]
     if spec.network_policy.enabled:
         objects.append(Wanted(NETWORK_POLICY, network_policy_name(ref.name),
                               render=lambda: render_network_policy(ref, operator)))
     if spec.run_policy.pod_disruption_budget:
         objects.append(Wanted(DISRUPTION_BUDGET, disruption_budget_name(ref.name),
                               render=lambda: render_disruption_budget(ref, spec, healthy)))
-    return tuple(objects)
+    return tuple(o for o in objects if roles is None or o.role in roles)
 
 
 def _node(ref: JobRef, spec: DDPJobSpec, index: int, generation: int,

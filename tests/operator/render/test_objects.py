@@ -50,3 +50,12 @@ def test_a_first_pass_creates_exactly_the_objects_the_list_names(elastic):
         return o["kind"], o["metadata"]["name"]
     assert sorted(map(key, created)) == sorted(map(key, wanted))
     assert sorted(created, key=key) == sorted(wanted, key=key), "the same bodies, not only the same names"
+
+
+def test_a_policy_may_ask_for_some_roles_only_and_gets_the_same_entries():
+    body = make_ddpjob(replicas=4, elasticPolicy=MANAGED_ETCD)
+    ref, spec = job_ref(body), parse_spec(body["spec"])
+    etcd = objects.wanted_objects(ref, spec, roles=(objects.ETCD_SERVICE, objects.ETCD))
+
+    assert etcd == tuple(o for o in objects.wanted_objects(ref, spec) if o.role in (objects.ETCD_SERVICE, objects.ETCD))
+    assert [o.role for o in etcd] == ["etcd-service", "etcd"]
