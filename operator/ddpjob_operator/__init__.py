@@ -7,15 +7,18 @@ api/         What users write and read: constants, generated names (and the one
              its CEL twin, the clock format, and the CRD/reference generator.
 render/      spec -> the objects a job wants, as plain dicts (pure): the torchrun launch
              plan, node pods and Service, the store pod, the managed etcd, the job's
-             NetworkPolicy, labels, Kueue.
+             NetworkPolicy, labels, Kueue; objects.py lists them all, for the plan and
+             `ddpjob render` alike.
 decide/      spec + what was observed + the previous status + now -> new status, Events
              and actions (pure). Shared types and rules (actions, observed, failure,
-             budget, conditions, creation) at the bottom; one module per policy (capacity,
-             topology, progress, stuck, managed_etcd, last_valid, avoided_nodes, hang, straggler) above; plan and
-             status compose the policies; reconcile is one whole pass.
+             budget, conditions, creation, phases) at the bottom; one module per policy
+             (capacity, topology, progress, stuck, managed_etcd, last_valid, avoided_nodes,
+             hang, straggler, isolation, rendezvous_keys) above; plan, status and observation
+             (what a pass reads) compose the policies; reconcile is one whole pass.
 controller/  The only code that talks to the cluster and the only kopf, aiohttp and
-             prometheus importer: handler registration, the pass runner, API calls,
-             progress polling, etcd key cleanup, metrics, the process.
+             prometheus importer; it decides nothing: handler registration, the process
+             state, pass scheduling, one pass (observe, then apply), API calls, the one
+             Event poster, progress polling, etcd key cleanup, metrics, the process.
 local/       `ddpjob run`: the same launch plan and failure policy, as local processes.
 cli.py       `ddpjob validate | render | run`.
 

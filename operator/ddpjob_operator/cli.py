@@ -23,11 +23,7 @@ import yaml
 
 from ddpjob_operator.api import constants
 from ddpjob_operator.local import command as local_run
-from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
-from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
-from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
-from ddpjob_operator.render.node_pod import render_pod, render_service
-from ddpjob_operator.render.pdb import render_disruption_budget
+from ddpjob_operator.render.objects import wanted_objects
 from ddpjob_operator.api.spec import MAX_DEPTH, MAX_REPLICAS, DDPJobSpec, InvalidSpecError, JobRef, parse_job
 from ddpjob_operator.decide.creation import job_errors
 
@@ -154,16 +150,9 @@ def render(path: str, namespace: str | None) -> int:
     if parsed is None:
         return EXIT_INVALID
     ref, spec = parsed
-    objects = [render_service(ref, spec)] + [render_pod(ref, spec, i) for i in range(spec.desired_replicas)]
-    if spec.elastic_policy.store_on_pod:  # the operator creates the store before the nodes
-        objects[1:1] = [render_store_service(ref, spec), render_store_pod(ref, spec)]
-    if spec.elastic_policy.managed_etcd.enabled:  # the job's own etcd, created with the nodes
-        objects[1:1] = [render_etcd_service(ref), render_etcd_pod(ref, spec)]
-    if spec.network_policy.enabled:  # admitting the operator's pods as the chart's defaults select them
-        objects.append(render_network_policy(ref, OperatorPeer()))
-    if spec.run_policy.pod_disruption_budget:
-        objects.append(render_disruption_budget(ref, spec))
-    text = yaml.safe_dump_all(objects, sort_keys=False)
+    # The list the operator's plan creates from; the NetworkPolicy admits the operator's pods as
+    # the chart's defaults select them, and the budget counts every pod Ready.
+    text = yaml.safe_dump_all([o.body() for o in wanted_objects(ref, spec)], sort_keys=False)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -75,7 +75,7 @@ def running_pods(body: dict[str, Any], count: int | None = None) -> list[dict[st
 def observe(pods=(), *, service_exists: bool = True, live_progress=(), managed_etcd: ObservedEtcd | None = None,
             nodes=None, disruption_budget: ObservedBudget | None = None,
             store_service_exists: bool | None = None) -> Observed:
-    """What a pass observes when the API returns these pod dicts (as controller/handlers.py builds it);
+    """What a pass observes when the API returns these pod dicts (as controller/observe.py builds it);
     the store pod's Service exists when the job's Service does, unless told otherwise."""
     store_service = service_exists if store_service_exists is None else store_service_exists
     return Observed(view_pods(pods), service_exists, tuple(live_progress), managed_etcd, nodes or {},

@@ -3,10 +3,10 @@
 Two things back off per job, each on its own count:
 
 * a pass that failed (the API answered 429 or 5xx, or not at all, while the pass read or
-  wrote): its retry, and any pass an event would start meanwhile, wait (handlers.JobPasses);
+  wrote): its retry, and any pass an event would start meanwhile, wait (passes.JobPasses);
 * the creates the API refused (403 quota, 422 invalid pod, 429, 5xx): the next passes still
   observe, write the status and delete, but create nothing until the delay has passed
-  (``CreateRetries``; handlers.run_pass). The last refusal is kept for the next pass to report
+  (``CreateRetries``; apply._create). The last refusal is kept for the next pass to report
   (decide/creation.py).
 
 Both used to retry every 2 s forever, a request storm against a server already in trouble

@@ -46,8 +46,7 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube
-from ddpjob_operator.decide.observed import PodView, controller_of, view_pod
-from ddpjob_operator.decide.plan import BUDGET_COMPARED
+from ddpjob_operator.decide.observed import BUDGET_COMPARED, PodView, controller_of, view_pod
 
 logger = logging.getLogger("ddpjob_operator")
 
@@ -140,7 +139,7 @@ def _owners_and_spec(body: Mapping[str, Any]) -> dict[str, Any]:
 # after one list (tracemalloc; the issue saw 73.6 MiB in the process, and ~70 would pass the chart's
 # 256Mi at every start). A same-named budget or policy someone else made without our label is
 # unseen: the job's create of it then meets 409, is read back once and reported (a policy holds
-# the job's pods: controller/handlers.py); one that carries our label is seen, and left alone
+# the job's pods: controller/observe.py); one that carries our label is seen, and left alone
 # (ObservedBudget.of, ObservedPolicy.of).
 # A pass compares the policy's and the budget's spec with the rendered one and reads their controller.
 # An edit or deletion of a job's policy starts a pass of the job, which puts it back at once

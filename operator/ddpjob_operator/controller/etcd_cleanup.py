@@ -1,17 +1,14 @@
 """Deletes a job's etcd rendezvous keys when it finishes and when it is deleted; best effort, bounded.
 
-Only ``etcd-v3`` jobs are cleaned: their keys live under ``/ddpjob/rdzv/<namespace>/<uid>/``
-(and ``<uid>-<n>/`` for later rendezvous generations; ``ddpjob_rdzv.keys``, the one definition
-the trainer's backend uses too), and exactly those prefixes are deleted.
-torch's ``etcd`` backend writes etcd's v2 store, which the v3 client cannot
-reach, and puts TTLs on its keys itself; c10d keeps nothing outside the pods.
+Which jobs have keys, where they are and when they may go is decided in
+decide/rendezvous_keys.py (a pass returns a DeleteRendezvousKeys action); this module only
+executes it, and posts what came of it through events.py like the pass's own Events.
 
 When, and why it is safe to give up:
 
-* **On finish**: after a pass that left the job Succeeded or Failed with no node
-  pod still active (deleting the keys under a live agent would restart its
-  rendezvous). One attempt per job per operator process; a failure is a
-  Warning Event, and the deletion tries again.
+* **On finish**: when a pass returns the action (the job Succeeded or Failed with
+  no node pod still active). One attempt per job per operator process; a failure
+  is a Warning Event, and the deletion tries again.
 * **On delete**: a kopf finalizer, added only to etcd-v3 jobs, runs
   :meth:`RendezvousCleaner.on_delete`. It makes at most ``DELETE_ATTEMPTS``
   attempts of at most ``timeout`` seconds each, then releases the finalizer even
@@ -31,8 +28,8 @@ The etcd client is blocking (gRPC), so each attempt runs in a worker thread,
 with the client's own ``read_timeout`` as the bound.
 
 The endpoints are the user's (spec.elasticPolicy.rdzvEndpoints): one may never answer. So a
-cleanup never runs inside a reconcile pass (a pass only starts it, and its concurrency slot
-is free at once), at most ``CONCURRENT_CLEANUPS`` dial at a time, each in this module's own
+cleanup never runs inside a reconcile pass (the pass's executor only starts it, and the pass's
+concurrency slot is free at once), at most ``CONCURRENT_CLEANUPS`` dial at a time, each in this module's own
 threads (a dial that hangs past its bound keeps a thread of ours, never one of the event
 loop's default pool), and each is abandoned after ``timeout + GRACE_SECONDS``.
 """
@@ -44,8 +41,7 @@ import concurrent.futures
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +49,9 @@ import kopf
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube
-from ddpjob_operator.render.launch import rdzv_id
-from ddpjob_operator.decide.observed import PodView
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef, validate_job
-from ddpjob_rdzv import BACKEND_NAME, keys
+from ddpjob_operator.controller.events import post_events
+from ddpjob_operator.decide import rendezvous_keys
+from ddpjob_operator.decide.actions import DeleteRendezvousKeys, Event
 from ddpjob_rdzv.settings import CREDENTIAL_FILES
 
 logger = logging.getLogger("ddpjob_operator")
@@ -76,50 +71,9 @@ REASON_CLEANUP_FAILED = "RendezvousCleanupFailed"  # Warning: they could not be 
 READ_SECRETS_VALUE = "rbac.readSecrets"
 
 
-@dataclass(frozen=True)
-class CleanupTarget:
-    """Where a job's rendezvous keys are and how to authenticate."""
-
-    endpoints: tuple[str, ...]
-    run_id: str  # metadata.uid, the job's first --rdzv_id
-    secret_name: str | None  # spec.elasticPolicy.rdzvSecretName
-    generations: int = 0  # status.rendezvousGeneration: later groups ran as <uid>-<generation>
-    namespace: str = "default"  # metadata.namespace: the agents' keys live under it (DDPJOB_NAMESPACE)
-    allow_insecure_credentials: bool = False  # spec.elasticPolicy.rdzvAllowInsecureCredentials
-
-    @property
-    def run_ids(self) -> list[str]:
-        """Every --rdzv_id the job's groups used (launch.rdzv_id)."""
-        return [rdzv_id(self.run_id, generation) for generation in range(self.generations + 1)]
-
-    @property
-    def prefix(self) -> str:
-        """Where the keys are, for messages (the first group's prefix, plus later ones when any)."""
-        first = keys.run_prefix(self.namespace, self.run_id)
-        return first if not self.generations else f"{first} (and {self.generations} later generation(s))"
-
-
-def cleanup_target(body: Mapping[str, Any]) -> CleanupTarget | None:
-    """The keys of an etcd-v3 job; None for other backends, an invalid spec or a job without a uid."""
-    uid = (body.get("metadata") or {}).get("uid")
-    if not uid or validate_job(body):
-        return None
-    ep = DDPJobSpec.model_validate(body.get("spec") or {}).elastic_policy
-    if ep.rdzv_backend != BACKEND_NAME or ep.managed_etcd.enabled:  # a managed etcd goes with the job, keys and all
-        return None
-    generations = int((body.get("status") or {}).get("rendezvousGeneration") or 0)
-    return CleanupTarget(tuple(ep.rdzv_endpoints), uid, ep.rdzv_secret_name, generations,
-                         JobRef.from_body(body).namespace, ep.rdzv_allow_insecure_credentials)
-
-
 def needs_finalizer(body: Mapping[str, Any], **_: Any) -> bool:
-    """kopf ``when=`` filter: only etcd-v3 jobs get the deletion finalizer (a plain c10d job is never held up)."""
-    return cleanup_target(body) is not None
-
-
-def due_on_finish(status: Mapping[str, Any], pods: Iterable[PodView]) -> bool:
-    """Finished, and no node pod still runs an agent that would miss its rendezvous state."""
-    return status.get("phase") in C.FINISHED_PHASES and not any(p.active for p in pods)
+    """kopf ``when=`` filter: only jobs with keys to clean get the deletion finalizer (a plain c10d job is never held up)."""
+    return rendezvous_keys.of_body(body) is not None
 
 
 def timeout_seconds() -> float:
@@ -144,7 +98,7 @@ def write_credentials(secret: Mapping[str, Any], directory: Path) -> None:
             path.chmod(0o600)
 
 
-def delete_keys(target: CleanupTarget, credentials_dir: str | None, timeout: float) -> int:
+def delete_keys(target: DeleteRendezvousKeys, credentials_dir: str | None, timeout: float) -> int:
     """Blocking: deletes the run's keys (see ddpjob_rdzv.cleanup); returns how many were deleted."""
     from ddpjob_rdzv.cleanup import delete_rendezvous  # imports etcd3 and protobuf on first use only
 
@@ -169,13 +123,13 @@ class RendezvousCleaner:
         self._cleaned: set[str] = set()  # uids whose keys this process deleted
         self._forbidden: set[str] = set()  # uids already told that their Secret may not be read
 
-    def after_pass(self, job: Mapping[str, Any], pods: Iterable[PodView], status: Mapping[str, Any]) -> None:
-        """Once per finished job: starts deleting its keys, in the background (the pass does not
-        wait for the user's etcd); a failure is a Warning Event, and deletion tries again."""
-        target = cleanup_target(job)
-        if target is None or target.run_id in self._tried_on_finish or not due_on_finish(status, pods):
+    def start(self, job: Mapping[str, Any], target: DeleteRendezvousKeys) -> None:
+        """A pass's DeleteRendezvousKeys, once per job: starts deleting its keys, in the background
+        (the pass does not wait for the user's etcd); a failure is a Warning Event, and deletion
+        tries again."""
+        if target.job_uid in self._tried_on_finish:
             return
-        self._tried_on_finish.add(target.run_id)  # one attempt per process, even if it fails
+        self._tried_on_finish.add(target.job_uid)  # one attempt per process, even if it fails
         task = asyncio.get_running_loop().create_task(self._clean_on_finish(job, target))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -189,7 +143,7 @@ class RendezvousCleaner:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _clean_on_finish(self, job: Mapping[str, Any], target: CleanupTarget) -> None:
+    async def _clean_on_finish(self, job: Mapping[str, Any], target: DeleteRendezvousKeys) -> None:
         try:
             await self._clean(job, target)
         except CleanupForbidden as e:
@@ -200,10 +154,10 @@ class RendezvousCleaner:
 
     async def on_delete(self, job: Mapping[str, Any], retry: int) -> None:
         """The finalizer's work; raises TemporaryError to retry, returns (releasing it) after the last attempt."""
-        target = cleanup_target(job)
+        target = rendezvous_keys.of_body(job)
         if target is None:
             return
-        if target.run_id not in self._cleaned:  # already done when the job finished
+        if target.job_uid not in self._cleaned:  # already done when the job finished
             try:
                 await self._clean(job, target)
             except CleanupForbidden as e:  # retrying cannot help: release the finalizer now
@@ -217,17 +171,17 @@ class RendezvousCleaner:
                 await self._event(job, C.EVENT_WARNING, REASON_CLEANUP_FAILED,
                                   f"{e}; gave up after {DELETE_ATTEMPTS} attempts so that the deletion "
                                   f"completes; the keys expire with their lease (rdzv_conf lease_ttl)")
-        self._forget(target.run_id)
+        self._forget(target.job_uid)
 
-    async def _skip(self, job: Mapping[str, Any], target: CleanupTarget, error: CleanupForbidden) -> None:
+    async def _skip(self, job: Mapping[str, Any], target: DeleteRendezvousKeys, error: CleanupForbidden) -> None:
         """One Warning per job and process: the cleanup needs a grant the operator lacks."""
-        if target.run_id in self._forbidden:
+        if target.job_uid in self._forbidden:
             logger.info("%s", error)
             return
-        self._forbidden.add(target.run_id)
+        self._forbidden.add(target.job_uid)
         await self._event(job, C.EVENT_WARNING, REASON_CLEANUP_FAILED, str(error))
 
-    async def _clean(self, job: Mapping[str, Any], target: CleanupTarget) -> None:
+    async def _clean(self, job: Mapping[str, Any], target: DeleteRendezvousKeys) -> None:
         timeout = timeout_seconds()
         with tempfile.TemporaryDirectory(prefix="ddpjob-rdzv-") as directory:  # mode 0700
             credentials = await self._credentials(job, target, Path(directory))
@@ -241,12 +195,13 @@ class RendezvousCleaner:
                                                              f"({TIMEOUT_ENV}={timeout:g}s + {GRACE_SECONDS:g}s)")) from e
                 except Exception as e:  # noqa: BLE001 - any failure (unreachable, refused, bad settings) is reported
                     raise CleanupError(self._failure(target, e)) from e
-        self._cleaned.add(target.run_id)
+        self._cleaned.add(target.job_uid)
         await self._event(job, C.EVENT_NORMAL, REASON_CLEANED,
                           f"deleted {deleted} etcd key(s) of the rendezvous under {target.prefix} "
                           f"at {','.join(target.endpoints)}")
 
-    async def _credentials(self, job: Mapping[str, Any], target: CleanupTarget, directory: Path) -> str | None:
+    async def _credentials(self, job: Mapping[str, Any], target: DeleteRendezvousKeys,
+                           directory: Path) -> str | None:
         if not target.secret_name:
             return None
         namespace = job["metadata"]["namespace"]
@@ -277,7 +232,7 @@ class RendezvousCleaner:
         self._forbidden.discard(uid)
 
     @staticmethod
-    def _failure(target: CleanupTarget, error: BaseException | str) -> str:
+    def _failure(target: DeleteRendezvousKeys, error: BaseException | str) -> str:
         reason = str(error) or type(error).__name__
         return (f"could not delete the etcd rendezvous keys under {target.prefix} at "
                 f"{','.join(target.endpoints)} (spec.elasticPolicy.rdzvEndpoints): {reason}")
@@ -285,7 +240,4 @@ class RendezvousCleaner:
     async def _event(self, job: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
         log = logger.warning if event_type == C.EVENT_WARNING else logger.info
         log("%s/%s: %s", job["metadata"].get("namespace"), job["metadata"]["name"], message)
-        try:
-            await self._api.post_event(job, event_type, reason, message)
-        except (kube.ApiError, kopf.TemporaryError) as e:  # a lost Event must not fail a pass or a deletion
-            logger.warning("Could not post the %s Event about %s: %s", reason, job["metadata"]["name"], e)
+        await post_events(self._api, job, [Event(event_type, reason, message)])

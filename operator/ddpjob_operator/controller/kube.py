@@ -6,7 +6,7 @@ controller (anyone else's is a ForeignObjectError), deleting one that is gone is
 Errors that a retry may fix (HTTP 429 and 5xx, lost connections) become ``RetryableError``, a
 ``kopf.TemporaryError``, so kopf retries the handler after a delay instead of the handler
 sleeping; the others become ``ApiError``. Both keep the API's status, reason, message and
-Retry-After, so the caller can report a refused create and back off (handlers, backoff).
+Retry-After, so the caller can report a refused create and back off (apply, backoff).
 
 The connection comes from kopf's own login functions (in-cluster service account, else the
 kubeconfig), so the operator and kopf always talk to the same server with the same identity.
@@ -39,7 +39,7 @@ REQUEST_TIMEOUT_SECONDS = 30.0  # one API call; a hung server must not hang a re
 # 1,000 connections. Watches are not counted: each is one long request.
 DEFAULT_QPS = 20.0
 DEFAULT_BURST = 30
-# Reconcile passes running at once (--max-concurrent-passes; handlers.JobPasses). A pass mostly
+# Reconcile passes running at once (--max-concurrent-passes; passes.JobPasses). A pass mostly
 # waits on the API, so a few overlap well; more only queue at the rate limit and hold memory.
 DEFAULT_CONCURRENT_PASSES = 16
 FOREIGN_OBJECT_REASON = "ForeignObject"  # the reason of a ForeignObjectError (and of the condition it causes)

@@ -102,8 +102,26 @@ class Requeue:
     after: float
 
 
+@dataclass(frozen=True)
+class DeleteRendezvousKeys:
+    """Delete an etcd-v3 job's rendezvous keys (decide/rendezvous_keys.py says which jobs and when).
+
+    The endpoints are the user's and one may never answer, so the executor runs this outside
+    the pass and its concurrency slot (controller/etcd_cleanup.py); the Events it yields are
+    posted like the pass's own.
+    """
+
+    endpoints: tuple[str, ...]  # spec.elasticPolicy.rdzvEndpoints
+    job_uid: str  # metadata.uid: the executor deletes a job's keys once per process
+    run_ids: tuple[str, ...]  # every --rdzv_id the job's groups used, one per rendezvous generation
+    prefix: str  # where the keys are, for messages
+    secret_name: str | None = None  # spec.elasticPolicy.rdzvSecretName
+    namespace: str = "default"  # metadata.namespace: the agents' keys live under it (DDPJOB_NAMESPACE)
+    allow_insecure_credentials: bool = False  # spec.elasticPolicy.rdzvAllowInsecureCredentials
+
+
 Action = Union[CreateService, CreatePod, CreateNetworkPolicy, PatchNetworkPolicy, CreateDisruptionBudget,
-               PatchDisruptionBudget, DeleteDisruptionBudget, DeletePod, DeleteJob, Requeue]
+               PatchDisruptionBudget, DeleteDisruptionBudget, DeletePod, DeleteJob, Requeue, DeleteRendezvousKeys]
 
 
 def with_one_requeue(actions: list[Action], *afters: float | None) -> list[Action]:

@@ -3,7 +3,7 @@
 Why before: the c10d store and a managed etcd have no authentication (docs/security.md), so
 a pod that runs before its policy exists is reachable by anyone in the cluster for as long
 as the gap lasts. While the policy is wanted and missing, its create is the pass's first
-action, and the executor (controller/handlers.py) makes it, and sees it succeed, before any
+action, and the executor (controller/apply.py) makes it, and sees it succeed, before any
 other write of the pass; a pass whose policy create fails creates no pod. While someone
 else's policy holds its name, the pass creates no pod at all.
 
@@ -31,7 +31,8 @@ from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 from ddpjob_operator.decide.actions import Action, CreateNetworkPolicy, CreatePod, Event, PatchNetworkPolicy, Requeue
 from ddpjob_operator.decide.conditions import condition_of, set_condition
 from ddpjob_operator.decide.observed import ObservedPolicy
-from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
+from ddpjob_operator.render import objects as wanted
+from ddpjob_operator.render.network_policy import OperatorPeer
 
 # Look again this soon while someone else's policy holds the name: its deletion may start no pass
 # (the cache starts one only for policies that carry the job's labels).
@@ -41,15 +42,41 @@ HOLD_POLL_SECONDS = 2.0
 def plan_network_policy(ref: JobRef, spec: DDPJobSpec, observed: ObservedPolicy | None,
                         operator: OperatorPeer) -> list[Action]:
     """Create the policy when missing, put its spec back when it drifted; nothing for someone else's."""
-    if observed is None or not spec.network_policy.enabled or observed.state in (C.POLICY_FOREIGN,
-                                                                                  C.POLICY_UNREADABLE):
+    policy = wanted.one(wanted.wanted_objects(ref, spec, operator=operator, roles=(wanted.NETWORK_POLICY,)),
+                        wanted.NETWORK_POLICY)
+    if observed is None or policy is None or observed.state in (C.POLICY_FOREIGN, C.POLICY_UNREADABLE):
         return []
-    wanted = render_network_policy(ref, operator)
+    body = policy.body()
     if observed.spec is None:
-        return [CreateNetworkPolicy(wanted)]
-    if dict(observed.spec) != wanted["spec"]:
-        return [PatchNetworkPolicy(network_policy_name(ref.name), dict(observed.spec), wanted["spec"])]
+        return [CreateNetworkPolicy(body)]
+    if dict(observed.spec) != body["spec"]:
+        return [PatchNetworkPolicy(policy.name, dict(observed.spec), body["spec"])]
     return []
+
+
+# How long the name is believed taken by someone else's policy after a create met it (a 409 read
+# back), before the create is tried again. The cache holds only policies with the operator's labels,
+# so an unlabelled foreign one is known from that answer alone (the executor remembers when it came):
+# one create and one read a minute, not one a pass.
+FOREIGN_POLICY_RECHECK_SECONDS = 60.0
+
+
+def observed_policy(policy: Mapping[str, Any] | None, owner_uid: str, *, readable: bool = True,
+                    create_refused: bool = False, foreign_seconds_ago: float | None = None) -> ObservedPolicy:
+    """The job's NetworkPolicy as the pass sees it.
+
+    Args:
+        policy: the policy of the job's policy's name as the cache holds it (None: none there).
+        owner_uid: the job's uid (a policy it does not control is someone else's).
+        readable: the operator may list NetworkPolicies in the namespace (False: a 403).
+        create_refused: the namespace's last create of a policy was refused (403).
+        foreign_seconds_ago: since a create met someone else's policy of that name (None: never).
+    """
+    if not readable:
+        return ObservedPolicy(C.POLICY_UNREADABLE)
+    if policy is None and foreign_seconds_ago is not None and foreign_seconds_ago < FOREIGN_POLICY_RECHECK_SECONDS:
+        return ObservedPolicy(C.POLICY_FOREIGN)
+    return ObservedPolicy.of(policy, owner_uid, create_refused)
 
 
 def holds_pods(observed: ObservedPolicy | None) -> bool:

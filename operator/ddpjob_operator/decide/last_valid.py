@@ -12,7 +12,7 @@ Why the status, not an annotation: only the operator writes the status subresour
 whoever may edit a DDPJob cannot plant a spec that never passed the CRD's rules (an image
 change the immutability rule forbids, say), and the pure pass reads it from the body it was
 given. Bounded: a spec over MAX_SPEC_BYTES of JSON is not kept (that job has no fallback);
-the status patch carries it only when it changed (handlers.merge_patch).
+the status patch carries it only when it changed (controller/apply.py's merge_patch).
 """
 
 from __future__ import annotations

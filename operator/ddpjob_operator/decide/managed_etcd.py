@@ -12,20 +12,11 @@ the job.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.names import managed_etcd_name
 from ddpjob_operator.decide.actions import Action, CreatePod, CreateService, DeletePod
 from ddpjob_operator.decide.observed import ObservedEtcd
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
-from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
-
-
-def requested(body: Mapping[str, Any]) -> bool:
-    """The body asks for a managed etcd (read before validation, to decide what to observe)."""
-    ep = (body.get("spec") or {}).get("elasticPolicy") or {}
-    return bool((ep.get("managedEtcd") or {}).get("enabled"))
+from ddpjob_operator.render import objects as wanted
 
 
 def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,
@@ -38,14 +29,16 @@ def plan_managed_etcd(ref: JobRef, spec: DDPJobSpec | None, phase: str | None,
         phase: status.phase computed for this pass.
         observed: what the pass saw; None when the job does not ask for a managed etcd.
     """
-    if spec is None or observed is None or not spec.elastic_policy.managed_etcd.enabled:
+    objects = wanted.wanted_objects(ref, spec, roles=(wanted.ETCD_SERVICE, wanted.ETCD)) if spec is not None else ()
+    service, etcd = wanted.one(objects, wanted.ETCD_SERVICE), wanted.one(objects, wanted.ETCD)
+    if observed is None or service is None or etcd is None:
         return []
-    pod, name = observed.pod, managed_etcd_name(ref.name)
+    pod, name = observed.pod, etcd.name
     if phase in C.FINISHED_PHASES:
         return [DeletePod(name, "the job finished")] if pod is not None and not pod.deleting else []
-    actions: list[Action] = [] if observed.service_exists else [CreateService(render_etcd_service(ref))]
+    actions: list[Action] = [] if observed.service_exists else [CreateService(service.body())]
     if pod is None:
-        actions.append(CreatePod(render_etcd_pod(ref, spec)))
+        actions.append(CreatePod(etcd.body()))
     elif pod.phase in ("Failed", "Succeeded") and not pod.deleting:
         actions.append(DeletePod(name, "replacing the failed managed etcd pod"))
     return actions

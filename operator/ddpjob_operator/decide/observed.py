@@ -291,6 +291,9 @@ class ObservedEtcd:
     service_exists: bool
 
 
+BUDGET_COMPARED = ("minAvailable", "selector")  # the budget's fields whose drift is patched back (plan.py)
+
+
 @dataclass(frozen=True)
 class ObservedBudget:
     """The job's PodDisruptionBudget as read this pass: `spec` None when it does not exist."""

@@ -34,21 +34,18 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time, seconds_between
-from ddpjob_operator.api.names import pod_name
 from ddpjob_operator.api.spec import DDPJobSpec, JobRef
 from ddpjob_operator.api.names import disruption_budget_name
-from ddpjob_operator.decide import avoided_nodes, capacity, creation, straggler, topology
+from ddpjob_operator.decide import avoided_nodes, capacity, creation, phases, straggler, topology
 from ddpjob_operator.decide.actions import (
     Action, CreateDisruptionBudget, CreatePod, CreateService, DeleteDisruptionBudget, DeleteJob,
     DeletePod, PatchDisruptionBudget, Requeue, with_one_requeue
 )
 from ddpjob_operator.decide.budget import replacement_delay
-from ddpjob_operator.decide.observed import NodeGroups, Observed, PodView
-from ddpjob_operator.render.node_pod import render_pod, render_service
-from ddpjob_operator.render.pdb import BUDGETED_COMPONENTS, budget_spec, render_disruption_budget
-from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
+from ddpjob_operator.decide.observed import BUDGET_COMPARED, NodeGroups, Observed, PodView
+from ddpjob_operator.render import objects as wanted
+from ddpjob_operator.render.pdb import BUDGETED_COMPONENTS
 
-BUDGET_COMPARED = ("minAvailable", "selector")  # the budget's fields whose drift is patched back
 DELETION_POLL_SECONDS = 2.0  # how soon to look again while a pod with a wanted name terminates
 
 
@@ -66,47 +63,49 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     """
     if spec is None:
         return []
-    phase = status.get("phase")
-    if phase in C.FINISHED_PHASES:
+    if phases.finished(status):
         return _finished(spec, status, observed.pods, now)
-    if phase == C.PHASE_SUSPENDED or spec.run_policy.suspend:
+    if status.get("phase") == C.PHASE_SUSPENDED or spec.run_policy.suspend:
         return [DeletePod(p.name, "the job is suspended") for p in observed.pods if not p.deleting]
-    actions: list[Action] = [] if observed.service_exists else [CreateService(render_service(ref, spec))]
-    actions += _disruption_budget(ref, spec, observed)
     generation = topology.generation_of(status)
+    healthy = sum(1 for p in observed.pods if p.running_ready and p.component in BUDGETED_COMPONENTS)
+    # Bad nodes stay bad: every new pod keeps off status.avoidedNodes.
+    objects = wanted.wanted_objects(ref, spec, generation=generation, avoid=avoided_nodes.names(status),
+                                    healthy=healthy)
+    service = wanted.one(objects, wanted.SERVICE)
+    actions: list[Action] = [] if observed.service_exists else [CreateService(service.body())]
+    actions += _disruption_budget(ref, objects, observed)
     groups = observed.of_generation(generation, spec.desired_replicas)
     actions += [DeletePod(p.name, f"a whole-group restart began rendezvous generation {generation}")
                 for p in groups.stale if not p.deleting]
     actions += _scale_down(spec, groups)
     actions += _replace_failed(groups)
     actions += _replace_stragglers(status, groups)
-    actions += _store(ref, spec, observed, groups)
-    if groups.stale or (spec.elastic_policy.store_on_pod and observed.store is None):
+    actions += _store(objects, observed, groups)
+    if groups.stale or (wanted.one(objects, wanted.STORE) is not None and observed.store is None):
         actions.append(Requeue(DELETION_POLL_SECONDS))  # the old group goes, or the store comes, first
     else:
-        actions += _create_missing(ref, spec, status, groups, now)
+        actions += _create_missing(objects, spec, status, groups, now)
     actions += _stop_after_finish(status, groups, now)
     actions += _pending_requeue(spec, groups, now)
     return with_one_requeue(actions + _deadline_requeue(spec, status, now))
 
 
-def _disruption_budget(ref: JobRef, spec: DDPJobSpec, observed: Observed) -> list[Action]:
+def _disruption_budget(ref: JobRef, objects: tuple[wanted.Wanted, ...], observed: Observed) -> list[Action]:
     """Create the job's PodDisruptionBudget, patch its spec when replicas or the Ready pods changed
     (or anyone edited it), delete it when spec.runPolicy.podDisruptionBudget is off; nothing when unread."""
-    budget = observed.disruption_budget
+    budget, want = observed.disruption_budget, wanted.one(objects, wanted.DISRUPTION_BUDGET)
     if budget is None:
         return []
-    name = disruption_budget_name(ref.name)
-    if not spec.run_policy.pod_disruption_budget:
-        return [DeleteDisruptionBudget(name)] if budget.spec is not None else []
-    healthy = sum(1 for p in observed.pods if p.running_ready and p.component in BUDGETED_COMPONENTS)
+    if want is None:
+        return [DeleteDisruptionBudget(disruption_budget_name(ref.name))] if budget.spec is not None else []
     if budget.spec is None:
-        return [CreateDisruptionBudget(render_disruption_budget(ref, spec, healthy))]
-    wanted = budget_spec(ref, spec, healthy)
+        return [CreateDisruptionBudget(want.body())]
+    spec = want.body()["spec"]
     # Only the fields every server keeps: one before Kubernetes 1.26 drops unhealthyPodEvictionPolicy,
     # and comparing it would patch the budget on every pass.
-    if any(budget.spec.get(k) != wanted[k] for k in BUDGET_COMPARED):
-        return [PatchDisruptionBudget(name, {"spec": wanted})]
+    if any(budget.spec.get(k) != spec[k] for k in BUDGET_COMPARED):
+        return [PatchDisruptionBudget(want.name, {"spec": spec})]
     return []
 
 
@@ -156,20 +155,18 @@ def _stop_after_finish(status: Mapping[str, Any], groups: NodeGroups, now: datet
     return [Requeue(max(C.FINISH_GRACE_SECONDS - seconds_between(since, now), 0.0))]
 
 
-def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
+def _create_missing(objects: tuple[wanted.Wanted, ...], spec: DDPJobSpec, status: Mapping[str, Any],
                     groups: NodeGroups, now: datetime) -> list[Action]:
     if groups.training_over:
         return []
     taken = {p.name for p in groups.live}  # a name is reusable only once the old pod is gone
-    missing = [i for i in range(spec.desired_replicas) if pod_name(ref.name, i) not in taken]
+    missing = [w for w in wanted.of_role(objects, wanted.NODE) if w.name not in taken]
     waiting_for_deletion = any(p.deleting for p in groups.live) or bool(groups.failed)
     delay = replacement_delay(spec, status, now)
     if missing and delay > 0:
         return [Requeue(delay)]
-    generation = topology.generation_of(status)
     batch = missing[:creation.MAX_CREATES_PER_PASS]  # rendered only when created: memory stays bounded
-    avoid = avoided_nodes.names(status)  # bad nodes stay bad: every new pod keeps off them
-    actions: list[Action] = [CreatePod(render_pod(ref, spec, i, generation, avoid)) for i in batch]
+    actions: list[Action] = [CreatePod(w.body()) for w in batch]
     if len(batch) < len(missing):
         actions.append(Requeue(creation.BATCH_REQUEUE_SECONDS))
     if waiting_for_deletion:
@@ -177,21 +174,22 @@ def _create_missing(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any],
     return actions
 
 
-def _store(ref: JobRef, spec: DDPJobSpec, observed: Observed, groups: NodeGroups) -> list[Action]:
+def _store(objects: tuple[wanted.Wanted, ...], observed: Observed, groups: NodeGroups) -> list[Action]:
     """Create the dedicated store pod when there is none and its Service when that is missing;
     delete a failed one (topology.py already turned its loss into a group restart).
 
     The Service is decided on its own: the two are created in one wave, so an operator killed
     mid-pass can leave the pod without its Service, and the nodes would then never reach the store.
     """
-    if not spec.elastic_policy.store_on_pod or groups.training_over:
+    store = wanted.one(objects, wanted.STORE)
+    if store is None or groups.training_over:
         return []
     actions: list[Action] = [DeletePod(p.name, "replacing the failed rendezvous store pod")
                              for p in observed.stores if not p.deleting and p.phase in ("Failed", "Succeeded")]
     if not observed.store_service_exists:
-        actions.append(CreateService(render_store_service(ref, spec)))
+        actions.append(CreateService(wanted.one(objects, wanted.STORE_SERVICE).body()))
     if not observed.stores:
-        actions.append(CreatePod(render_store_pod(ref, spec)))
+        actions.append(CreatePod(store.body()))
     return actions
 
 

@@ -1,5 +1,7 @@
 """One reconciliation pass as a pure function: body + what was observed + now ->
-(status, events, actions). The controller (or a test) observes, calls this and executes the result.
+(status, events, actions). The controller (or a test) observes what decide/observation.py
+says, calls this and executes the result; every requeue (the progress poll's included) is
+one of its actions, and so is deleting a finished job's rendezvous keys.
 An invalid edit of a job that was valid runs the pass with its last valid spec (last_valid.py)."""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
-from ddpjob_operator.decide import bounds, isolation, last_valid
+from ddpjob_operator.decide import bounds, isolation, last_valid, phases, rendezvous_keys
 from ddpjob_operator.decide.creation import CreateFailure, job_errors
 from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
@@ -36,7 +38,7 @@ class Reconciliation:
 
 def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
               operator: OperatorPeer = OperatorPeer(), create_failure: CreateFailure | None = None,
-              max_replicas: int | None = None) -> Reconciliation:
+              max_replicas: int | None = None, progress_poll: float = 0.0) -> Reconciliation:
     """Validate, compute the status, then plan from that fresh status.
 
     Args:
@@ -47,6 +49,8 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
         create_failure: the last create the API refused, seen after the previous pass wrote
             its status (None: its creates succeeded); reported as PodCreateFailed.
         max_replicas: the operator's --max-replicas (None: no cap); a job above it is invalid.
+        progress_poll: the operator's --progress-poll-seconds (0: never): a training job is
+            looked at again this often, to read its progress.
     """
     ref = JobRef.from_body(body)
     errors = job_errors(body, max_replicas)
@@ -55,27 +59,32 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
     update = compute_status(ref, spec, observed, body.get("status"), now, errors=[] if kept else errors,
                             create_failure=create_failure)
     status, invalid_edit = last_valid.record(update.status, body, errors, kept, now)
-    policy_events = _report_policy(ref, spec, observed, status, body, operator, now)  # sets its condition
+    status, policy_events = _with_policy_condition(ref, spec, observed, status, body, operator, now)
     update = StatusUpdate(bounds.bounded(status), update.events + invalid_edit + policy_events)
     actions = plan_actions(ref, spec, update.status, observed, now)
     actions = plan_managed_etcd(ref, spec, update.status.get("phase"), observed.managed_etcd) + actions
-    if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES + (C.PHASE_SUSPENDED,):
+    if spec is not None and not phases.finished(update.status) and update.status.get("phase") != C.PHASE_SUSPENDED:
         actions = isolation.plan_network_policy(ref, spec, observed.network_policy, operator) + actions
     actions = isolation.behind_network_policy(actions, observed.network_policy)
     actions, forced = with_force_deletions(spec, observed.pods, observed.nodes, now, actions)
-    if spec is not None and update.status.get("phase") not in C.FINISHED_PHASES:
+    if spec is not None and not phases.finished(update.status):
         pull_wait = image_pull_check_in(observed.pods, now, spec.failure_policy.image_pull_timeout_seconds)
         actions = with_one_requeue(actions, pull_wait)
+    # Only a job valid as it stands: an invalid edit says nothing for sure about where its keys are.
+    actions += rendezvous_keys.on_finish(ref, spec if not errors else None, update.status, observed.pods)
+    actions = with_one_requeue(actions, phases.progress_poll_requeue(update.status, progress_poll))
     return Reconciliation(update.status, update.events + forced, actions, spec, errors)
 
 
-def _report_policy(ref: JobRef, spec: DDPJobSpec | None, observed: Observed, status: dict[str, Any],
-                   body: Mapping[str, Any], operator: OperatorPeer, now: datetime) -> list[Event]:
-    """Sets the NetworkPolicy condition in `status` (isolation.py); returns its Events."""
-    if spec is None or status.get("phase") in C.FINISHED_PHASES:
-        return []
+def _with_policy_condition(ref: JobRef, spec: DDPJobSpec | None, observed: Observed, status: dict[str, Any],
+                           body: Mapping[str, Any], operator: OperatorPeer,
+                           now: datetime) -> tuple[dict[str, Any], list[Event]]:
+    """`status` with the NetworkPolicy condition set (isolation.py), and its Events; a finished
+    job's condition is left as it was (its policy is no longer looked at)."""
+    if spec is None or phases.finished(status):
+        return status, []
     change = isolation.policy_condition(ref, spec, observed.network_policy, operator)
     previous = (body.get("status") or {}).get("conditions")
-    status["conditions"], events = isolation.report_policy(list(status.get("conditions") or []), previous, change,
-                                                           format_time(now))
-    return events
+    conditions, events = isolation.report_policy(list(status.get("conditions") or []), previous, change,
+                                                 format_time(now))
+    return {**status, "conditions": conditions}, events

@@ -6,7 +6,7 @@ and Service `<job>-etcd`, both owned by the job (garbage collection removes them
 with it), and points every node's PET_RDZV_ENDPOINT at the Service.
 
 The pod deliberately lacks the job-name label: node-pod listing, scaling and
-status never see it. handlers.py observes it by its own selector
+status never see it. controller/observe.py observes it by its own selector
 (`etcd_selector`) and passes what it saw to `plan_managed_etcd`, whose actions
 (plan.py's CreatePod/CreateService/DeletePod) kube.py executes like any other.
 

@@ -7,11 +7,11 @@ import asyncio
 import threading
 import time
 
-import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import etcd_cleanup
 from ddpjob_operator.controller.etcd_cleanup import RendezvousCleaner
+from ddpjob_operator.decide.rendezvous_keys import of_body
 from ddpjob_sandbox.jobs import make_ddpjob
 
 V3 = {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["10.0.0.1:2379"]}  # never dialled: delete_keys is faked
@@ -46,9 +46,10 @@ class HangingEtcd:
                 self.running -= 1
 
 
-def finished(name: str) -> dict:
-    job = make_ddpjob(name=name, uid=f"uid-{name}", elasticPolicy=V3)
-    return job
+def finished(name: str) -> tuple[dict, object]:
+    """A finished job and the DeleteRendezvousKeys its pass returned."""
+    job = make_ddpjob(name=name, uid=f"uid-{name}", elasticPolicy=V3, status={"phase": C.PHASE_SUCCEEDED})
+    return job, of_body(job)
 
 
 async def until(predicate, timeout=5.0):
@@ -65,7 +66,7 @@ def test_a_finished_jobs_cleanup_starts_without_holding_the_pass_and_at_most_a_f
         cleaner = RendezvousCleaner(Events(), concurrency=2)
         started = time.monotonic()
         for n in range(5):  # the passes of five jobs that just finished
-            cleaner.after_pass(finished(f"job{n}"), (), {"phase": C.PHASE_SUCCEEDED})
+            cleaner.start(*finished(f"job{n}"))
         returned = time.monotonic() - started
         await until(lambda: etcd.running == 2)
         await asyncio.sleep(0.2)  # room for a third dial, were the bound missing
@@ -89,7 +90,7 @@ def test_an_endpoint_that_never_answers_is_given_up_after_its_timeout_and_frees_
         api = Events()
         cleaner = RendezvousCleaner(api, concurrency=1)
         started = time.monotonic()
-        cleaner.after_pass(finished("hangs"), (), {"phase": C.PHASE_FAILED})
+        cleaner.start(*finished("hangs"))
         await cleaner.idle()
         took = time.monotonic() - started
         etcd.release.set()
@@ -103,14 +104,17 @@ def test_an_endpoint_that_never_answers_is_given_up_after_its_timeout_and_frees_
     assert message.endswith("the operator tries again when the job is deleted")
 
 
-@pytest.mark.parametrize("phase", [C.PHASE_RUNNING, C.PHASE_SUCCEEDED])
-def test_after_pass_is_a_plain_call_that_a_pass_never_awaits(phase, monkeypatch):
-    monkeypatch.setattr(etcd_cleanup, "delete_keys", lambda *a: 0)
+def test_start_is_a_plain_call_that_a_pass_never_awaits_and_runs_once_per_job(monkeypatch):
+    calls = []
+    monkeypatch.setattr(etcd_cleanup, "delete_keys", lambda *a: calls.append(a) or 3)
 
     async def scenario():
-        cleaner = RendezvousCleaner(Events())
-        result = cleaner.after_pass(finished("mlp"), (), {"phase": phase})
+        api = Events()
+        cleaner = RendezvousCleaner(api)
+        results = [cleaner.start(*finished("mlp")) for _ in range(3)]  # every pass of the finished job says so
         await cleaner.idle()
         cleaner.close()
-        return result
-    assert asyncio.run(scenario()) is None
+        return results, api.posted
+    results, posted = asyncio.run(scenario())
+    assert results == [None] * 3 and len(calls) == 1
+    assert [(name, reason) for name, reason, _ in posted] == [("mlp", etcd_cleanup.REASON_CLEANED)]

@@ -6,10 +6,11 @@ import asyncio
 import kopf
 import pytest
 
-from ddpjob_operator.controller import handlers, kube
+from ddpjob_operator.controller import apply, handlers, kube
 from ddpjob_operator.controller.backoff import Backoff
 from ddpjob_operator.controller.cache import ClusterCache
-from ddpjob_operator.controller.handlers import JobPasses, PassOutcome
+from ddpjob_operator.controller.passes import COALESCE_SECONDS, JobPasses, PassOutcome
+from ddpjob_operator.controller.state import OperatorState, PassContext
 
 KEY = ("ns", "mlp")
 
@@ -52,7 +53,7 @@ def test_many_pokes_within_the_coalescing_window_share_one_pass():
         for _ in range(8):
             passes.poke(KEY)
         await until(lambda: recorder.calls)
-        await asyncio.sleep(handlers.COALESCE_SECONDS * 4)  # room for a wrongly queued second pass
+        await asyncio.sleep(COALESCE_SECONDS * 4)  # room for a wrongly queued second pass
         return recorder
     assert len(run(scenario).calls) == 1
 
@@ -167,10 +168,10 @@ def test_a_deleted_job_is_forgotten_with_its_timer():
 
 @pytest.mark.parametrize("outcome, expected", [(PassOutcome(), None), (PassOutcome(invalid="spec.x (1) bad"), "bad")])
 def test_the_job_handler_refuses_to_retry_an_invalid_spec(outcome, expected):
+    cache = ClusterCache(api=None)
+
     class Memo:
-        passes = JobPasses(Recorder(outcome))
-        creates = None
-        cache = ClusterCache(api=None)
+        operator = OperatorState(PassContext(api=None, cache=cache), JobPasses(Recorder(outcome)))
 
     body = {"metadata": {"namespace": "ns", "name": "mlp", "resourceVersion": "7"}}
 
@@ -178,7 +179,7 @@ def test_the_job_handler_refuses_to_retry_an_invalid_spec(outcome, expected):
         await handlers.job_changed(body=body, namespace="ns", name="mlp", memo=Memo())
     if expected is None:
         run(scenario)
-        assert Memo.cache.job("ns", "mlp") == body, "kopf's copy of the job reaches the cache"
+        assert cache.job("ns", "mlp") == body, "kopf's copy of the job reaches the cache"
     else:
         with pytest.raises(kopf.PermanentError, match=expected):
             run(scenario)
@@ -193,7 +194,7 @@ def test_the_job_handler_refuses_to_retry_an_invalid_spec(outcome, expected):
      {"phase": "Failed"}),  # an unchanged value is not sent again
 ])
 def test_the_status_patch_removes_what_the_new_status_dropped_at_any_depth(old, new, patch):
-    assert handlers.merge_patch(old, new) == patch
+    assert apply.merge_patch(old, new) == patch
 
 
 def test_passes_of_different_jobs_run_at_most_limit_at_once_and_all_run():
@@ -219,7 +220,7 @@ def test_a_busy_job_poked_while_it_waits_for_a_slot_gets_one_pass_and_does_not_s
         passes.poke(other)
         for _ in range(4):  # events of "busy" while its pass runs, then while it waits
             passes.poke(busy)
-            await asyncio.sleep(handlers.COALESCE_SECONDS * 1.5)
+            await asyncio.sleep(COALESCE_SECONDS * 1.5)
         await until(lambda: len(recorder.calls) == 3, timeout=10)
         await asyncio.sleep(0.5)  # room for a wrongly queued fourth pass
         return recorder

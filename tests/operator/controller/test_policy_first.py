@@ -1,15 +1,17 @@
 """The executor makes a pass's NetworkPolicy create first, and creates no pod when it failed
-(controller/handlers.py, decide/isolation.py): a fake API records the order of the writes."""
+(controller/apply.py, decide/isolation.py): a fake API records the order of the writes."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from ddpjob_operator.controller import handlers, kube
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.controller import apply as executor, kube, observe
 from ddpjob_operator.controller.backoff import CreateRetries
+from ddpjob_operator.controller.memory import ApiMemory
 from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService
-from ddpjob_operator.decide.reconcile import Reconciliation
+from ddpjob_operator.decide.isolation import FOREIGN_POLICY_RECHECK_SECONDS
 
 JOB = {"metadata": {"name": "mlp", "namespace": "ns", "uid": "uid-mlp"}}
 
@@ -34,10 +36,10 @@ class Api:
         return True
 
 
-def apply(api: Api) -> list[str]:
-    result = Reconciliation({}, [], [CreateNetworkPolicy(body("NetworkPolicy", "mlp")),
-                                     CreateService(body("Service", "mlp")), CreatePod(body("Pod", "mlp-node-0"))])
-    asyncio.run(handlers._apply(api, JOB, (), result, CreateRetries()))
+def apply(api: Api, memory: ApiMemory | None = None) -> list[str]:
+    actions = [CreateNetworkPolicy(body("NetworkPolicy", "mlp")), CreateService(body("Service", "mlp")),
+               CreatePod(body("Pod", "mlp-node-0"))]
+    asyncio.run(executor.apply(api, JOB, (), actions, CreateRetries(), memory or ApiMemory()))
     return api.created
 
 
@@ -70,19 +72,27 @@ class PolicyCache:
         return None
 
 
-def test_someone_elses_unlabelled_policy_is_reported_from_its_409_and_its_create_tried_again_a_minute_later(
-        monkeypatch):
+def test_someone_elses_unlabelled_policy_is_reported_from_its_409_and_its_create_tried_again_a_minute_later():
     """The cache never holds a policy without the operator's label: the 409 read back is what
     says the name is taken. The job then reports it (pods wait) without a create every pass."""
     clock = [1000.0]
-    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(handlers, "_FOREIGN_POLICIES", {})
-    monkeypatch.setattr(handlers, "_POLICY_CREATE_REFUSED", set())  # another test's 403
+    memory = ApiMemory(clock=lambda: clock[0])
     foreign = kube.ForeignObjectError("NetworkPolicy", "mlp", {"kind": "DDPJob", "name": "mlp", "uid": "uid-mlp"},
                                       None, "POST")
-    assert handlers._observe_network_policy(PolicyCache(), JOB).state == handlers.C.POLICY_ABSENT
-    assert apply(Api(foreign)) == ["Service/mlp"]
-    clock[0] += handlers.FOREIGN_POLICY_RECHECK_SECONDS - 1
-    assert handlers._observe_network_policy(PolicyCache(), JOB).state == handlers.C.POLICY_FOREIGN
+    assert observe._network_policy(PolicyCache(), JOB, memory).state == C.POLICY_ABSENT
+    assert apply(Api(foreign), memory) == ["Service/mlp"]
+    clock[0] += FOREIGN_POLICY_RECHECK_SECONDS - 1
+    assert observe._network_policy(PolicyCache(), JOB, memory).state == C.POLICY_FOREIGN
     clock[0] += 1
-    assert handlers._observe_network_policy(PolicyCache(), JOB).state == handlers.C.POLICY_ABSENT
+    assert observe._network_policy(PolicyCache(), JOB, memory).state == C.POLICY_ABSENT
+
+
+def test_a_refused_policy_create_is_remembered_for_its_namespace_until_one_goes_through():
+    """A 403 on the create makes the next pass report UNCREATABLE (the job runs without one);
+    a create that later goes through clears it. The memory is the operator's, not the module's."""
+    memory = ApiMemory()
+    assert apply(Api(kube.ApiError(403, "Forbidden", "no grant", "POST")), memory) == ["Service/mlp", "Pod/mlp-node-0"]
+    assert observe._network_policy(PolicyCache(), JOB, memory).state == C.POLICY_UNCREATABLE
+    assert observe._network_policy(PolicyCache(), JOB, ApiMemory()).state == C.POLICY_ABSENT, "another operator's memory"
+    apply(Api(), memory)
+    assert observe._network_policy(PolicyCache(), JOB, memory).state == C.POLICY_ABSENT

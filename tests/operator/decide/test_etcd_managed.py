@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.managed_etcd import plan_managed_etcd, requested
+from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
+from ddpjob_operator.decide.observation import managed_etcd_requested as requested
 from ddpjob_operator.decide.observed import ObservedEtcd, view_pod
 from ddpjob_operator.render.etcd_pod import etcd_selector, render_etcd_pod, render_etcd_service
 from ddpjob_operator.decide.actions import CreatePod, CreateService, DeletePod

@@ -39,7 +39,7 @@ def policy_condition(result) -> dict:
 def test_a_missing_policy_is_the_first_action_of_the_pass():
     body = job()
     result = a_pass(body, ObservedPolicy(C.POLICY_ABSENT))
-    # The executor makes the first action, and sees it succeed, before the pods (controller/handlers.py).
+    # The executor makes the first action, and sees it succeed, before the pods (controller/apply.py).
     assert result.actions[0] == CreateNetworkPolicy(wanted(body))
     assert [type(a) for a in result.actions[1:]] == [CreateService, CreatePod, CreatePod]
     cond = policy_condition(result)

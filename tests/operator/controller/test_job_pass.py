@@ -1,0 +1,99 @@
+"""One pass executes what decide/ returned and nothing of its own (controller/job_pass.py): the
+progress poll comes back as the pass's requeue, a finished etcd-v3 job's keys are handed to the
+cleaner (not dialled in the pass), and every Event goes through the one poster. A fake cache and
+API stand in for the cluster."""
+from __future__ import annotations
+
+import asyncio
+
+from ddpjob_operator.api import constants as C
+from ddpjob_operator.controller.job_pass import run_pass
+from ddpjob_operator.controller.state import PassContext, PassSettings
+from ddpjob_operator.decide.actions import DeleteRendezvousKeys
+from ddpjob_operator.decide.observed import view_pods
+from ddpjob_sandbox.jobs import make_ddpjob
+from tests.operator.builders import make_pod
+
+V3 = {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["10.0.0.1:2379"], "rdzvStore": "node"}
+
+
+class Cache:
+    """The cache as a pass reads it: one job, its pods, every Service, policy and budget present."""
+
+    def __init__(self, job: dict, pods: list[dict]):
+        self.held, self.pod_views = job, view_pods(pods)
+
+    async def synced(self):
+        return None
+
+    def job(self, namespace, name):
+        return self.held
+
+    def pods(self, namespace, job):
+        return self.pod_views
+
+    def exists(self, kind, namespace, name):
+        return True
+
+    def get(self, kind, namespace, name):
+        return None
+
+    def refusal(self, kind, namespace):
+        return None
+
+    def offer(self, body):
+        self.held = body
+
+
+class Api:
+    """Records status patches, writes and Events."""
+
+    def __init__(self):
+        self.events, self.writes = [], []
+
+    async def patch_job_status(self, namespace, name, patch):
+        return None
+
+    async def create_or_skip(self, body, namespace):
+        self.writes.append(body["kind"])
+
+    async def delete_or_skip(self, *args, **kwargs):
+        self.writes.append("delete")
+
+    async def post_event(self, job, event_type, reason, message):
+        self.events.append(reason)
+
+
+class Cleaner:
+    def __init__(self):
+        self.started = []
+
+    def start(self, job, keys):
+        self.started.append(keys)
+
+
+def a_pass(job: dict, pods: list[dict], poll: float = 30.0):
+    api, cleaner = Api(), Cleaner()
+    ctx = PassContext(api, Cache(job, pods), cleaner, PassSettings(progress_poll=poll))
+    outcome = asyncio.run(run_pass(ctx, ("default", "mlp")))
+    return outcome, api, cleaner
+
+
+def test_a_running_job_is_passed_again_at_the_poll_period():
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"}, status={"phase": C.PHASE_RUNNING})
+    pods = [make_pod(job, i) for i in range(2)]
+
+    assert a_pass(job, pods)[0].requeue == 30.0
+    assert a_pass(job, pods, poll=0.0)[0].requeue is None
+
+
+def test_a_finished_etcd_v3_jobs_keys_go_to_the_cleaner_and_its_events_through_the_poster():
+    job = make_ddpjob(replicas=2, elasticPolicy=V3, status={"phase": C.PHASE_RUNNING})
+    pods = [make_pod(job, i, phase="Succeeded") for i in range(2)]
+
+    outcome, api, cleaner = a_pass(job, pods)
+
+    assert [type(k) for k in cleaner.started] == [DeleteRendezvousKeys]
+    assert cleaner.started[0].run_ids == ("uid-mlp",)
+    assert C.REASON_SUCCEEDED in api.events
+    assert outcome.requeue is None  # finished: no progress to poll
