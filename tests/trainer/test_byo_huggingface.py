@@ -39,20 +39,20 @@ def dataset(sequences=SEQUENCES):
 
 
 class Fault(transformers.TrainerCallback):
-    """At step ``at``: ``kill`` SIGKILLs this process's group; ``hang`` waits to be killed
-    (marking ``hang`` file first); ``term`` sends SIGTERM to this process."""
+    """At step ``at``, on ``rank`` (None: every rank): ``kill`` SIGKILLs this process's group;
+    ``term`` sends SIGTERM to this process; ``hang`` writes the file ``mark`` and waits to be killed."""
 
-    def __init__(self, action, at, mark=None):
-        self.action, self.at, self.mark = action, at, mark
+    def __init__(self, action, at, rank=None, mark=None):
+        self.action, self.at, self.rank, self.mark = action, at, rank, mark
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step != self.at:
+        if state.global_step != self.at or self.rank not in (None, int(os.environ.get("RANK", "0"))):
             return
         if self.action == "kill":
             os.killpg(os.getpgid(0), signal.SIGKILL)
         elif self.action == "term":
             os.kill(os.getpid(), signal.SIGTERM)
-        elif self.action == "hang" and int(os.environ.get("RANK", "0")) == 0:
+        elif self.action == "hang":
             Path(self.mark).write_text(str(state.global_step))
             signal.pause()
 
@@ -114,7 +114,7 @@ if action == "kill-before-manifest":  # the checkpoint's directory is in place, 
     snapshot.SnapshotStore._complete = killed_before_manifest
     run()
 else:
-    run([Fault(action, at, *sys.argv[3:])])
+    run([Fault(action, at)])
 '''
 
 
