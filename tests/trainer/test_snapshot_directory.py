@@ -52,7 +52,7 @@ def test_a_saved_directory_is_moved_in_and_its_manifest_lists_every_file_with_it
     (lambda d: (d / "model.safetensors").write_text("short"), "model.safetensors: size 5 bytes does not match"),
     (lambda d: (d / "shards" / "part-0").unlink(), "shards/part-0 is missing"),
     (lambda d: (d / "pytorch_model.bin").write_text("planted"), "it holds pytorch_model.bin, which its manifest"),
-])
+], ids=["changed", "shortened", "missing", "planted"])
 def test_a_directory_changed_after_its_save_is_skipped_for_the_previous_one(store, tmp_path, caplog, damage, why):
     older = saved(store, tmp_path, 10)
     newer = saved(store, tmp_path, 20)
@@ -136,3 +136,23 @@ def test_file_snapshots_keep_format_1_beside_directory_ones(store, tmp_path):
     saved(store, tmp_path, 10)
     assert [(info.step, info.is_directory) for info in store.complete()] == [(5, False), (10, True)]
     assert json.loads(store.complete()[0].manifest_path.read_text())["format"] == 1
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    (lambda m: m.update(file=".."), "file '..' is not 'snapshot-s0000000010-e000000.d' (a manifest names its own data)"),
+    (lambda m: m["files"].append({"path": "../../outside", "sha256": "0" * 64, "size": 1}),
+     "files lists '../../outside': each path must be relative, inside the snapshot's directory"),
+    (lambda m: m.update(files=[]), "files is empty (a directory snapshot lists every file it holds)"),
+], ids=["file-is-the-parent", "a-path-climbs-out", "no-files"])
+def test_a_manifest_pointing_outside_its_snapshot_is_unreadable_and_nothing_is_deleted(store, tmp_path, caplog,
+                                                                                       edit, why):
+    older = saved(store, tmp_path, 5)
+    newer = saved(store, tmp_path, 10)
+    manifest = json.loads(newer.manifest_path.read_text())
+    edit(manifest)
+    newer.manifest_path.write_text(json.dumps(manifest))
+    assert store.latest() == older
+    assert why in caplog.text
+    for step in (15, 20):  # keep=2: step 10 falls out of the newest two and is pruned, if it counted
+        saved(store, tmp_path, step)
+    assert [info.step for info in store.complete()] == [15, 20] and newer.manifest_path.exists()

@@ -476,10 +476,17 @@ def _read_manifest(manifest: Path) -> SnapshotInfo:
     version = document.get("format")
     if version not in (FORMAT_VERSION, DIRECTORY_FORMAT_VERSION):
         raise ValueError(f"format {version!r} is not {FORMAT_VERSION} or {DIRECTORY_FORMAT_VERSION}")
+    # The data is named like its manifest: a manifest cannot point pruning or loading elsewhere.
+    data_name = f"{manifest.stem}{DIRECTORY_SUFFIX if version == DIRECTORY_FORMAT_VERSION else '.pt'}"
+    if document["file"] != data_name:
+        raise ValueError(f"file {document['file']!r} is not {data_name!r} (a manifest names its own data)")
     files = tuple((str(entry["path"]), str(entry["sha256"]), int(entry["size"]))
                   for entry in document["files"]) if version == DIRECTORY_FORMAT_VERSION else ()
     if version == DIRECTORY_FORMAT_VERSION and not files:
-        raise ValueError("a directory manifest lists no files")
+        raise ValueError("files is empty (a directory snapshot lists every file it holds)")
+    outside = [name for name, _, _ in files if name.startswith("/") or ".." in name.split("/")]
+    if outside:
+        raise ValueError(f"files lists {outside[0]!r}: each path must be relative, inside the snapshot's directory")
     return SnapshotInfo(
         path=str(manifest.with_name(document["file"])),
         epoch=int(document["epoch"]),
