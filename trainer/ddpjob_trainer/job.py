@@ -340,11 +340,12 @@ class Job:
         end_graceful_stop(self.store, self.report, self.metrics, step=step, signalled=self.stop.requested,
                           rank=self.rank)
 
-    def unwatch_stop(self) -> None:
-        """Puts SIGTERM's previous handler back (again: harmless)."""
-        if self._vote is not None:
-            self._vote.close()
-            self._vote = None
+    def unwatch_stop(self, wait: bool = True) -> None:
+        """Puts SIGTERM's previous handler back (again: harmless); ``wait`` for the vote in flight,
+        which every rank started (not after a failure: a peer may be gone)."""
+        vote, self._vote = self._vote, None
+        if vote is not None and wait:
+            vote.close()
         self.stop.__exit__(None, None, None)
 
     def close(self) -> None:
@@ -373,7 +374,7 @@ class Job:
     def fail(self, error: BaseException) -> None:
         """Training raised ``error``: the operator sees why (a DoNotRetry fails the job), then closes.
         A graceful stop (GracefulStop, PeerStopped) is no failure: it only closes."""
-        self.unwatch_stop()
+        self.unwatch_stop(wait=False)
         if isinstance(error, (GracefulStop, PeerStopped)):
             self.close()
             return
