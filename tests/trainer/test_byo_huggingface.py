@@ -57,15 +57,15 @@ class Fault(transformers.TrainerCallback):
             signal.pause()
 
 
-def run(faults=(), sequences=SEQUENCES):
+def run(faults=(), sequences=SEQUENCES, epochs=EPOCHS, save_strategy="steps"):
     """One attempt of the job in $DDPJOB_SNAPSHOT_DIR, as a training script runs it (under torchrun:
     each rank)."""
     torch.set_num_threads(1)  # a model this small only loses to threads waiting for each other
     ddpjob = DDPJobCallback()
     args = transformers.TrainingArguments(
-        output_dir=ddpjob.staging_dir, per_device_train_batch_size=BATCH, num_train_epochs=EPOCHS,
-        save_strategy="steps", save_steps=SAVE_STEPS, learning_rate=5e-2, seed=0, use_cpu=True, report_to="none",
-        logging_strategy="no", disable_tqdm=True)
+        output_dir=ddpjob.staging_dir, per_device_train_batch_size=BATCH, num_train_epochs=epochs,
+        save_strategy=save_strategy, save_steps=SAVE_STEPS, learning_rate=5e-2, seed=0, use_cpu=True,
+        report_to="none", logging_strategy="no", disable_tqdm=True)
     # The fault runs before ddpjob's own step handling: a SIGTERM is seen at the same step.
     trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=dataset(sequences),
                                    callbacks=[*faults, ddpjob])
@@ -164,6 +164,17 @@ def test_sigterm_saves_the_step_and_exits_143_and_the_resume_loses_nothing(tmp_p
     events = read_metrics(tmp_path / "metrics.jsonl")
     assert [(e["resume_epoch"], e["resume_step"]) for e in events if e["event"] == "start"] == [(0, 0), (1, 6)]
     assert events[-1]["event"] == "done"
+
+
+def test_epoch_saves_resume_at_the_next_epoch(tmp_path, monkeypatch):
+    monkeypatch.setenv(SNAPSHOT_DIR_ENV, str(tmp_path))
+    run(epochs=1, save_strategy="epoch")
+    latest = SnapshotStore(tmp_path).latest()
+    assert (latest.epoch, latest.step) == (1, 6)
+    resumed = run(epochs=2, save_strategy="epoch")
+    assert resumed.job.resumed_from == latest
+    assert [(info.epoch, info.step) for info in SnapshotStore(tmp_path).complete()] == [(1, 6), (2, 12)]
+    assert steps(tmp_path, raw=True) == list(range(1, STEPS + 1))
 
 
 @pytest.mark.parametrize(("setting", "message"), [

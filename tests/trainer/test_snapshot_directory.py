@@ -139,7 +139,8 @@ def test_file_snapshots_keep_format_1_beside_directory_ones(store, tmp_path):
 
 
 @pytest.mark.parametrize(("edit", "why"), [
-    (lambda m: m.update(file=".."), "file '..' is not 'snapshot-s0000000010-e000000.d' (a manifest names its own data)"),
+    (lambda m: m.update(file=".."),
+     "file '..' is not 'snapshot-s0000000010-e000000.d' (a manifest names its own data)"),
     (lambda m: m["files"].append({"path": "../../outside", "sha256": "0" * 64, "size": 1}),
      "files lists '../../outside': each path must be relative, inside the snapshot's directory"),
     (lambda m: m.update(files=[]), "files is empty (a directory snapshot lists every file it holds)"),
