@@ -16,6 +16,7 @@ from ddpjob_trainer.job import SNAPSHOT_DIR_ENV, resolve_snapshot_dir
 from ddpjob_trainer.metrics import read_metrics
 from ddpjob_trainer.progress_report import ENV_PATH
 from ddpjob_trainer.snapshot import SnapshotError, SnapshotStore
+from ddpjob_trainer.stop import GracefulStop, PeerStopped
 
 
 def env(tmp_path, rank=0, local_rank=0, **extra):
@@ -84,6 +85,20 @@ def test_the_node_record_reports_the_snapshot_and_a_do_not_retry(tmp_path, monke
     assert (record.snapshot["epoch"], record.snapshot["step"]) == (1, 4)
     assert record.resume["fromStep"] is None and record.resume["firstStepTime"] is not None
     assert record.fatal == {"reason": "BadDataset", "message": "labels are missing"}
+
+
+@pytest.mark.parametrize("stop", [GracefulStop(4), PeerStopped(4)], ids=["signalled", "peer"])
+def test_a_graceful_stop_leaving_the_job_is_no_failure(tmp_path, monkeypatch, stop):
+    message = tmp_path / "termination-log"
+    message.touch()
+    monkeypatch.setenv(ENV_PATH, str(message))
+    with pytest.raises(type(stop)):
+        with Job(environ=env(tmp_path)) as job:
+            job.load()
+            train(job, epochs=1)
+            raise stop
+    record = progress_record.parse(message.read_bytes().rstrip())
+    assert record.fatal is None and record.error is None and record.snapshot["step"] == 4
 
 
 def test_the_record_is_written_where_the_pod_says(tmp_path, monkeypatch):

@@ -34,6 +34,12 @@ What it does with the rules the operator and ``ddpjob run`` already apply to the
 * **failure**: an exception leaving the ``with`` block is recorded in the progress record;
   a :class:`~ddpjob_trainer.errors.DoNotRetry` fails the job at once instead of retrying.
 
+The same object is the lifecycle under the framework integrations (integrations/): Lightning
+saves its checkpoint dict with :meth:`Job.save`; Hugging Face, whose checkpoint is a directory
+it resumes from itself, stores it with :meth:`Job.save_directory` and finds it with
+:meth:`Job.latest`, and stops gracefully on SIGTERM with :meth:`Job.watch_stop`,
+:meth:`Job.stop_agreed` and :meth:`Job.stop_here`, the ending the Trainer's loop shares.
+
 Torch is the only dependency: the state is anything ``torch.save`` writes and
 ``torch.load(weights_only=True)`` reads back (see SnapshotStore for the allowed types).
 """
@@ -42,14 +48,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable, NoReturn, TypeVar
 
+import torch
 import torch.distributed as torch_dist
 
 from .metrics import MetricsWriter
 from .errors import DoNotRetry
 from .progress_report import ProgressReport, default_path, give_up, progress_port
 from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
+from .stop import GracefulStop, PeerStopped, StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,8 @@ SNAPSHOT_DIR_ENV = "DDPJOB_SNAPSHOT_DIR"  # set by the operator and `ddpjob run`
 METRICS_FILE_ENV = "DDPJOB_METRICS_FILE"  # where `ddpjob run` reads metrics (default <snapshot dir>/metrics.jsonl)
 NODE_INDEX_ENV = "DDPJOB_NODE_INDEX"
 METRICS_NAME = "metrics.jsonl"
+
+_Answer = TypeVar("_Answer")
 
 
 def resolve_snapshot_dir(default: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str:
@@ -85,23 +95,110 @@ def load_agreed(store: SnapshotStore, rank: int, map_location: Any = None
     Raises:
         SnapshotsUnreadableError: snapshots exist but none can be read (spec.snapshot.onUnreadable: Fail).
     """
-    if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
+    found = None
+
+    def choose() -> SnapshotInfo | None:
+        nonlocal found
         found = store.load_latest(map_location=map_location)
-        return (found[0], found[1]) if found else (None, None)
-    found, verdict = None, None
-    if rank == 0:
-        try:
-            found = store.load_latest(map_location=map_location)
-        except SnapshotsUnreadableError as error:
-            verdict = str(error)
-    chosen = [(found[0] if found else None, verdict)]
-    torch_dist.broadcast_object_list(chosen, src=0)
-    info, verdict = chosen[0]
-    if verdict is not None:
-        raise SnapshotsUnreadableError(verdict)
+        return found[0] if found else None
+
+    info = _decided_by_rank0(rank, choose)
     if info is None:
         return None, None
     return info, found[1] if found else store.load(info, map_location=map_location)
+
+
+def latest_agreed(store: SnapshotStore, rank: int) -> SnapshotInfo | None:
+    """The newest snapshot that verifies, as rank 0 chose it, on every rank, not loaded (for a
+    framework that loads its own checkpoint directory); the rule of :func:`load_agreed`.
+
+    Raises:
+        SnapshotsUnreadableError: snapshots exist but none verifies (spec.snapshot.onUnreadable: Fail).
+    """
+    return _decided_by_rank0(rank, store.latest)
+
+
+def _decided_by_rank0(rank: int, decide: Callable[[], _Answer]) -> _Answer:
+    """``decide()`` on rank 0, and its answer, or its SnapshotsUnreadableError, on every rank (one
+    broadcast); without a process group of more than one, each rank decides itself."""
+    if not in_group_of_many():
+        return decide()
+    answer, verdict = None, None
+    if rank == 0:
+        try:
+            answer = decide()
+        except SnapshotsUnreadableError as error:
+            verdict = str(error)
+    chosen = [(answer, verdict)]
+    torch_dist.broadcast_object_list(chosen, src=0)
+    answer, verdict = chosen[0]
+    if verdict is not None:
+        raise SnapshotsUnreadableError(verdict)
+    return answer
+
+
+def in_group_of_many() -> bool:
+    """Whether a process group of more than one rank is running (collectives would wait for peers)."""
+    return torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1
+
+
+def end_graceful_stop(store: SnapshotStore | None, report: ProgressReport, metrics: MetricsWriter, *, step: int,
+                      signalled: bool, rank: int) -> NoReturn:
+    """Ends a graceful stop once every rank took part in the snapshot at ``step`` (stop.py): the
+    snapshot durable, a barrier, every node's record naming it, then :class:`GracefulStop` on the
+    ranks that got SIGTERM and :class:`PeerStopped` on the others. Every rank calls it."""
+    if store is not None:
+        store.wait()  # rank 0: the snapshot is durable before anyone leaves
+    if in_group_of_many():
+        torch_dist.barrier()
+    report.refresh(force=True)  # every node's record names the stop's snapshot
+    metrics.write("stop", step=step, signalled=signalled)
+    if rank == 0:
+        log.info("graceful stop: snapshot at step %d complete; %s", step,
+                 "exiting" if signalled else "a peer got SIGTERM, restarting without it")
+    raise GracefulStop(step) if signalled else PeerStopped(step)
+
+
+class StopVote:
+    """Every rank learns at the same optimizer step that one of them was told to stop (SIGTERM),
+    for a loop the Trainer does not run (the Trainer's flag rides in its loss all-reduce).
+
+    One all-reduce of the flag per step, on a gloo group of its own: on the CPU, so it never
+    waits for a GPU, and apart from the framework's own collectives, so it cannot be ordered
+    differently on two ranks. It is started at one step's end and read at the next one's, so no
+    step waits for it: the stop lands one step after the signal, on every rank alike. Without
+    a process group of more than one rank, the flag is read directly.
+
+    Args:
+        stop: the installed StopSignal of this rank.
+    """
+
+    def __init__(self, stop: StopSignal):
+        self.stop = stop
+        # Collective: every rank constructs its vote at the same point (the training's start).
+        self.group = torch_dist.new_group(backend="gloo") if in_group_of_many() else None
+        self._pending: tuple[torch.Tensor, Any] | None = None
+
+    def agreed(self) -> bool:
+        """Whether to stop after this step; every rank calls it once per optimizer step."""
+        if self.group is None:
+            return self.stop.requested
+        agreed = False
+        if self._pending is not None:
+            flag, work = self._pending
+            work.wait()
+            agreed = flag.item() > 0
+        self._pending = None
+        if not agreed:  # the same answer on every rank, so every rank starts the next vote or none does
+            flag = torch.tensor([float(self.stop.requested)])
+            self._pending = (flag, torch_dist.all_reduce(flag, group=self.group, async_op=True))
+        return agreed
+
+    def close(self) -> None:
+        """Waits for the vote in flight (every rank started it, so it completes)."""
+        if self._pending is not None:
+            self._pending[1].wait()
+            self._pending = None
 
 
 def node_report(directory: str | None, local_rank: int) -> ProgressReport:
@@ -148,6 +245,8 @@ class Job:
         self.epoch = 0
         self.global_step = 0
         self.resumed_from: SnapshotInfo | None = None
+        self.stop = StopSignal()  # installed by watch_stop(), for the loops that stop gracefully
+        self._vote: StopVote | None = None
         self._started = False
 
     def load(self, map_location: Any = None) -> dict[str, Any] | None:
@@ -160,12 +259,28 @@ class Job:
             SnapshotsUnreadableError: snapshots exist but none can be read (a DoNotRetry).
         """
         info, state = load_agreed(self.store, self.rank, map_location)
+        self._resume_at(info)
+        return state
+
+    def latest(self) -> SnapshotInfo | None:
+        """The newest complete snapshot, verified but not loaded, as rank 0 chose it (the same on
+        every rank once a process group exists), or None on a fresh start: for a framework that
+        resumes from the snapshot's path itself. Sets :attr:`epoch`, :attr:`global_step` and
+        :attr:`resumed_from` as :meth:`load` does.
+
+        Raises:
+            SnapshotsUnreadableError: snapshots exist but none verifies (a DoNotRetry).
+        """
+        info = latest_agreed(self.store, self.rank)
+        self._resume_at(info)
+        return info
+
+    def _resume_at(self, info: SnapshotInfo | None) -> None:
         if info is not None:
             self.epoch, self.global_step, self.resumed_from = info.epoch, info.step, info
             if self.rank == 0:
                 log.info("resuming from %s: epoch %d, step %d", info.path, info.epoch, info.step)
         self._start()
-        return state
 
     def step(self, loss: float | None = None, epoch: int | None = None) -> None:
         """Reports one optimizer step (call it on every rank after ``optimizer.step()``).
@@ -197,6 +312,42 @@ class Job:
         self.epoch = epoch
         self.store.save(state, epoch=epoch, step=self.global_step if step is None else step)
 
+    def save_directory(self, path: str | os.PathLike, *, epoch: int, step: int | None = None) -> None:
+        """Takes the checkpoint directory ``path`` in as the snapshot to resume at ``epoch`` (rank 0
+        moves it into the snapshot directory, every file's sha256 in the manifest; others return).
+
+        Raises:
+            SnapshotError: ``path`` is missing or holds a link or special file.
+        """
+        self.epoch = epoch
+        self.store.save_directory(path, epoch=epoch, step=self.global_step if step is None else step)
+
+    def watch_stop(self) -> None:
+        """Turns SIGTERM into a graceful stop until :meth:`unwatch_stop` (call it on every rank, from
+        the main thread, where training starts: it makes a process group of its own, a collective)."""
+        self.stop.__enter__()
+        self._vote = StopVote(self.stop)
+
+    def stop_agreed(self) -> bool:
+        """After each optimizer step, on every rank: whether some rank was told to stop, so this
+        step's snapshot is the last (the same answer on every rank; False unless watching)."""
+        return self._vote is not None and self._vote.agreed()
+
+    def stop_here(self, step: int) -> NoReturn:
+        """After the snapshot at ``step`` that :meth:`stop_agreed` asked for: waits for it, tells
+        every node's record, and raises GracefulStop (this rank got SIGTERM) or PeerStopped."""
+        self.unwatch_stop()
+        end_graceful_stop(self.store, self.report, self.metrics, step=step, signalled=self.stop.requested,
+                          rank=self.rank)
+
+    def unwatch_stop(self, wait: bool = True) -> None:
+        """Puts SIGTERM's previous handler back (again: harmless); ``wait`` for the vote in flight,
+        which every rank started (not after a failure: a peer may be gone)."""
+        vote, self._vote = self._vote, None
+        if vote is not None and wait:
+            vote.close()
+        self.stop.__exit__(None, None, None)
+
     def close(self) -> None:
         """Waits for the snapshot being written and closes the metrics and the progress endpoint."""
         try:
@@ -221,7 +372,12 @@ class Job:
         self.close()
 
     def fail(self, error: BaseException) -> None:
-        """Training raised ``error``: the operator sees why (a DoNotRetry fails the job), then closes."""
+        """Training raised ``error``: the operator sees why (a DoNotRetry fails the job), then closes.
+        A graceful stop (GracefulStop, PeerStopped) is no failure: it only closes."""
+        self.unwatch_stop(wait=False)
+        if isinstance(error, (GracefulStop, PeerStopped)):
+            self.close()
+            return
         self.report.failed(error)
         try:
             self.close()

@@ -15,6 +15,10 @@ complete new one, never a half-written file that looks valid. (Writing in
 place, as the PyTorch DDP tutorial does, corrupts the only snapshot when the
 writer dies mid-write.)
 
+A framework that writes and resumes its own checkpoint directory (Hugging Face's
+Trainer) stores it with ``save_directory``: the directory is the snapshot's data, and the
+manifest lists every file in it with its sha256 (snapshot_tree.py).
+
 After each complete snapshot ``progress.json`` (``{epoch, step, time, path,
 samples_consumed}``) is replaced atomically for the operator, and snapshots
 beyond the newest ``keep`` are deleted, manifest first, so that a deletion
@@ -75,10 +79,14 @@ from .env import (
     ON_UNREADABLE_CHOICES, SNAPSHOT_ON_UNREADABLE_ENV, TRUST_SNAPSHOTS_ENV, snapshot_on_unreadable, trust_snapshots
 )
 from .errors import DoNotRetry
+from .snapshot_tree import TreeFiles, digest_tree, fsync_directory, hash_file, remove_tree, take_in, tree_digest, \
+    verify_tree
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+DIRECTORY_FORMAT_VERSION = 2  # a manifest that lists a directory's files (older readers skip it)
+DIRECTORY_SUFFIX = ".d"  # a directory snapshot's data; a file snapshot's is .pt
 PROGRESS_FILE = "progress.json"
 _NAME = re.compile(r"^snapshot-s(\d{10})-e(\d{6})$")
 _TMP_MARK = ".tmp-"
@@ -109,10 +117,15 @@ class SnapshotInfo:
     time: str
     sha256: str = ""
     size: int = 0
+    files: TreeFiles = ()  # a directory snapshot's files (save_directory); empty for a file snapshot
 
     @property
     def manifest_path(self) -> Path:
         return Path(self.path).with_suffix(".json")
+
+    @property
+    def is_directory(self) -> bool:
+        return bool(self.files)
 
 
 def snapshot_stem(epoch: int, step: int) -> str:
@@ -197,6 +210,37 @@ class SnapshotStore:
         cpu_state = to_cpu(state)
         self._saving.start(self._write, cpu_state, meta)
 
+    def save_directory(self, source: str | os.PathLike, *, epoch: int, step: int, samples_consumed: int = 0) -> None:
+        """Takes the checkpoint directory ``source`` in as the snapshot for (epoch, step) (rank 0;
+        other ranks return at once). ``source`` is moved, not copied, when it is on the snapshot
+        volume; it no longer exists afterwards.
+
+        Raises:
+            SnapshotError: ``source`` is missing or holds a link or special file (named).
+        """
+        if self.rank != 0:
+            return
+        self.wait()
+        meta = {"epoch": epoch, "step": step, "samples_consumed": samples_consumed}
+        stem = snapshot_stem(epoch, step)
+        data_path = self.directory / f"{stem}{DIRECTORY_SUFFIX}"
+        tmp = self.directory / f".{data_path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            take_in(Path(source), tmp)
+            files = digest_tree(tmp)
+        except (OSError, ValueError) as error:
+            remove_tree(tmp)
+            raise SnapshotError(f"cannot store checkpoint {source} as a snapshot: {error}") from error
+        # The same (epoch, step) saved again, or a directory whose manifest never came: the manifest
+        # goes first, so a crash in between leaves no manifest naming another tree.
+        data_path.with_suffix(".json").unlink(missing_ok=True)
+        remove_tree(data_path)
+        os.rename(tmp, data_path)
+        fsync_directory(self.directory)
+        info = SnapshotInfo(path=str(data_path), time=_now(), sha256=tree_digest(files),
+                            size=sum(size for _, _, size in files), files=files, **meta)
+        self._complete(info, DIRECTORY_FORMAT_VERSION)
+
     def wait(self) -> None:
         """Blocks until a pending asynchronous save is complete; re-raises its error."""
         error = self._saving.wait()
@@ -213,12 +257,20 @@ class SnapshotStore:
         check = None if self.trusted else _refuse_unsafe_globals
         digest, size = _atomic_write(data_path, lambda handle: torch.save(state, handle), check)
         info = SnapshotInfo(path=str(data_path), time=_now(), sha256=digest, size=size, **meta)
-        manifest = {"format": FORMAT_VERSION, "file": data_path.name, **asdict(info)}
+        self._complete(info, FORMAT_VERSION)
+
+    def _complete(self, info: SnapshotInfo, version: int) -> None:
+        """Writes the manifest (which makes the snapshot count) and progress.json, prunes, reports."""
+        manifest = {"format": version, "file": Path(info.path).name, **asdict(info)}
         del manifest["path"]
+        if info.is_directory:
+            manifest["files"] = [{"path": name, "sha256": digest, "size": size} for name, digest, size in info.files]
+        else:
+            del manifest["files"]
         _atomic_write(info.manifest_path, _json_writer(manifest))
         progress = {k: getattr(info, k) for k in ("epoch", "step", "time", "path", "samples_consumed")}
         _atomic_write(self.directory / PROGRESS_FILE, _json_writer(progress))
-        log.info("snapshot complete: %s (epoch %d, step %d)", data_path, info.epoch, info.step)
+        log.info("snapshot complete: %s (epoch %d, step %d)", info.path, info.epoch, info.step)
         self._prune()
         if self.on_saved is not None:
             self.on_saved(info)
@@ -228,20 +280,25 @@ class SnapshotStore:
         complete = self.complete()
         for old in complete[: -self.keep]:
             old.manifest_path.unlink(missing_ok=True)
-            Path(old.path).unlink(missing_ok=True)
+            remove_tree(Path(old.path))
         if not complete:
             return
         # Data without a manifest, older than a complete snapshot: its writer
         # was killed and nothing will ever complete it.
         newest = _sort_key(Path(complete[-1].path))
-        for data in self.directory.glob("snapshot-*.pt"):
+        for data in self._data_paths():
             if _sort_key(data) < newest and not data.with_suffix(".json").exists():
-                data.unlink(missing_ok=True)
+                remove_tree(data)
 
     def _remove_temporaries(self) -> None:
         # Left by a writer that was killed; no writer runs while a new round starts.
         for leftover in self.directory.glob(f".*{_TMP_MARK}*"):
-            leftover.unlink(missing_ok=True)
+            remove_tree(leftover)
+
+    def _data_paths(self) -> list[Path]:
+        """Every snapshot's data, complete or not: .pt files and directory snapshots."""
+        return [path for path in self.directory.glob("snapshot-*")
+                if path.suffix in (".pt", DIRECTORY_SUFFIX) and _NAME.match(path.stem)]
 
     # -- reading -------------------------------------------------------------------
 
@@ -322,6 +379,9 @@ class SnapshotStore:
 
     def _read(self, info: SnapshotInfo, map_location: Any) -> tuple[str | None, dict[str, Any] | None]:
         """(None, state), or (what is wrong, None) for a file that cannot be loaded."""
+        if info.is_directory:
+            return ("it is a directory snapshot (a framework's own checkpoint, save_directory): the framework "
+                    "resumes from its path, e.g. Hugging Face's resume_from_checkpoint"), None
         try:
             return None, torch.load(info.path, map_location=map_location, weights_only=not self.trusted)
         except pickle.UnpicklingError as error:
@@ -347,9 +407,8 @@ class SnapshotStore:
         """Complete snapshots plus data files without a manifest that are newer than all of them."""
         newest_key = _sort_key(Path(complete[-1].path)) if complete else (-1, -1)
         orphans = [
-            data
-            for data in self.directory.glob("snapshot-*.pt")
-            if _NAME.match(data.stem) and not data.with_suffix(".json").exists() and _sort_key(data) > newest_key
+            data for data in self._data_paths()
+            if not data.with_suffix(".json").exists() and _sort_key(data) > newest_key
         ]
         merged: list[SnapshotInfo | Path] = [*complete, *orphans]
         merged.sort(key=lambda item: _sort_key(Path(item.path if isinstance(item, SnapshotInfo) else item)))
@@ -404,17 +463,8 @@ def _atomic_write(path: Path, write: Callable[[Any], None],
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
     return writer.sha256.hexdigest(), writer.size
-
-
-def _fsync_directory(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _json_writer(document: dict[str, Any]) -> Callable[[Any], None]:
@@ -423,8 +473,20 @@ def _json_writer(document: dict[str, Any]) -> Callable[[Any], None]:
 
 def _read_manifest(manifest: Path) -> SnapshotInfo:
     document = json.loads(manifest.read_text())
-    if document.get("format") != FORMAT_VERSION:
-        raise ValueError(f"format {document.get('format')!r} is not {FORMAT_VERSION}")
+    version = document.get("format")
+    if version not in (FORMAT_VERSION, DIRECTORY_FORMAT_VERSION):
+        raise ValueError(f"format {version!r} is not {FORMAT_VERSION} or {DIRECTORY_FORMAT_VERSION}")
+    # The data is named like its manifest: a manifest cannot point pruning or loading elsewhere.
+    data_name = f"{manifest.stem}{DIRECTORY_SUFFIX if version == DIRECTORY_FORMAT_VERSION else '.pt'}"
+    if document["file"] != data_name:
+        raise ValueError(f"file {document['file']!r} is not {data_name!r} (a manifest names its own data)")
+    files = tuple((str(entry["path"]), str(entry["sha256"]), int(entry["size"]))
+                  for entry in document["files"]) if version == DIRECTORY_FORMAT_VERSION else ()
+    if version == DIRECTORY_FORMAT_VERSION and not files:
+        raise ValueError("files is empty (a directory snapshot lists every file it holds)")
+    outside = [name for name, _, _ in files if name.startswith("/") or ".." in name.split("/")]
+    if outside:
+        raise ValueError(f"files lists {outside[0]!r}: each path must be relative, inside the snapshot's directory")
     return SnapshotInfo(
         path=str(manifest.with_name(document["file"])),
         epoch=int(document["epoch"]),
@@ -433,23 +495,22 @@ def _read_manifest(manifest: Path) -> SnapshotInfo:
         time=str(document["time"]),
         sha256=str(document["sha256"]),
         size=int(document["size"]),
+        files=files,
     )
 
 
 def _verify(info: SnapshotInfo) -> str | None:
-    """None when the data file matches the manifest, else what is wrong."""
+    """None when the data (file or directory) matches the manifest, else what is wrong."""
     path = Path(info.path)
+    if info.is_directory:
+        return verify_tree(path, info.files)
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return "its data file is missing"
     if size != info.size:
         return f"size {size} bytes does not match the manifest's {info.size}"
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != info.sha256:
+    if hash_file(path)[0] != info.sha256:
         return "sha256 does not match the manifest (corrupt data)"
     return None
 

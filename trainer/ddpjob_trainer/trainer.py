@@ -49,7 +49,7 @@ from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
 from .errors import DoNotRetry
 from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
 from .sampler import ResumableSampler
-from .job import NODE_INDEX_ENV, load_agreed, node_report
+from .job import NODE_INDEX_ENV, end_graceful_stop, load_agreed, node_report
 from .snapshot import SnapshotInfo, SnapshotStore
 from .progress_report import Heartbeats, ProgressReport, give_up
 from .stop import GracefulStop, PeerStopped, StopSignal
@@ -578,16 +578,8 @@ class Trainer:
         already saved) complete, reported on every node, then GracefulStop or PeerStopped (stop.py)."""
         if position is not None:
             self._snapshot(*position)
-        if self.store is not None:
-            self.store.wait()  # rank 0: the snapshot is durable before anyone leaves
-        torch_dist.barrier()
-        self.report.refresh(force=True)  # every node's record names the stop's snapshot
-        step = self.position.step
-        self.metrics.write("stop", step=step, signalled=self.stop.requested)
-        if self.env.is_rank0:
-            log.info("graceful stop: snapshot at step %d complete; %s", step,
-                     "exiting" if self.stop.requested else "a peer got SIGTERM, restarting without it")
-        raise GracefulStop(step) if self.stop.requested else PeerStopped(step)
+        end_graceful_stop(self.store, self.report, self.metrics, step=self.position.step,
+                          signalled=self.stop.requested, rank=self.env.rank)
 
     def _on_snapshot_saved(self, info: SnapshotInfo) -> None:
         self.report.refresh(force=True)  # progress.json is complete now

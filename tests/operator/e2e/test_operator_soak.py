@@ -1,8 +1,15 @@
 """Many jobs, a seeded random mix of node failures, scaling and suspensions, and an operator
 restart in the middle: afterwards every job has exactly its desired pods, none failed, and
-its status agrees with them. Real operator against the API emulator."""
+its status agrees with them. Real operator against the API emulator.
+
+A soak (`make soak`): the default suite keeps one scenario of each kind it mixes, in
+test_operator_scaling.py (scale, suspend and resume, an operator killed mid-pass) and
+test_operator_policies.py / test_progress_operator.py (failures against the restart budget).
+"""
 import random
 import time
+
+import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_sandbox.jobs import make_manifest
@@ -45,6 +52,7 @@ def settled(k8s, job: str, replicas: int, suspended: bool) -> bool:
             and k8s.find("services", job) is not None)
 
 
+@pytest.mark.slow  # 8 jobs, 40 random events and an operator restart
 def test_random_failures_scaling_suspensions_and_an_operator_restart_converge(cluster, k8s, tmp_path):
     rng = random.Random(SEED)
     jobs = {f"job{i}": {"replicas": rng.randint(1, 4), "suspended": False} for i in range(JOBS)}
