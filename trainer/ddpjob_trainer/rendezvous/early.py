@@ -204,6 +204,7 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
                          time.monotonic() - started)
         info = super().next_rendezvous()
         self.membership_known = True
+        self.liveness.publish()  # where the store could not be written before the first round (etcd-v3)
         self.notice.round_formed(dict(self._state_holder.state.participants))
         return info
 

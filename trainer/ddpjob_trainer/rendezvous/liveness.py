@@ -87,6 +87,7 @@ FULL = b"+"  # it holds MAX_HELD connections already: this one is not watched
 MAX_HELD = 256
 # How long closing a beacon waits for its thread to have written LEAVING everywhere.
 CLOSE_SECONDS = 1.0
+ACCEPT_RETRY_SECONDS = 0.05  # after an accept that failed (no file descriptor left)
 
 
 class Beacon:
@@ -134,7 +135,8 @@ class Beacon:
                 connection, _ = self._socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # e.g. out of file descriptors: the pending ones wait for the next round
+            except OSError:  # e.g. out of file descriptors: the pending ones wait a little
+                time.sleep(ACCEPT_RETRY_SECONDS)  # the listener stays readable: do not spin on it
                 return
             connection.setblocking(False)
             if len(held) >= MAX_HELD:
@@ -217,21 +219,37 @@ class Liveness:
     def __init__(self, store, node: _NodeDesc, settings: RendezvousSettings) -> None:
         self._store, self._node, self._settings = store, node, settings
         self._beacon: Beacon | None = None
+        self._token = ""
+        self._published = False
         self._next_probe: dict[str, float] = {}  # node name -> monotonic time
 
     def start(self) -> None:
-        """Start and publish the beacon (once; a store or socket error leaves liveness to keep-alive)."""
-        if self._beacon is not None:
+        """Start the beacon (once) and try to publish it: a socket error leaves liveness to
+        keep-alive; a store that cannot be written yet (etcd-v3's, before the first round's state
+        exists) is tried again by ``publish`` once the round formed."""
+        if self._beacon is None:
+            try:
+                self._token = secrets.token_hex(TOKEN_BYTES)
+                self._beacon = Beacon(self._token, listen_host())
+            except Exception as error:  # noqa: BLE001 - an optimisation: keep-alive still works without it
+                log.warning("liveness beacon not started (%s); dead nodes expire by keep-alive only", error)
+                return
+        self.publish(quiet=True)
+
+    def publish(self, quiet: bool = False) -> None:
+        """Publish the beacon in the store, unless done already; ``quiet``: a failure is not
+        worth a warning (it is tried again)."""
+        if self._beacon is None or self._published:
             return
         try:
             host = listen_host()
-            token = secrets.token_hex(TOKEN_BYTES)
-            self._beacon = Beacon(token, host)
-            published = {"addr": advertised_address(host, self._node.addr), "port": self._beacon.port, "token": token,
-                         "netns": network_namespace()}
+            published = {"addr": advertised_address(host, self._node.addr), "port": self._beacon.port,
+                         "token": self._token, "netns": network_namespace()}
             self._store.set(KEY_PREFIX + repr(self._node), json.dumps(published))
+            self._published = True
         except Exception as error:  # noqa: BLE001 - an optimisation: keep-alive still works without it
-            log.warning("liveness beacon not published (%s); dead nodes expire by keep-alive only", error)
+            (log.debug if quiet else log.warning)(
+                "liveness beacon not published (%s); dead nodes expire by keep-alive only", error)
 
     def stop(self) -> None:
         if self._beacon is not None:
