@@ -11,6 +11,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, example_target, unique_run_id
@@ -65,6 +67,7 @@ def test_a_killed_node_is_noticed_from_its_beacon_and_the_survivor_resumes_exact
     assert world_size_phases(raw) == [2, 1]
 
 
+@pytest.mark.slow  # its mechanism (LEAVING at interpreter exit) is in tests/rendezvous/test_beacon_watch.py
 def test_a_node_stopped_gracefully_is_not_taken_for_a_lost_one(tmp_path):
     """SIGTERM to the node's process group (ddpjob run's stop, a kubelet's): its agent says
     LEAVING as it exits, the survivor restarts on its workers' PeerStopped and loses no step."""
