@@ -9,7 +9,8 @@ the c10d store on node 0 (``rdzvStore: node``, as the bare agents' ``is_host``) 
 fault: node 1's whole process tree SIGKILLed right after the snapshot at step KILL_AFTER_STEP.
 
 The parts, each measured from the kill, on the survivor (node 0):
-  notice        its agent reports the worker group failed (the worker died of the lost peer)
+  notice        its agent reports the worker group failed (the worker died of the lost peer), or
+                restarts it because the lost node's liveness beacon closed (rendezvous/notice.py)
   rendezvous    its agent logs "Rendezvous complete" for the next round (LOGLEVEL=INFO)
   process       its new worker process started (/proc, written by ddpjob_trainer.marks)
   imports       the worker finished importing torch (ddpjob_trainer.dist, marks)
@@ -50,7 +51,10 @@ PARTS = ("notice", "rendezvous", "process", "imports", "group", "snapshot", "fir
 CONFIGS = ("ddpjob run", "sandbox", "torchrun")
 # torch's elastic log lines: "I1124 04:23:15.511000 11533 torch/distributed/...py:1002] message"
 TORCH_LOG = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) \d+ \S+\] (.*)$")
-NOTICE = ("failed (exitcode", "Worker group FAILED", "Worker group UNHEALTHY")
+# The survivor's agent learns of the loss: its worker failed on the lost peer, or (ddpjob-c10d,
+# etcd-v3) the lost node's beacon closed and the handler answered num_nodes_waiting (notice.py),
+# which torch logs as "Detected 1 new nodes from group_rank=..." in the same monitor tick.
+NOTICE = ("failed (exitcode", "Worker group FAILED", "Worker group UNHEALTHY", "new nodes from group_rank")
 
 
 def job_body(name: str, port: int, marks: pathlib.Path) -> dict:

@@ -18,7 +18,8 @@ JOB_EXAMPLES = ["ddpjob-c10d.yaml", "ddpjob-etcd.yaml", "ddpjob-managed-etcd.yam
 OTHER_EXAMPLES = ["snapshot-pvc.yaml", "etcd.yaml"]
 # The trainer example's command line (brief: "Trainer example CLI").
 TRAINER_FLAGS = {"--epochs", "--samples", "--batch-size", "--accumulation-steps", "--snapshot-dir",
-                 "--snapshot-every-epochs", "--snapshot-every-steps", "--metrics-file", "--step-sleep", "--seed"}
+                 "--snapshot-every-epochs", "--snapshot-every-steps", "--fast-snapshot-every-steps", "--metrics-file",
+                 "--step-sleep", "--seed"}
 
 
 def needs_crd() -> dict:
@@ -152,6 +153,13 @@ def test_operator_validation_rejects_an_etcd_job_without_endpoints():
     job["spec"]["elasticPolicy"]["rdzvEndpoints"] = []
     errors = spec_module.validate_job(job)
     assert [str(error.path) for error in errors] == ["spec.elasticPolicy.rdzvEndpoints"], errors
+
+
+@pytest.mark.parametrize("name", JOB_EXAMPLES)
+def test_example_job_copies_its_state_to_the_fast_tier_after_every_step(name):
+    """So a SIGKILLed node costs the step in flight (tests/local/test_local_run.py runs it)."""
+    args = example_job(name)["spec"]["args"]
+    assert args[args.index("--fast-snapshot-every-steps") + 1] == "1", args
 
 
 @pytest.mark.parametrize("name", JOB_EXAMPLES)

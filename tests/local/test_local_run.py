@@ -18,7 +18,7 @@ from ddpjob_operator import cli
 from ddpjob_operator.local.command import EXIT_INTERRUPTED, EXIT_JOB_FAILED
 from ddpjob_operator.local.procs import marked_pids
 from tests.local.test_local_timeline import svg_texts
-from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
+from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, steps_redone
 from ddpjob_sandbox.examples import load_example, write_manifest
 from ddpjob_sandbox.metrics import read_events
 
@@ -114,6 +114,30 @@ def test_a_short_run_writes_its_timeline_picture_beside_the_summary(tmp_path, ca
     assert [step for _, step in timeline["runs"][0]["steps"]] == list(range(1, 9))
     assert [step for _, step in timeline["snapshots"]][:2] == [4, 8]
     assert "ddpjob run mlp: Succeeded" in " ".join(svg_texts(run_dir / "timeline.svg"))
+
+
+def shipped_args_with(**values: str) -> list[str]:
+    """The example's own arguments (the fast tier's included), with ``values`` (``epochs="2"``
+    for --epochs) in place of the example's."""
+    args = list(load_example()["spec"]["args"])
+    for name, value in values.items():
+        args[args.index("--" + name.replace("_", "-")) + 1] = value
+    return args
+
+
+def test_the_shipped_example_loses_at_most_the_step_in_flight_to_a_node_kill(tmp_path, capsys):
+    """`make demo`: node 1's whole tree SIGKILLed mid-training. With the example's fast tier the
+    survivor resumes from its own copy of the newest step, the replacement from a broadcast."""
+    run_dir = tmp_path / "run"
+    args = shipped_args_with(epochs="2")
+    code = cli.main(["run", job_file(tmp_path, args=args), "--workdir", str(run_dir), "--port", "0", "--plain",
+                     "--kill-node-after", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out + logs(run_dir)
+    assert [e["event"] for e in events(run_dir) if e.get("node") == 1][:2] == ["started", "killed"]
+    raw = assert_ran_exactly_once(run_dir / "snapshots" / "metrics.jsonl", epochs=2)
+    assert len(steps_redone(raw)) <= 1, f"steps trained twice: {steps_redone(raw)}"
+    assert "resumed from the fast tier" in "\n".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
 
 
 def test_a_permanent_exit_code_fails_the_run_with_the_reason(tmp_path, capsys):

@@ -254,3 +254,29 @@ def test_a_node_joining_a_running_group_warms_up_before_it_joins_and_a_starting_
     assert [info.world_size for info in joined] == [2]
     assert newcomer_warm.joined_when_waited == [False], "warmed up once, before joining"
     assert newcomer.membership_known, "a node that joined a running group completes its rounds early"
+
+
+class NotYetStore:
+    """etcd-v3's store before the first round's state exists: every write fails until then."""
+
+    def __init__(self):
+        self.ready, self.values = False, {}
+
+    def set(self, key, value):
+        if not self.ready:
+            raise RuntimeError("the store is only valid after a rendezvous")
+        self.values[key] = value
+
+
+def test_a_beacon_the_store_refused_before_the_first_round_is_published_once_it_formed():
+    store = NotYetStore()
+    liveness = Liveness(store, DEAD, settings())
+    liveness.start()
+    try:
+        assert store.values == {}, "the round's state does not exist yet"
+        store.ready = True
+        liveness.publish()  # what the handler does once next_rendezvous returns
+        published = json.loads(store.values[KEY_PREFIX + repr(DEAD)])
+        assert probe(published["addr"], published["port"], published["token"]) is True
+    finally:
+        liveness.stop()

@@ -34,6 +34,21 @@ def test_a_copy_round_trips_and_the_newest_complete_one_is_named_by_the_meta(tmp
     assert loaded["optimizer"] == state(3)["optimizer"] and loaded["step"] == 3
 
 
+def test_every_dtype_and_layout_comes_back_bit_for_bit(tmp_path):
+    """Contiguous CPU tensors go by memmove, anything else by copy_: both exact."""
+    generator = torch.Generator().manual_seed(5)
+    big = torch.randn(400, 300, generator=generator)  # over SMALL_NUMEL: copied in the background
+    saved = {"f32": big, "transposed": big.t(), "every_other": big[:, ::2], "bf16": big.to(torch.bfloat16),
+             "i64": torch.randint(-2**40, 2**40, (70000,), generator=generator), "bool": big > 0,
+             "step": torch.tensor(12.0), "empty": torch.empty(0, 3), "small": torch.randn(5, generator=generator)}
+    fast = FastSnapshot(tmp_path / "node", local_rank=0)
+    fast.save(saved, step=1)
+    fast.wait()
+    loaded = fast.load(fast.newest())
+    for name, tensor in saved.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+
+
 def test_a_restarted_writer_first_fills_the_slot_its_meta_does_not_name(tmp_path):
     first = FastSnapshot(tmp_path, 0)
     first.save(state(7), step=7)

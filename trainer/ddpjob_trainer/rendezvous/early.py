@@ -22,6 +22,11 @@ In every round, a node that has missed a heartbeat and whose liveness beacon say
 instead of after ``keep_alive_max_attempt`` missed heartbeats: the survivors of a killed node
 no longer wait out its keep-alive.
 
+While the group trains, the agent asks its handler every monitor interval whether nodes wait
+(``num_nodes_waiting``); the handler first asks :mod:`.notice` whether a peer of the round was
+lost (its beacon closed without a word), and if so stops this node's workers at once and answers
+1: the agent re-forms the group without waiting for a worker to fail on the lost peer.
+
 A node that joins a group already training (a replacement, a scale-up) first lets its fork
 server (``elasticPolicy.fastRestart``, :mod:`ddpjob_trainer.zygote`) finish importing torch:
 the group restarts its workers only once the newcomer can start its own at once, so the
@@ -46,6 +51,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ddpjob_trainer.rendezvous.liveness import Liveness, forget
+from ddpjob_trainer.rendezvous.notice import LossNotice
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +181,7 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
         self.membership_known = False
         self._op_executor = _EarlyExecutor(self._op_executor, self)
         self.liveness = Liveness(self._store, self._this_node, self._settings)
+        self.notice = LossNotice(self.liveness, self._this_node)
 
     @classmethod
     def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None,
@@ -187,6 +194,7 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
 
     def next_rendezvous(self):
         self.liveness.start()
+        self.notice.forget()  # the round this node leaves: its peers' beacons no longer matter
         if not self.membership_known and self._group_running():
             self.membership_known = True
             if self._warm is not None:
@@ -196,7 +204,18 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
                          time.monotonic() - started)
         info = super().next_rendezvous()
         self.membership_known = True
+        self.liveness.publish()  # where the store could not be written before the first round (etcd-v3)
+        self.notice.round_formed(dict(self._state_holder.state.participants))
         return info
+
+    def num_nodes_waiting(self) -> int:
+        """torch's answer, or 1 once a peer of the round is lost (.notice), after stopping this
+        node's workers: either way the agent restarts them into a new round."""
+        lost = self.notice.check()
+        if lost:
+            self.notice.act(lost)
+            return 1
+        return super().num_nodes_waiting()
 
     def _group_running(self) -> bool:
         """Whether other nodes train in a complete round now (so joining will restart them)."""
@@ -205,6 +224,7 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
         return state.complete and bool(state.participants)
 
     def shutdown(self) -> bool:
+        self.notice.stop()
         self.liveness.stop()
         return super().shutdown()
 

@@ -27,6 +27,15 @@ look alive, which leaves it to keep-alive expiry. Probes cost nothing while ever
 time: only late nodes are probed, one that answered at most once a second, one that did not at
 most once per keep-alive interval.
 
+A beacon also tells the nodes of its round that it is gone while they train
+(:mod:`.watch`): it keeps each connection open after its token, and a peer that holds one sees
+it closed the moment the kernel closes the agent's sockets. An agent that stops on purpose (its
+handler's shutdown, or its interpreter exiting, as it does after SIGTERM once its workers
+stopped gracefully) first writes ``LEAVING`` on every connection it holds, so only a death
+without a word (SIGKILL, an OOM kill, a crash) reads as a loss. It holds at most ``MAX_HELD``
+connections; over that it answers ``FULL`` after its token and closes, which a watcher takes as
+"not watched", never as a loss. A probe reads the token and closes its end.
+
 The beacon listens on ``DDPJOB_LISTEN_HOST`` (ddpjob_trainer.listen): every interface in a
 pod, where peers probe it at the pod's address, loopback in ``ddpjob run``. A loopback address
 (``ddpjob run``, or a host name that resolves to 127.0.1.1, as Debian's /etc/hosts has it) names
@@ -36,12 +45,14 @@ and take the refusal for a death.
 """
 from __future__ import annotations
 
+import atexit
 import hmac
 import ipaddress
 import json
 import logging
 import os
 import secrets
+import selectors
 import socket
 import threading
 import time
@@ -67,39 +78,103 @@ MAX_PUBLISHED_BYTES = 256  # a published {"addr", "port", "token"}; anything lon
 # A late node that answered is probed again at most this often (a waiting node decides several
 # times a second, rendezvous/early.py).
 ALIVE_RECHECK_SECONDS = 1.0
+# What a beacon writes after its token, and only then closes the connection (see the module
+# docstring); a connection closed after the token alone was closed by the kernel: the agent died.
+LEAVING = b"."  # its agent stops on purpose: not a loss
+FULL = b"+"  # it holds MAX_HELD connections already: this one is not watched
+# Connections a beacon keeps open at once: a watcher per peer that watches it (rendezvous/watch.py
+# watches at most MAX_WATCHED peers) and probes in flight, with room for a few strangers.
+MAX_HELD = 256
+# How long closing a beacon waits for its thread to have written LEAVING everywhere.
+CLOSE_SECONDS = 1.0
+ACCEPT_RETRY_SECONDS = 0.05  # after an accept that failed (no file descriptor left)
 
 
 class Beacon:
     """A socket listening on ``host`` (EVERY_INTERFACE: all) that answers each connection with
-    ``token`` and closes it; the kernel refuses connections once the process that holds it is gone."""
+    ``token`` and holds it open (up to MAX_HELD) until its client closes it, or until ``close``,
+    which writes LEAVING on each first; the kernel refuses new connections, and closes the held
+    ones without LEAVING, once the process that holds it is gone.
+
+    ``close`` runs at interpreter exit too: an agent that exits through Python (a clean finish,
+    a SIGTERM that torch turns into an exception) says it leaves.
+    """
 
     def __init__(self, token: str, host: str = "") -> None:
         self._answer = token.encode()
         self._socket = listening_socket(host, 0)
+        self._socket.setblocking(False)
         self.port = self._socket.getsockname()[1]
-        threading.Thread(target=self._serve, name="ddpjob-liveness-beacon", daemon=True).start()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="ddpjob-liveness-beacon", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
 
     def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._socket, selectors.EVENT_READ)
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            held: set[socket.socket] = set()
+            while not self._closing.is_set():
+                for key, _ in selector.select():
+                    if key.fileobj is self._socket:
+                        self._accept(selector, held)
+                    elif key.fileobj is not self._wake_read:
+                        # Its client closed it, or wrote (nobody needs to): either way it is done.
+                        _release(selector, held, key.fileobj)
+            for connection in held:
+                _send_quietly(connection, LEAVING)
+                connection.close()
+            self._socket.close()
+            self._wake_read.close()
+
+    def _accept(self, selector: selectors.BaseSelector, held: set[socket.socket]) -> None:
         while True:
             try:
                 connection, _ = self._socket.accept()
-            except OSError:  # closed
+            except (BlockingIOError, InterruptedError):
                 return
-            with connection:
-                try:
-                    connection.settimeout(PROBE_TIMEOUT_SECONDS)
-                    connection.sendall(self._answer)
-                except OSError:
-                    pass
+            except OSError:  # e.g. out of file descriptors: the pending ones wait a little
+                time.sleep(ACCEPT_RETRY_SECONDS)  # the listener stays readable: do not spin on it
+                return
+            connection.setblocking(False)
+            if len(held) >= MAX_HELD:
+                _send_quietly(connection, self._answer + FULL)
+                connection.close()
+                continue
+            if not _send_quietly(connection, self._answer):
+                connection.close()
+                continue
+            held.add(connection)
+            selector.register(connection, selectors.EVENT_READ)
 
     def close(self) -> None:
-        # close() alone does not stop a listening socket another thread is accepting on:
-        # shutdown() does, and wakes that thread up.
-        try:
-            self._socket.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._socket.close()
+        """Writes LEAVING on every held connection, closes them and stops listening (idempotent)."""
+        atexit.unregister(self.close)
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        _send_quietly(self._wake_write, b"x")
+        self._thread.join(CLOSE_SECONDS)
+        self._wake_write.close()
+        if self._thread.is_alive():  # never seen; do not leave the port answering for a stopped agent
+            log.warning("liveness beacon thread did not stop within %.1f s; closing its socket", CLOSE_SECONDS)
+            self._socket.close()
+
+
+def _release(selector: selectors.BaseSelector, held: set[socket.socket], connection) -> None:
+    selector.unregister(connection)
+    held.discard(connection)
+    connection.close()
+
+
+def _send_quietly(connection: socket.socket, data: bytes) -> bool:
+    """Writes ``data`` without blocking (a few bytes always fit a socket's empty buffer); whether it went."""
+    try:
+        return connection.send(data) == len(data)
+    except OSError:
+        return False
 
 
 def probe(addr: str, port: int, token: str, timeout: float = PROBE_TIMEOUT_SECONDS) -> bool | None:
@@ -107,8 +182,7 @@ def probe(addr: str, port: int, token: str, timeout: float = PROBE_TIMEOUT_SECON
     (refused, or something else answered); None: unknown."""
     try:
         with socket.create_connection((addr, port), timeout=timeout) as connection:
-            connection.settimeout(timeout)
-            answer = _read_all(connection)
+            answer = read_answer(connection, len(token.encode()), time.monotonic() + timeout)
     except ConnectionRefusedError:
         return False
     except OSError:
@@ -118,10 +192,21 @@ def probe(addr: str, port: int, token: str, timeout: float = PROBE_TIMEOUT_SECON
     return hmac.compare_digest(answer, token.encode())
 
 
-def _read_all(connection: socket.socket) -> bytes:
+def read_answer(connection: socket.socket, size: int, deadline: float) -> bytes:
+    """The first ``size`` bytes (at most MAX_ANSWER_BYTES) the other end writes, or fewer if it
+    closes first; by ``deadline`` (monotonic) at the latest, however slowly it writes.
+
+    Raises:
+        OSError: the connection failed, or ``deadline`` passed first (socket.timeout).
+    """
+    size = min(size, MAX_ANSWER_BYTES)
     answer = b""
-    while len(answer) <= MAX_ANSWER_BYTES:
-        chunk = connection.recv(MAX_ANSWER_BYTES + 1 - len(answer))
+    while len(answer) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"no complete answer within the deadline ({len(answer)} of {size} bytes)")
+        connection.settimeout(left)
+        chunk = connection.recv(size - len(answer))
         if not chunk:
             break
         answer += chunk
@@ -134,21 +219,37 @@ class Liveness:
     def __init__(self, store, node: _NodeDesc, settings: RendezvousSettings) -> None:
         self._store, self._node, self._settings = store, node, settings
         self._beacon: Beacon | None = None
+        self._token = ""
+        self._published = False
         self._next_probe: dict[str, float] = {}  # node name -> monotonic time
 
     def start(self) -> None:
-        """Start and publish the beacon (once; a store or socket error leaves liveness to keep-alive)."""
-        if self._beacon is not None:
+        """Start the beacon (once) and try to publish it: a socket error leaves liveness to
+        keep-alive; a store that cannot be written yet (etcd-v3's, before the first round's state
+        exists) is tried again by ``publish`` once the round formed."""
+        if self._beacon is None:
+            try:
+                self._token = secrets.token_hex(TOKEN_BYTES)
+                self._beacon = Beacon(self._token, listen_host())
+            except Exception as error:  # noqa: BLE001 - an optimisation: keep-alive still works without it
+                log.warning("liveness beacon not started (%s); dead nodes expire by keep-alive only", error)
+                return
+        self.publish(quiet=True)
+
+    def publish(self, quiet: bool = False) -> None:
+        """Publish the beacon in the store, unless done already; ``quiet``: a failure is not
+        worth a warning (it is tried again)."""
+        if self._beacon is None or self._published:
             return
         try:
             host = listen_host()
-            token = secrets.token_hex(TOKEN_BYTES)
-            self._beacon = Beacon(token, host)
-            published = {"addr": advertised_address(host, self._node.addr), "port": self._beacon.port, "token": token,
-                         "netns": network_namespace()}
+            published = {"addr": advertised_address(host, self._node.addr), "port": self._beacon.port,
+                         "token": self._token, "netns": network_namespace()}
             self._store.set(KEY_PREFIX + repr(self._node), json.dumps(published))
+            self._published = True
         except Exception as error:  # noqa: BLE001 - an optimisation: keep-alive still works without it
-            log.warning("liveness beacon not published (%s); dead nodes expire by keep-alive only", error)
+            (log.debug if quiet else log.warning)(
+                "liveness beacon not published (%s); dead nodes expire by keep-alive only", error)
 
     def stop(self) -> None:
         if self._beacon is not None:
@@ -172,6 +273,13 @@ class Liveness:
         return gone
 
     def _probe(self, node: _NodeDesc) -> bool | None:
+        address = self.beacon_of(node)
+        return None if address is None else probe(*address)
+
+    def beacon_of(self, node: _NodeDesc) -> tuple[str, int, str] | None:
+        """(address, port, token) where ``node``'s beacon can be asked from here; None where
+        nothing can be asked: none published (or not ours), or a loopback address of another
+        network namespace."""
         key = KEY_PREFIX + repr(node)
         try:
             if not self._store.check([key]):
@@ -184,7 +292,7 @@ class Liveness:
         addr, port, token, netns = published
         if ipaddress.ip_address(addr).is_loopback and netns != network_namespace():
             return None  # another machine's (or pod's) loopback: this one's would answer for it
-        return probe(addr, port, token)
+        return addr, port, token
 
 
 def advertised_address(host: str, node_addr: str) -> str:
