@@ -28,7 +28,9 @@ from ddpjob_operator.render.store_pod import render_store_pod, render_store_serv
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.render.pdb import render_disruption_budget
-from ddpjob_operator.api.spec import MAX_DEPTH, MAX_REPLICAS, DDPJobSpec, InvalidSpecError, JobRef, parse_job
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import MAX_REPLICAS, DDPJobSpec
+from ddpjob_operator.api.validation import MAX_DEPTH, InvalidSpecError, parse_job
 from ddpjob_operator.decide.creation import job_errors
 
 # Exit codes: 1 = the job is invalid, 2 = the input could not be read at all.

@@ -55,7 +55,9 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube
 from ddpjob_operator.render.launch import rdzv_id
 from ddpjob_operator.decide.observed import PodView
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef, validate_job
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.validation import validate_job
 from ddpjob_rdzv import BACKEND_NAME, keys
 from ddpjob_rdzv.settings import CREDENTIAL_FILES
 

@@ -18,7 +18,8 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import managed_etcd_name
 from ddpjob_operator.decide.actions import Action, CreatePod, CreateService, DeletePod
 from ddpjob_operator.decide.observed import ObservedEtcd
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
 
 

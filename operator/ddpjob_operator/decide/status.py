@@ -25,7 +25,9 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
-from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.validation import FieldError
 from ddpjob_operator.decide import avoided_nodes, capacity, creation, progress, topology
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.bounds import cut

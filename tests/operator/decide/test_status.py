@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import parse_spec, validate_spec
+from ddpjob_operator.api.validation import parse_spec, validate_spec
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.status import StatusUpdate, compute_status, set_condition
 from tests.operator.builders import T0, at, job_ref, make_pod, observe, running_pods
