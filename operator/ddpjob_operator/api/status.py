@@ -243,3 +243,8 @@ class DDPJobStatus(ApiModel):
         "The newest valid spec. After an edit the operator cannot accept (condition InvalidSpec) "
         "the job goes on with it: failed pods are replaced from it and its deadline holds."))
 
+
+# The status keys as written (camelCase), in the model's order: the one list of them. The CRD's
+# status schema and the reference list them in this order, and decide/status.py writes them so
+# (a field added to the model is written without another list to extend).
+STATUS_FIELDS = tuple(field.alias or name for name, field in DDPJobStatus.model_fields.items())
