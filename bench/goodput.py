@@ -47,7 +47,7 @@ import time
 import yaml
 
 from bench._recovery import event_time, first_step_after, wait_for
-from ddpjob_operator.api.spec import parse_job
+from ddpjob_operator.api.validation import parse_job
 from ddpjob_operator.local.plan import local_plan
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 from ddpjob_sandbox.procs import free_port

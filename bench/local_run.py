@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from ddpjob_operator.local.plan import local_plan
-from ddpjob_operator.api.spec import parse_job
+from ddpjob_operator.api.validation import parse_job
 from ddpjob_sandbox.examples import load_example, write_manifest
 from ddpjob_sandbox.procs import free_port
 from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for

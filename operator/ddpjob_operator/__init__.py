@@ -3,8 +3,9 @@
     api  <-  render  <-  decide  <-  controller | local  <-  cli
 
 api/         What users write and read: constants, generated names (and the one
-             63-character rule), the DDPJob spec model with each cross-field rule beside
-             its CEL twin, the clock format, and the CRD/reference generator.
+             63-character rule), the spec model with its CEL rules, their Python twins and
+             the parse entry points (validation), the status model, the clock format, and
+             the CRD/reference generator.
 render/      spec -> the objects a job wants, as plain dicts (pure): the torchrun launch
              plan, node pods and Service, the store pod, the managed etcd, the job's
              NetworkPolicy, labels, Kueue; objects.py lists them all, for the plan and
@@ -27,5 +28,5 @@ executors) never import each other; inside a room a policy imports the room's sh
 modules, never a sibling policy. tests/operator/test_import_layers.py enforces it.
 Where things go: a new failure cause is a rule in decide/failure.py; a new rendered
 object is a module in render/ with a CreateX action in decide/actions.py; a new status
-field is a field of api/spec.py's status model, computed in decide/.
+field is a field of api/status.py's model, computed in decide/.
 """

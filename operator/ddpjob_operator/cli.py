@@ -24,7 +24,9 @@ import yaml
 from ddpjob_operator.api import constants
 from ddpjob_operator.local import command as local_run
 from ddpjob_operator.render.objects import wanted_objects
-from ddpjob_operator.api.spec import MAX_DEPTH, MAX_REPLICAS, DDPJobSpec, InvalidSpecError, JobRef, parse_job
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec, MAX_REPLICAS
+from ddpjob_operator.api.validation import InvalidSpecError, MAX_DEPTH, parse_job
 from ddpjob_operator.decide.creation import job_errors
 
 # Exit codes: 1 = the job is invalid, 2 = the input could not be read at all.

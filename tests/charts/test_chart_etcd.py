@@ -78,7 +78,7 @@ ETCD_V3 = {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["ddpjob-operator-etcd.ddp
 
 def node_pod_labels(job: str = "mlp", elastic: dict | None = None) -> dict:
     """The labels the operator puts on node pod 0 of a job (an etcd-v3 one unless `elastic` says otherwise)."""
-    from ddpjob_operator.api.spec import parse_spec
+    from ddpjob_operator.api.validation import parse_spec
     from ddpjob_operator.render.node_pod import render_pod
     from ddpjob_sandbox.jobs import make_ddpjob
     from tests.operator.builders import job_ref

@@ -128,7 +128,8 @@ def test_cel_check_rejects_min_replicas_above_max_replicas():
 def test_example_jobs_start_one_worker_per_whole_cpu_requested_also_in_the_sandbox(name, workers):
     # nProcPerNode: auto as written, resolved by the operator: torchrun's own "auto" would start
     # one worker per CPU of the host. The sandbox's test-speed copy keeps the field as written.
-    from ddpjob_operator.api.spec import JobRef, parse_spec
+    from ddpjob_operator.api.job_ref import JobRef
+    from ddpjob_operator.api.validation import parse_spec
     from ddpjob_operator.render.node_pod import render_pod
     from ddpjob_sandbox.examples import example_job as sandbox_job
 
@@ -143,15 +144,17 @@ def test_example_jobs_start_one_worker_per_whole_cpu_requested_also_in_the_sandb
 
 @pytest.mark.parametrize("name", JOB_EXAMPLES)
 def test_example_job_passes_the_operators_own_validation(name):
-    spec_module = pytest.importorskip("ddpjob_operator.api.spec", reason="ddpjob_operator.api.spec not written yet")
-    assert spec_module.validate_job(example_job(name)) == []
+    from ddpjob_operator.api.validation import validate_job
+
+    assert validate_job(example_job(name)) == []
 
 
 def test_operator_validation_rejects_an_etcd_job_without_endpoints():
-    spec_module = pytest.importorskip("ddpjob_operator.api.spec", reason="ddpjob_operator.api.spec not written yet")
+    from ddpjob_operator.api.validation import validate_job
+
     job = copy.deepcopy(example_job("ddpjob-etcd.yaml"))
     job["spec"]["elasticPolicy"]["rdzvEndpoints"] = []
-    errors = spec_module.validate_job(job)
+    errors = validate_job(job)
     assert [str(error.path) for error in errors] == ["spec.elasticPolicy.rdzvEndpoints"], errors
 
 

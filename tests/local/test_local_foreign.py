@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ddpjob_operator import cli
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.local.command import header, reports_progress
 from ddpjob_operator.local.plan import local_plan
 from ddpjob_operator.local.state import RunState, apply_metric, apply_node_event

@@ -11,7 +11,8 @@ from ddpjob_operator.local.plan import (
 )
 from ddpjob_operator.render.launch import zygote_socket
 from ddpjob_operator.render.node_pod import render_pod
-from ddpjob_operator.api.spec import JobRef, parse_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_sandbox.jobs import make_spec
 from ddpjob_sandbox.node.launch import container_launch
 

@@ -13,7 +13,8 @@ from typing import Any
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.render.node_pod import render_pod
-from ddpjob_operator.api.spec import JobRef, parse_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, view_pods
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)  # the fixed clock of the tests

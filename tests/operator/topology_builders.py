@@ -11,7 +11,7 @@ from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.render.store_pod import render_store_pod
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile
 from ddpjob_operator.decide.observed import view_pod
-from ddpjob_operator.api.spec import parse_spec, validate_spec
+from ddpjob_operator.api.validation import parse_spec, validate_spec
 from tests.operator.builders import T0, at, job_ref, make_pod, observe
 
 STORE_POD = {"elasticPolicy": {"rdzvStore": "pod"}}  # the c10d default, spelled out

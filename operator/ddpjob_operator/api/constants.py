@@ -315,7 +315,7 @@ RULE_MAX_REPLICAS = "must be <= {limit}, the operator's --max-replicas setting" 
 DEFAULT_MAX_REPLICAS = 500
 
 # --- What a pod or the cluster can grow in the status (decide/bounds.py, docs/security.md) -----------
-# Each is a maxItems/maxLength of the status schema (api/spec.py), so the API server refuses more,
+# Each is a maxItems/maxLength of the status schema (api/status.py), so the API server refuses more,
 # and decide/bounds.py cuts every status to them before it is written (newest entries kept, a
 # string's end replaced by "..."), so the write never meets the refusal. Past etcd's object limit
 # (1.5 MiB) a status write fails for good and the job is no longer reconciled.

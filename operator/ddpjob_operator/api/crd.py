@@ -22,7 +22,8 @@ import yaml
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import DNS_LABEL_MAX, NODE_POD_INFIX
-from ddpjob_operator.api.spec import JOB_NAME_PATTERN, JOB_NAME_RULE, MAX_REPLICAS, DDPJobSpec, DDPJobStatus, cel
+from ddpjob_operator.api.spec import JOB_NAME_PATTERN, JOB_NAME_RULE, MAX_REPLICAS, DDPJobSpec, cel
+from ddpjob_operator.api.status import DDPJobStatus
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # operator/ddpjob_operator/api/crd.py
 CRD_FILES = (
@@ -53,7 +54,7 @@ NAME_LENGTH_RULE = cel(
     f"size(self.metadata.name) + {_index_digits(_LARGEST_NODE_COUNT)} <= {DNS_LABEL_MAX - len(NODE_POD_INFIX)}",
     "metadata.name is too long: pod names <name>-node-<index> must fit the 63-character DNS label limit",
 )
-# spec._identity_errors' name rule as CEL. The API server itself only checks object names as DNS-1123
+# validation._identity_errors' name rule as CEL. The API server itself only checks object names as DNS-1123
 # subdomains, which let "a.b" and "1job" through to fail later as a Service name.
 NAME_FORMAT_RULE = cel(
     f"self.metadata.name.matches('{JOB_NAME_PATTERN}')",

@@ -2,7 +2,7 @@
 
 One function per name, so the Service, the pods, the rendezvous endpoint and
 the tests all agree; `name_too_long` is the one 63-character rule: validation
-(spec.validate_job) and the CRD's CEL twin (crd.NAME_LENGTH_RULE) both use it.
+(validation.validate_job) and the CRD's CEL twin (crd.NAME_LENGTH_RULE) both use it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""The DDPJob spec: pydantic models, defaults and validation rules.
+"""The DDPJob spec model: field types, descriptions, defaults and CEL rules.
 
-This module is the single source of truth for the API. `crd.py` turns these
-models into the CRD's openAPIV3Schema (descriptions, enums, minimums, defaults
-and the CEL rules attached here with `cel(...)`), the README field reference is
-generated from them, and the operator and `ddpjob run` parse user input with
-`parse_spec`. Every CEL rule has a pydantic twin in `_cross_field_errors`, so a
-rule the API server could not run (old cluster, `kubectl apply --validate=false`,
-local runs) is still enforced, reported as InvalidSpec.
+This module is the single source of truth for the API's shape. `crd.py` turns these models
+into the CRD's openAPIV3Schema (descriptions, enums, minimums, defaults and the CEL rules
+attached here with `cel(...)`), and the README field reference is generated from them. The
+status model is `status.py`. Every cross-field CEL rule has a Python twin in `validation.py`,
+which is also where user input is read (`parse_spec`, `parse_job`): a rule the API server could
+not run (old cluster, `kubectl apply --validate=false`, local runs) is still enforced, reported
+as InvalidSpec. `DDPJobSpec.model_validate` alone checks each field and resolves the defaults
+below, not the cross-field rules: read user input through validation.py.
 
 Defaults that depend on other fields (they cannot live in the CRD schema):
   * `elasticPolicy.minReplicas` defaults to `replicas` (1 when neither is set);
@@ -19,13 +20,9 @@ maxReplicas: 8}` alone starts 2 nodes and may be scaled to 8.
 
 from __future__ import annotations
 
-import difflib
-import functools
 import json
 import re
-from dataclasses import dataclass
-
-from typing import Annotated, Any, Literal, Mapping, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -33,18 +30,14 @@ from pydantic import (
     Field,
     PlainValidator,
     StringConstraints,
-    ValidationError,
-    ValidationInfo,
     WithJsonSchema,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from ddpjob_rdzv import BACKEND_NAME as ETCD_V3  # ddpjob's torchrun backend; defined where both sides read it
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.names import name_too_long
-from ddpjob_operator.api.quantity import parse_quantity
+from ddpjob_operator.api.base import ApiModel, KubeObject
 
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource that nProcPerNode "gpu" needs
 ETCD_BACKENDS = ("etcd", ETCD_V3)  # backends that talk to an external etcd
@@ -78,16 +71,12 @@ RESERVED_VOLUMES = (C.SNAPSHOT_VOLUME, C.SHM_VOLUME, C.RDZV_SECRET_VOLUME, C.ZYG
 # podOverrides, they would put the job's pods into another job's pod group or Workload, against its quota.
 RESERVED_KUEUE_LABELS = (C.LABEL_KUEUE_QUEUE, C.LABEL_KUEUE_POD_GROUP, "kueue.x-k8s.io/prebuilt-workload-name")
 RESERVED_KUEUE_ANNOTATIONS = (C.ANNOTATION_KUEUE_GROUP_COUNT,)
-KUEUE_RULE = ("may not be set: Kueue admits pods by it, and the operator sets it from spec.scheduling.queueName "
-              "(set there, it cannot join another job's pod group)")
 # Capabilities a job may add: Pod Security "baseline"'s list, plus IPC_LOCK, which lifts only the
 # locked-memory limit that RDMA (NCCL over InfiniBand) pins its buffers under. Anything else
 # (SYS_ADMIN, NET_ADMIN, SYS_PTRACE, ...) reaches past the container; a namespace that wants it
 # runs the pods itself. Only a root process gets added capabilities anyway (no ambient set).
 SAFE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "IPC_LOCK", "KILL", "MKNOD",
                      "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
-CAPABILITY_RULE = ("is not a capability a job may add: only " + ", ".join(SAFE_CAPABILITIES)
-                   + " (Pod Security baseline's, plus IPC_LOCK for RDMA)")
 PRIVILEGED_RULE = "may not be true: a privileged container holds every device and capability of its node"
 ESCALATION_RULE = "may not be true: setuid and file-capability binaries would regain what the container dropped"
 HOST_PATH_RULE = ("may not be set: a hostPath volume reaches the node's own files; use a PersistentVolumeClaim, "
@@ -109,10 +98,6 @@ ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 # What `torchrun -m` can import: dotted Python identifiers (a path such as train.py belongs in script).
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 IMAGE_PATTERN = r"^\S+$"  # an image reference has no whitespace (the kubelet cannot pull " img")
-# A label or annotation key: an optional DNS-1123 subdomain prefix (<= 253) and '/', then a name
-# of <= 63 characters; checked by qualified_name_problem (lengths included).
-QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 
 # Kubernetes resource.Quantity as apimachinery's OpenAPI pattern spells it, without the leading
 # '-': no resource of a container may be negative (the API server refuses it at pod creation).
@@ -126,21 +111,6 @@ QUANTITY_PATTERN = (
 # kube-apiserver v1.37.2, tests/cluster/test_crd_on_apiserver.py). 64 characters hold any
 # real quantity ("123456789012345678901234567890Mi" is 32).
 QUANTITY_MAX_LENGTH = 64
-# What a string field's pattern means, in the words an error message uses.
-PATTERN_RULES = {
-    SECRET_NAME_PATTERN: "must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', "
-                         "starting and ending with a letter or digit",
-    LABEL_VALUE_PATTERN: "must be a label value: letters, digits, '-', '_' and '.', starting and ending "
-                         "with a letter or digit",
-    VOLUME_NAME_PATTERN: "must be a DNS-1123 label: lowercase letters, digits and '-', starting and "
-                         "ending with a letter or digit",
-    ENV_NAME_PATTERN: "must be a C-identifier-like name: letters, digits, '_', '-' and '.', not "
-                      "starting with a digit",
-    MODULE_PATTERN: "must be a dotted Python module name such as pkg.train (a file path goes in spec.script)",
-    IMAGE_PATTERN: "must be an image reference without whitespace",
-    r"^/": "must be an absolute path (start with /)",
-}
-
 # Size limits. Each list or string a CEL rule walks has a maximum, so the API server's cost
 # estimate (it assumes the largest input the schema allows) stays within its per-rule budget.
 MAX_REPLICAS = 1000  # most nodes a job may ask for (replicas, minReplicas, maxReplicas); see DDPJobSpec
@@ -153,15 +123,6 @@ MAX_IMAGE = 1024  # longest image: a reference is at most 255 (name) + 129 (tag)
 MAX_NAME = 253  # longest env var, module or script name we accept (a DNS subdomain's length)
 MAX_RDZV_ENDPOINTS = 16  # most etcd endpoints: a cluster of 3 to 7 members, with room to spare
 MAX_ENDPOINT = 261  # longest host:port: a DNS name (253) + ':' + a port (5) + IPv6 brackets (2)
-# The API server stores an object in one etcd request, and etcd refuses requests over its
-# --max-request-bytes (1.5 MiB by default): a larger DDPJob fails at `kubectl apply` with
-# "etcdserver: request is too large". (Client-side `kubectl apply` also copies the object into
-# an annotation limited to 256 KiB; `kubectl create` and server-side apply do not.)
-OBJECT_SIZE_LIMIT = 1536 * 1024
-# No DDPJob field is nested deeper than 12 levels (spec.scheduling.affinity.podAntiAffinity...
-# matchExpressions[].values[]); a deeper document is broken or hostile, and the operator's own
-# copies of it (render, kopf) recurse. Checked without recursion, before anything else.
-MAX_DEPTH = 32
 
 
 def cel(rule: str, message: str, message_expression: str | None = None) -> dict[str, str]:
@@ -246,13 +207,9 @@ Quantity = Annotated[
     }),
 ]
 
-# A Kubernetes object this API passes through unchanged (affinity, a volume source, ...):
-# typed loosely on purpose, the API server validates it when the pod is created.
-KubeObject = dict[str, Any]
-
 # A label value (podOverrides.labels, scheduling.nodeSelector); the API server checks it only
 # when the pod is created, so the CRD checks it here. Keys are checked by the operator
-# (qualified_name_problem): a CEL rule over a map's keys has no length bound to estimate with.
+# (validation.qualified_name_problem): a CEL rule over a map's keys has no length bound to estimate with.
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 
 # The clean absolute path the kubelet will mount at: no '.', '..' or empty segment and no
@@ -260,8 +217,6 @@ LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 # rules, which compare strings). Segment = anything but '.' and '..', spelt without lookahead
 # because the API server's regex engine (RE2) has none.
 MOUNT_PATH_PATTERN = r"^(/([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+))+$"
-PATTERN_RULES[MOUNT_PATH_PATTERN] = ("must be a clean absolute path such as /data: no '.', '..' or "
-                                     "empty segments and no trailing /")
 MountPath = Annotated[str, Field(max_length=MAX_PATH, pattern=MOUNT_PATH_PATTERN)]
 
 # podOverrides.volumes[] and volumeMounts[] are core/v1 objects passed through, but the CEL
@@ -294,18 +249,6 @@ def list_map(*keys: str) -> dict[str, Any]:
     return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
 
 
-class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are errors (typos).
-
-    Strict: the API server's schema refuses `replicas: true` or "2" and a string given as a
-    number, so the operator and `ddpjob validate` do too. (A whole float such as 2.0 reaches
-    the API server as 2, because kubectl writes JSON with Go's encoder; `ddpjob validate`
-    reads YAML the same way: see cli._KubectlLoader.)
-    """
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
-
-
 def _object(model: type[BaseModel], description: str, **extra: Any) -> Any:
     """An optional nested object that defaults to all of its own defaults.
 
@@ -317,7 +260,7 @@ def _object(model: type[BaseModel], description: str, **extra: Any) -> Any:
 
 # --- The spec ----------------------------------------------------------------
 
-class EnvVar(_Model):
+class EnvVar(ApiModel):
     """A core/v1 EnvVar: a literal value or a reference (valueFrom)."""
 
     name: str = Field(min_length=1, max_length=MAX_NAME, pattern=ENV_NAME_PATTERN, description="Variable name.")
@@ -326,7 +269,7 @@ class EnvVar(_Model):
         None, description="core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).")
 
 
-class Resources(_Model):
+class Resources(ApiModel):
     """Compute resources of the trainer container (core/v1 ResourceRequirements)."""
 
     limits: dict[str, Quantity] = Field(
@@ -337,7 +280,7 @@ class Resources(_Model):
         description="Guaranteed resources (each <= its limit); default to the limits.")
 
 
-class RdzvTimeouts(_Model):
+class RdzvTimeouts(ApiModel):
     """torchrun rendezvous timeouts (PET_RDZV_CONF); lower values notice failures sooner."""
 
     join_seconds: int = Field(600, ge=1, description=(
@@ -353,7 +296,7 @@ class RdzvTimeouts(_Model):
         "Missed heartbeats before a node counts as dead (keep_alive_max_attempt)."))
 
 
-class ManagedEtcd(_Model):
+class ManagedEtcd(ApiModel):
     """A single-member etcd the operator runs for this job alone (etcd backends only)."""
 
     enabled: bool = Field(False, description=(
@@ -365,7 +308,7 @@ class ManagedEtcd(_Model):
         "etcd image; 3.5 still serves the v2 API that rdzvBackend etcd needs."))
 
 
-class ElasticPolicy(_Model):
+class ElasticPolicy(ApiModel):
     """How torchrun forms and re-forms the training group (Kubeflow's names)."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -500,7 +443,7 @@ class ElasticPolicy(_Model):
         return self.store_location == "node"
 
 
-class NetworkIsolation(_Model):
+class NetworkIsolation(ApiModel):
     """The NetworkPolicy the operator creates for the job (networking.k8s.io/v1)."""
 
     enabled: bool = Field(True, description=(
@@ -513,7 +456,7 @@ class NetworkIsolation(_Model):
         "that exists (kubectl delete networkpolicy <job>)."))
 
 
-class Preflight(_Model):
+class Preflight(ApiModel):
     """An optional check in every node pod before it joins the rendezvous (render/preflight.py)."""
 
     enabled: bool = Field(False, description=(
@@ -524,7 +467,7 @@ class Preflight(_Model):
         "that failed it alone is kept off for the rest of the job (status.avoidedNodes)."))
 
 
-class Snapshot(_Model):
+class Snapshot(ApiModel):
     """Where the trainer keeps snapshots; a shared volume lets a replaced node resume."""
 
     mount_path: MountPath = Field("/snapshots", description=(
@@ -551,7 +494,7 @@ class Snapshot(_Model):
         "less (docs/recovery.md, What a stop costs)."))
 
 
-class FailurePolicy(_Model):
+class FailurePolicy(ApiModel):
     """When the operator replaces failed node pods and when it gives up (JobSet's name)."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -602,7 +545,7 @@ class FailurePolicy(_Model):
         "wait of one rank for another, such as a synchronous snapshot write."))
 
 
-class StragglerPolicy(_Model):
+class StragglerPolicy(ApiModel):
     """What the operator does about a node that is alive but slower than the others (docs/hangs.md)."""
 
     action: Literal["Ignore", "Report", "Replace"] = Field("Report", description=(
@@ -616,7 +559,7 @@ class StragglerPolicy(_Model):
         "How long a node must stay slow before the Event (and a replacement)."))
 
 
-class RunPolicy(_Model):
+class RunPolicy(ApiModel):
     """Lifetime of the job and its pods (Kubeflow's names)."""
 
     suspend: bool = Field(False, description="Delete all pods and pause; false resumes from the last snapshot.")
@@ -637,7 +580,7 @@ class RunPolicy(_Model):
 MAX_SPREAD_CONSTRAINTS = 8  # most scheduling.topologySpreadConstraints (a bound for the CRD's cost estimate)
 
 
-class TopologySpreadConstraint(_Model):
+class TopologySpreadConstraint(ApiModel):
     """A core/v1 TopologySpreadConstraint, declared field by field so the CRD checks it at `kubectl apply`."""
 
     max_skew: int = Field(ge=1, description="Most the number of matching pods may differ between two domains.")
@@ -656,7 +599,7 @@ class TopologySpreadConstraint(_Model):
         "Whether node taints limit the domains counted."))
 
 
-class Scheduling(_Model):
+class Scheduling(ApiModel):
     """Where node pods may run (core/v1 PodSpec fields)."""
 
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, description="Pod nodeSelector.")
@@ -703,7 +646,7 @@ Size = Annotated[str, PlainValidator(_check_size), WithJsonSchema({"type": "stri
 Id = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
-class SeccompProfile(_Model):
+class SeccompProfile(ApiModel):
     """core/v1 SeccompProfile."""
 
     type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(description=(
@@ -711,7 +654,7 @@ class SeccompProfile(_Model):
     localhost_profile: str | None = Field(None, description="Path of the profile on the node (Localhost only).")
 
 
-class AppArmorProfile(_Model):
+class AppArmorProfile(ApiModel):
     """core/v1 AppArmorProfile."""
 
     type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(description=(
@@ -719,7 +662,7 @@ class AppArmorProfile(_Model):
     localhost_profile: str | None = Field(None, description="Name of the profile (Localhost only).")
 
 
-class SELinuxOptions(_Model):
+class SELinuxOptions(ApiModel):
     """core/v1 SELinuxOptions."""
 
     level: str | None = Field(None, description="SELinux level label.")
@@ -728,7 +671,7 @@ class SELinuxOptions(_Model):
     user: str | None = Field(None, description="SELinux user label.")
 
 
-class Capabilities(_Model):
+class Capabilities(ApiModel):
     """core/v1 Capabilities."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -744,14 +687,14 @@ class Capabilities(_Model):
     drop: list[str] | None = Field(None, description="Capabilities to drop; the default drops ALL.")
 
 
-class Sysctl(_Model):
+class Sysctl(ApiModel):
     """core/v1 Sysctl."""
 
     name: str = Field(min_length=1, description="Sysctl name, e.g. net.ipv4.ip_unprivileged_port_start.")
     value: str = Field(description="Its value.")
 
 
-class _SecurityContext(_Model):
+class _SecurityContext(ApiModel):
     """Fields a pod and a container securityContext share (core/v1)."""
 
     run_as_user: Id | None = Field(None, description=f"uid of the container processes (default {C.POD_UID}).")
@@ -802,7 +745,7 @@ def _without_keys(path: str, keys: tuple[str, ...], why: str) -> dict[str, Any]:
                                              f"{path} may not set Kueue's {', '.join(keys)}: {why}")]}
 
 
-class PodOverrides(_Model):
+class PodOverrides(ApiModel):
     """Extra settings copied into every node pod."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -848,16 +791,10 @@ class PodOverrides(_Model):
                                         "the operator sets it from spec.replicas"))
 
 
-MOUNTED_BY_OPERATOR = ("is already mounted by the operator (/dev/shm, spec.snapshot.mountPath or the "
-                       f"rdzvSecretName mount {C.RDZV_SECRET_MOUNT_PATH})")
-UNKNOWN_VOLUME = (f"names no volume of the pod: add it to spec.podOverrides.volumes (the operator's own are "
-                  f"{C.SHM_VOLUME}, {C.SNAPSHOT_VOLUME} with spec.snapshot and {C.RDZV_SECRET_VOLUME} with "
-                  "rdzvSecretName)")
-
 
 def _mount_rules() -> list[dict[str, str]]:
-    """CEL twins of _mount_errors. Cost, as the API server estimates it (the largest input the
-    schema allows): <= MAX_VOLUME_MOUNTS (64) mounts x (3 string comparisons of <= MAX_PATH
+    """CEL twins of validation._mount_errors. Cost, as the API server estimates it (the largest
+    input the schema allows): <= MAX_VOLUME_MOUNTS (64) mounts x (3 string comparisons of <= MAX_PATH
     (4096) characters, ~410 units each, + an exists over <= MAX_VOLUMES (64) names of <= 63
     characters, ~8 units each) ~ 64 x 1750 ~ 112k units per rule: about 1% of its per-expression
     estimate limit (10M, apiextensions' StaticEstimatedCostLimit)."""
@@ -932,7 +869,7 @@ def _size_rule() -> dict[str, str]:
 
 
 def _spec_rules() -> list[dict[str, str]]:
-    """CEL twins of `_cross_field_errors` that span several spec fields."""
+    """CEL twins of the cross-field rules of validation.py that span several spec fields."""
     ep = "has(self.elasticPolicy) && has(self.elasticPolicy.{0})"
     return [
         cel("has(self.module) != has(self.script)",
@@ -959,7 +896,7 @@ def _spec_rules() -> list[dict[str, str]]:
     ] + _mount_rules()
 
 
-class DDPJobSpec(_Model):
+class DDPJobSpec(ApiModel):
     """Desired state of an elastic PyTorch DDP training job."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _spec_rules()})
@@ -1009,15 +946,8 @@ class DDPJobSpec(_Model):
     preflight: Preflight = _object(Preflight, "Pre-flight check of every node pod (docs/cluster.md).")
 
     @model_validator(mode="after")
-    def _defaults_and_rules(self, info: ValidationInfo) -> DDPJobSpec:
+    def _resolve_defaults(self) -> DDPJobSpec:
         _resolve_replica_defaults(self)
-        context = info.context or {}
-        errors = _cross_field_errors(self, context.get("invalid", ()))
-        collector = context.get("collect_errors")
-        if collector is not None:
-            collector.extend(errors)
-        elif errors:
-            raise ValueError("; ".join(e.message for e in errors))
         return self
 
     @property
@@ -1046,854 +976,3 @@ def _resolve_replica_defaults(spec: DDPJobSpec) -> None:
     if spec.replicas is None:
         spec.__dict__["replicas"] = ep.min_replicas
 
-
-# --- Errors ------------------------------------------------------------------
-
-MISSING = object()  # FieldError.value of a field that is absent
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """One broken rule: where, what was there, and what the rule says."""
-
-    path: str  # e.g. "spec.elasticPolicy.maxReplicas"
-    value: Any  # the offending value, or MISSING
-    rule: str  # e.g. "must be >= spec.elasticPolicy.minReplicas (2)"
-
-    @property
-    def message(self) -> str:
-        """'<path> (<value>) <rule>', e.g. 'spec.replicas (0) must be >= 1'."""
-        if self.value is MISSING:
-            return f"{self.path} {self.rule}"
-        return f"{self.path} ({_show(self.value)}) {self.rule}"
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class InvalidSpecError(ValueError):
-    """The spec breaks one or more rules; `errors` lists all of them."""
-
-    def __init__(self, errors: list[FieldError]):
-        self.errors = list(errors)
-        super().__init__("invalid DDPJob: " + "; ".join(e.message for e in self.errors))
-
-
-def _cross_field_errors(spec: DDPJobSpec, invalid: tuple[str, ...] = ()) -> list[FieldError]:
-    """Rules that span fields; each has a CEL twin in the models' x-kubernetes-validations.
-
-    A rule that reads a field in `invalid` (a path the field rules refused, now holding its
-    default) is skipped: judged on the default it could report a problem the file does not have.
-    """
-    return [error for reads, rule in _CROSS_FIELD_RULES
-            if not any(_overlaps(read, bad) for read in _reads(reads, spec) for bad in invalid)
-            for error in rule(spec)]
-
-
-def _reads(reads: Any, spec: DDPJobSpec) -> tuple[str, ...]:
-    return reads(spec) if callable(reads) else reads
-
-
-def _overlaps(read: str, bad: str) -> bool:
-    """Whether path `bad` is `read`, inside it, or holds it (spec.env[2].name and spec.env)."""
-    inner, outer = (bad, read) if len(bad) >= len(read) else (read, bad)
-    return inner == outer or inner.startswith((outer + ".", outer + "["))
-
-
-def _code_errors(spec: DDPJobSpec) -> list[FieldError]:
-    if spec.module is None and spec.script is None:
-        return [FieldError("spec.module", MISSING, "is required: set exactly one of spec.module or spec.script")]
-    if spec.module is not None and spec.script is not None:
-        return [FieldError("spec.script", spec.script, f"may not be set together with spec.module "
-                           f"({_show(spec.module)}): set exactly one of them")]
-    return []
-
-
-def _range_errors(spec: DDPJobSpec) -> list[FieldError]:
-    ep = spec.elastic_policy
-    if ep.max_replicas < ep.min_replicas:
-        return [FieldError("spec.elasticPolicy.maxReplicas", ep.max_replicas,
-                           f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})")]
-    return []
-
-
-def _range_reads(spec: DDPJobSpec) -> tuple[str, ...]:
-    """minReplicas and maxReplicas, and replicas too when either of them defaults from it."""
-    return REPLICA_FIELDS[1:] if _given(spec, "min_replicas", "max_replicas") else REPLICA_FIELDS
-
-
-def _given(spec: DDPJobSpec, *names: str) -> bool:
-    """Whether the file set these elasticPolicy fields (else they hold defaults taken from others)."""
-    return set(names) <= spec.elastic_policy.model_fields_set
-
-
-def _below_min_errors(spec: DDPJobSpec) -> list[FieldError]:
-    ep = spec.elastic_policy
-    if "replicas" in spec.model_fields_set and spec.replicas < ep.min_replicas:  # a defaulted one repeats min/max
-        return [FieldError("spec.replicas", spec.replicas,
-                           f"must be >= spec.elasticPolicy.minReplicas ({ep.min_replicas})")]
-    return []
-
-
-def _above_max_errors(spec: DDPJobSpec) -> list[FieldError]:
-    ep = spec.elastic_policy
-    if "replicas" in spec.model_fields_set and spec.replicas > ep.max_replicas:
-        return [FieldError("spec.replicas", spec.replicas,
-                           f"must be <= spec.elasticPolicy.maxReplicas ({ep.max_replicas})")]
-    return []
-
-
-def _gpu_errors(spec: DDPJobSpec) -> list[FieldError]:
-    if spec.elastic_policy.n_proc_per_node == "gpu" and GPU_RESOURCE not in spec.resources.limits:
-        return [FieldError("spec.elasticPolicy.nProcPerNode", "gpu",
-                           f'needs spec.resources.limits["{GPU_RESOURCE}"] (a GPU limit)')]
-    return []
-
-
-def _backoff_errors(spec: DDPJobSpec) -> list[FieldError]:
-    fp = spec.failure_policy
-    if fp.max_backoff_seconds < fp.backoff_seconds:
-        return [FieldError("spec.failurePolicy.maxBackoffSeconds", fp.max_backoff_seconds,
-                           f"must be >= spec.failurePolicy.backoffSeconds ({fp.backoff_seconds})")]
-    return []
-
-
-REPLICA_FIELDS = ("spec.replicas", "spec.elasticPolicy.minReplicas", "spec.elasticPolicy.maxReplicas")
-# Each cross-field rule with the paths it reads, or a function of the spec giving them (a
-# defaulted replica field reads the other two).
-_CROSS_FIELD_RULES = (
-    (("spec.module", "spec.script"), _code_errors),
-    (_range_reads, _range_errors),
-    (REPLICA_FIELDS[:2], _below_min_errors),
-    # maxReplicas defaults to max(minReplicas, replicas)
-    (lambda spec: REPLICA_FIELDS[::2] if _given(spec, "max_replicas") else REPLICA_FIELDS, _above_max_errors),
-    (("spec.elasticPolicy.rdzvStore", "spec.elasticPolicy.rdzvBackend", "spec.elasticPolicy.rdzvSecretName",
-      "spec.elasticPolicy.managedEtcd", "spec.elasticPolicy.rdzvEndpoints"),
-     lambda spec: _rdzv_errors(spec.elastic_policy)),
-    (("spec.elasticPolicy.nProcPerNode", "spec.resources"), _gpu_errors),
-    (("spec.failurePolicy.backoffSeconds", "spec.failurePolicy.maxBackoffSeconds"), _backoff_errors),
-    (("spec.resources",), lambda spec: _resource_errors(spec.resources)),
-    (("spec.env",), lambda spec: _env_errors(spec)),
-    # volumeMounts are checked against the operator's mounts: the snapshot's and the rdzv secret's
-    (("spec.podOverrides", "spec.snapshot", "spec.elasticPolicy.rdzvSecretName", "spec.scheduling.nodeSelector"),
-     lambda spec: _override_errors(spec)),
-    (("spec.podOverrides",), lambda spec: _security_errors(spec.pod_overrides)),
-)
-
-
-def _rdzv_errors(ep: ElasticPolicy) -> list[FieldError]:
-    if ep.rdzv_store == "pod" and ep.rdzv_backend != "c10d":
-        return [FieldError("spec.elasticPolicy.rdzvStore", ep.rdzv_store,
-                           f"may be pod only when rdzvBackend is c10d, not {ep.rdzv_backend} (etcd "
-                           "backends keep their state in etcd): remove it or set rdzvBackend to c10d")]
-    if ep.rdzv_secret_name is not None and ep.rdzv_backend not in ETCD_BACKENDS:
-        return [FieldError("spec.elasticPolicy.rdzvSecretName", ep.rdzv_secret_name,
-                           "may only be set when rdzvBackend is etcd or etcd-v3 (c10d has no etcd to "
-                           "authenticate to): remove it or change rdzvBackend")]
-    if ep.managed_etcd.enabled:
-        return _managed_etcd_errors(ep)
-    path = "spec.elasticPolicy.rdzvEndpoints"
-    if ep.rdzv_backend in ETCD_BACKENDS and not ep.rdzv_endpoints:
-        return [FieldError(path, ep.rdzv_endpoints,
-                           f"must list at least one etcd host:port when rdzvBackend is {ep.rdzv_backend} "
-                           "(or set managedEtcd.enabled: true)")]
-    if ep.rdzv_backend == "c10d" and ep.rdzv_endpoints:
-        return [FieldError(path, ep.rdzv_endpoints,
-                           "must be empty when rdzvBackend is c10d "
-                           "(the operator points every node at the job's c10d store: its <job>-rdzv pod, or node 0 with rdzvStore: node)")]
-    if ep.rdzv_backend == "etcd" and len(ep.rdzv_endpoints) > 1:
-        return [FieldError(path, ep.rdzv_endpoints,
-                           "must have exactly one entry when rdzvBackend is etcd "
-                           "(torch's v2 backend takes one endpoint; etcd-v3 takes several)")]
-    return []
-
-
-def _managed_etcd_errors(ep: ElasticPolicy) -> list[FieldError]:
-    path = "spec.elasticPolicy.managedEtcd.enabled"
-    if ep.rdzv_backend not in ETCD_BACKENDS:
-        return [FieldError(path, True, f"needs rdzvBackend etcd or etcd-v3, not {ep.rdzv_backend}: "
-                           "set rdzvBackend or remove managedEtcd")]
-    if ep.rdzv_endpoints:
-        return [FieldError("spec.elasticPolicy.rdzvEndpoints", ep.rdzv_endpoints,
-                           "must be empty when managedEtcd.enabled is true (the operator points the "
-                           "nodes at its own etcd): remove one of them")]
-    if ep.rdzv_secret_name is not None:
-        return [FieldError("spec.elasticPolicy.rdzvSecretName", ep.rdzv_secret_name,
-                           "may not be set when managedEtcd.enabled is true: the managed etcd has no "
-                           "TLS or auth; use your own etcd with rdzvEndpoints for that")]
-    return []
-
-
-def _env_errors(spec: DDPJobSpec) -> list[FieldError]:
-    errors = [
-        FieldError(f"spec.env[{i}].name", e.name,
-                   f"is set by the operator; use {RESERVED_ENV[e.name]} instead")
-        for i, e in enumerate(spec.env) if e.name in RESERVED_ENV
-    ]
-    return errors + _duplicates("spec.env", "name", [e.name for e in spec.env])
-
-
-def _duplicates(path: str, key: str, values: list[Any]) -> list[FieldError]:
-    """Twin of a list map (list_map): each `key` once, as the API server requires."""
-    first: dict[Any, int] = {}
-    errors = []
-    for i, value in enumerate(values):
-        if value in first:
-            errors.append(FieldError(f"{path}[{i}].{key}", value,
-                                     f"repeats {path}[{first[value]}].{key}: each {key} may appear once"))
-        first.setdefault(value, i)
-    return errors
-
-
-def _string_rule(value: Any, pattern: str, max_length: int) -> str | None:
-    """Why `value` breaks a string field's schema, in _from_pydantic's words; None when it fits."""
-    if not isinstance(value, str):
-        return "must be a string"
-    if len(value) > max_length:
-        return f"must be at most {max_length} characters"
-    if not re.match(pattern, value):
-        return PATTERN_RULES[pattern]
-    return None
-
-
-def _declared_errors(path: str, item: Mapping[str, Any], schema: Mapping[str, Any]) -> list[FieldError]:
-    """Twin of the declared properties of VOLUME_SCHEMA / MOUNT_SCHEMA for one list entry."""
-    errors = []
-    for name, prop in schema["properties"].items():
-        if "pattern" not in prop:  # declared for a rule to see (hostPath), not a string to check
-            continue
-        if name not in item:
-            if name in schema["required"]:
-                errors.append(FieldError(f"{path}.{name}", MISSING, "is required"))
-            continue
-        rule = _string_rule(item[name], prop["pattern"], prop["maxLength"])
-        if rule:
-            errors.append(FieldError(f"{path}.{name}", item[name], rule))
-    return errors
-
-
-def _override_errors(spec: DDPJobSpec) -> list[FieldError]:
-    po, errors = spec.pod_overrides, []
-    for key in po.labels:
-        if key in RESERVED_LABELS:
-            errors.append(FieldError(f"spec.podOverrides.labels[{key!r}]", po.labels[key],
-                                     "may not be set: the operator selects its pods by this label"))
-    for i, vol in enumerate(po.volumes):
-        errors += _declared_errors(f"spec.podOverrides.volumes[{i}]", vol, VOLUME_SCHEMA)
-        if vol.get("name") in RESERVED_VOLUMES:
-            errors.append(FieldError(f"spec.podOverrides.volumes[{i}].name", vol.get("name"),
-                                     f"is used by the operator; pick a name other than {', '.join(RESERVED_VOLUMES)}"))
-    errors += _duplicates("spec.podOverrides.volumes", "name", [_key(v.get("name")) for v in po.volumes])
-    return errors + _mount_errors(spec) + _key_errors(spec) + _privilege_errors(po)
-
-
-def _privilege_errors(po: PodOverrides) -> list[FieldError]:
-    """What podOverrides may not change (docs/security.md): the host's privileges, the node's files,
-    and Kueue's admission labels. Twins of the CEL rules on ContainerSecurityContext, Capabilities,
-    VOLUME_SCHEMA and the labels and annotations maps."""
-    box, base = po.container_security_context, "spec.podOverrides.containerSecurityContext"
-    errors = [FieldError(f"spec.podOverrides.labels[{k!r}]", v, KUEUE_RULE)
-              for k, v in po.labels.items() if k in RESERVED_KUEUE_LABELS]
-    errors += [FieldError(f"spec.podOverrides.annotations[{k!r}]", v, KUEUE_RULE)
-               for k, v in po.annotations.items() if k in RESERVED_KUEUE_ANNOTATIONS]
-    if box.privileged:
-        errors.append(FieldError(f"{base}.privileged", True, PRIVILEGED_RULE))
-    if box.allow_privilege_escalation:
-        errors.append(FieldError(f"{base}.allowPrivilegeEscalation", True, ESCALATION_RULE))
-    added = (box.capabilities.add if box.capabilities else None) or []
-    errors += [FieldError(f"{base}.capabilities.add[{i}]", c, CAPABILITY_RULE)
-               for i, c in enumerate(added) if c not in SAFE_CAPABILITIES]
-    return errors + [FieldError(f"spec.podOverrides.volumes[{i}].hostPath", v["hostPath"], HOST_PATH_RULE)
-                     for i, v in enumerate(po.volumes) if "hostPath" in v]
-
-
-def _key(value: Any) -> Any:
-    """A list-map key value, hashable whatever the input (a broken entry is reported elsewhere)."""
-    return value if isinstance(value, (str, int, float, bool, type(None))) else json.dumps(value, default=str)
-
-
-def _operator_mounts(spec: DDPJobSpec) -> dict[str, str]:
-    """Volume name -> mount path of the operator's own mounts in the trainer container."""
-    mounts = {C.SHM_VOLUME: C.SHM_MOUNT_PATH}
-    if spec.snapshot:
-        mounts[C.SNAPSHOT_VOLUME] = spec.snapshot.mount_path
-    if spec.elastic_policy.rdzv_secret_name:
-        mounts[C.RDZV_SECRET_VOLUME] = C.RDZV_SECRET_MOUNT_PATH
-    return mounts
-
-
-def _mount_errors(spec: DDPJobSpec) -> list[FieldError]:
-    """Twins of MOUNT_SCHEMA and of the two volumeMounts rules in _spec_rules."""
-    po, ours, errors = spec.pod_overrides, _operator_mounts(spec), []
-    volumes = set(ours) | {v.get("name") for v in po.volumes if isinstance(v.get("name"), str)}
-    for i, mount in enumerate(po.volume_mounts):
-        path = f"spec.podOverrides.volumeMounts[{i}]"
-        broken = _declared_errors(path, mount, MOUNT_SCHEMA)
-        errors += broken
-        if broken:
-            continue
-        if mount["mountPath"] in ours.values():
-            errors.append(FieldError(f"{path}.mountPath", mount["mountPath"], MOUNTED_BY_OPERATOR))
-        if mount["name"] not in volumes:
-            errors.append(FieldError(f"{path}.name", mount["name"], UNKNOWN_VOLUME))
-    return errors + _duplicates("spec.podOverrides.volumeMounts", "mountPath",
-                                [_key(m.get("mountPath")) for m in po.volume_mounts])
-
-
-def qualified_name_problem(key: str) -> str | None:
-    """Why `key` is not a Kubernetes label or annotation key (apimachinery's IsQualifiedName)."""
-    prefix, slash, name = key.rpartition("/")
-    if (len(name) > 63 or not re.fullmatch(QUALIFIED_NAME, name)
-            or (slash and (len(prefix) > 253 or not re.fullmatch(DNS_SUBDOMAIN, prefix)))):
-        return ("must be a qualified name: at most 63 letters, digits, '-', '_' and '.', starting and "
-                "ending with a letter or digit, optionally after a DNS subdomain and '/' (example.com/team)")
-    return None
-
-
-ANNOTATIONS_LIMIT = 256 * 1024  # the API server's limit on an object's annotations, keys and values
-
-
-def _key_errors(spec: DDPJobSpec) -> list[FieldError]:
-    """Label, annotation and nodeSelector keys (the CRD checks only the values: see LabelValue)."""
-    maps = {"spec.podOverrides.labels": spec.pod_overrides.labels,
-            "spec.podOverrides.annotations": spec.pod_overrides.annotations,
-            "spec.scheduling.nodeSelector": spec.scheduling.node_selector}
-    errors = [FieldError(f"{path} key", key, qualified_name_problem(key))
-              for path, keys in maps.items() for key in keys if qualified_name_problem(key)]
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in spec.pod_overrides.annotations.items())
-    if size > ANNOTATIONS_LIMIT:
-        errors.append(FieldError("spec.podOverrides.annotations", f"{size} bytes", (
-            f"must total at most {ANNOTATIONS_LIMIT} bytes of keys and values (256 KiB, the API "
-            "server's limit on a pod's annotations)")))
-    return errors
-
-
-def _security_errors(po: PodOverrides) -> list[FieldError]:
-    """uid 0 with runAsNonRoot true (the default) never starts: the kubelet refuses the container
-    (CreateContainerConfigError) and the pod waits forever. A pod-level uid 0 needs a pod-level
-    runAsNonRoot: false, since the rendezvous store pod takes the pod level only."""
-    pod, box = po.security_context, po.container_security_context
-    if pod.run_as_user == 0 and pod.run_as_non_root is not False:
-        return [_root_error("securityContext")]
-    uid = pod.run_as_user if box.run_as_user is None else box.run_as_user
-    non_root = pod.run_as_non_root if box.run_as_non_root is None else box.run_as_non_root
-    return [_root_error("containerSecurityContext")] if uid == 0 and non_root is not False else []
-
-
-def _root_error(context: str) -> FieldError:
-    return FieldError(f"spec.podOverrides.{context}.runAsUser", 0,
-                      "is root, which runAsNonRoot: true (the default) forbids, so the kubelet would never "
-                      f"start the container: also set spec.podOverrides.{context}.runAsNonRoot: false")
-
-
-STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")  # besides hugepages-<size> and extended ones
-def _resource_errors(res: Resources) -> list[FieldError]:
-    """Resource names the kubelet knows, and each request within its limit (the API server
-    checks both only when it creates the pod; the CRD cannot compare quantities)."""
-    errors = []
-    for kind, values in (("limits", res.limits), ("requests", res.requests)):
-        errors += [FieldError(f"spec.resources.{kind} key", name, (
-            "must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource with a "
-            "domain such as nvidia.com/gpu")) for name in values if not _known_resource(name)]
-    for name, request in res.requests.items():
-        if name in res.limits and parse_quantity(request) > parse_quantity(res.limits[name]):
-            errors.append(FieldError(f"spec.resources.requests.{name}", request,
-                                     f"must be <= spec.resources.limits.{name} ({_show(res.limits[name])})"))
-    return errors
-
-
-def _known_resource(name: str) -> bool:
-    return (name in STANDARD_RESOURCES or name.startswith("hugepages-")
-            or ("/" in name and qualified_name_problem(name) is None))
-
-
-def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
-    return [_from_pydantic(err) for err in exc.errors()]
-
-
-def _loc_path(loc: tuple[Any, ...]) -> str:
-    return "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
-
-
-def _from_pydantic(err: Mapping[str, Any]) -> FieldError:
-    path = _loc_path(err["loc"])
-    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input", MISSING)
-    if kind == "missing":
-        return FieldError(path, MISSING, "is required")
-    if kind == "extra_forbidden":
-        return FieldError(path, value, unknown_field_rule(err["loc"]))
-    rules = {
-        "greater_than_equal": lambda: f"must be >= {ctx.get('ge')}",
-        "less_than_equal": lambda: f"must be <= {ctx.get('le')}",
-        "literal_error": lambda: f"must be one of {ctx.get('expected')}",
-        "string_too_short": lambda: "must not be empty",
-        "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
-        "too_short": lambda: f"must have at least {ctx.get('min_length')} entries",
-        "too_long": lambda: f"must have at most {ctx.get('max_length')} entries",
-        "string_pattern_mismatch": lambda: PATTERN_RULES.get(ctx.get("pattern"), f"must match {ctx.get('pattern')}"),
-        "value_error": lambda: str(ctx.get("error", err["msg"])),
-        "int_type": lambda: "must be an integer",
-        "string_type": lambda: "must be a string",
-        "bool_type": lambda: "must be true or false",
-        "list_type": lambda: "must be a list",
-        "dict_type": lambda: "must be a mapping (an object)",
-        "model_type": lambda: "must be a mapping (an object)",
-        "model_attributes_type": lambda: "must be a mapping (an object)",
-    }
-    rule = rules.get(kind, lambda: _lower_first(err["msg"]))()
-    return FieldError(path, value, rule)
-
-
-def unknown_field_rule(loc: tuple[Any, ...]) -> str:
-    """The rule for an unknown field at `loc`, with the closest field of that object when one is close."""
-    meant = meant_field(loc)
-    if meant:
-        return f"is not a field of this object: did you mean {meant!r}?"
-    return "is not a field of this object (check the spelling)"
-
-
-@functools.lru_cache(maxsize=256)  # asked twice per unknown field: for its message and for the rules it holds back
-def meant_field(loc: tuple[Any, ...]) -> str | None:
-    """The field of the same object an unknown field at `loc` most likely misspells (difflib), or None."""
-    known, word = _field_names(DDPJobSpec, loc[:-1]), str(loc[-1])
-    # difflib's ratio is at most 2*len(name)/(len(word)+len(name)): a word over 3 times the longest name
-    # cannot reach the 0.6 cutoff, and indexing a huge key (a hostile 1 MB one: 0.3 s) would be wasted
-    if not known or len(word) > 3 * max(map(len, known)):
-        return None
-    close = difflib.get_close_matches(word, known, n=1)
-    return close[0] if close else None
-
-
-def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The field names (as written in YAML) of the object at `loc` inside `model`; [] if unknown."""
-    for step in loc:
-        if isinstance(step, int):  # a list entry: the model was already unwrapped from list[...]
-            continue
-        field = next((f for name, f in model.model_fields.items() if step in (f.alias, name)), None)
-        inner = _model_in(field.annotation) if field else None
-        if inner is None:
-            return []
-        model = inner
-    return [f.alias or name for name, f in model.model_fields.items()]
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation such as `X | None` or `list[X]`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
-
-
-# --- Entry points ------------------------------------------------------------
-
-def validate_spec(body_spec: Mapping[str, Any] | None) -> list[FieldError]:
-    """All rule violations of a DDPJob `spec` (empty list: valid), in one list.
-
-    Field errors come first. The cross-field rules then run on what remains once the refused
-    fields are taken out (they fall back to their defaults), skipping each rule that reads a
-    refused field, so one run reports every error it can report truthfully.
-    """
-    return _checked_spec(body_spec)[0]
-
-
-# Stands in for a refused or missing spec.image while the other rules run; no rule reads it.
-_IMAGE_STAND_IN = "image.invalid/stand-in"
-_PRUNE_ROUNDS = 4  # a refused field's default is valid, so one round normally suffices
-
-
-def _checked_spec(body_spec: Any) -> tuple[list[FieldError], DDPJobSpec | None, tuple[str, ...]]:
-    """(every error, the spec the cross-field rules saw or None, the refused paths)."""
-    try:
-        collected: list[FieldError] = []
-        spec = DDPJobSpec.model_validate(body_spec or {}, context={"collect_errors": collected})
-        return collected, spec, ()
-    except ValidationError as exc:
-        field_errors, locs = _pydantic_errors(exc), [e["loc"] for e in exc.errors()]
-        # a misspelt field leaves the one it meant at its default: what the file wants there is unknown
-        meant = [loc[:-1] + (m,) for e, loc in zip(exc.errors(), locs)
-                 if e["type"] == "extra_forbidden" and (m := meant_field(loc))]
-    if not isinstance(body_spec, Mapping) or any(not loc for loc in locs):
-        return field_errors, None, ()
-    pruned, invalid = body_spec, tuple(_loc_path(loc) for loc in locs + meant)
-    for _ in range(_PRUNE_ROUNDS):
-        for loc in locs:
-            pruned = _pruned(pruned, loc)
-        pruned = {"image": _IMAGE_STAND_IN, **pruned}
-        try:
-            collected = []
-            spec = DDPJobSpec.model_validate(pruned, context={"collect_errors": collected, "invalid": invalid})
-            return field_errors + collected, spec, invalid
-        except ValidationError as exc:
-            locs = [e["loc"] for e in exc.errors()]
-            invalid += tuple(_loc_path(loc) for loc in locs)
-    return field_errors, None, invalid
-
-
-def _pruned(body: Mapping[str, Any], loc: tuple[Any, ...]) -> dict[str, Any]:
-    """`body` without the refused value at `loc`: the field holding it, or the whole list it is an entry of
-    (removing one entry would renumber the others, and their errors would name wrong paths). Copies only
-    the objects on the way down; the rest is shared, never changed."""
-    keys = loc[:next((i for i, step in enumerate(loc) if isinstance(step, int)), len(loc))]
-    copied, child = dict(body), body.get(keys[0]) if keys else None
-    if len(keys) > 1 and isinstance(child, Mapping) and keys[1] in child:
-        copied[keys[0]] = _pruned(child, keys[1:])
-    elif keys:
-        copied.pop(keys[0], None)  # absent (a missing field): nothing to take out
-    return copied
-
-
-def parse_spec(body_spec: Mapping[str, Any] | None) -> DDPJobSpec:
-    """Typed, defaulted spec.
-
-    Raises:
-        InvalidSpecError: carrying every FieldError.
-    """
-    errors = validate_spec(body_spec)
-    if errors:
-        raise InvalidSpecError(errors)
-    return DDPJobSpec.model_validate(body_spec or {})
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """Identity of a DDPJob object: what names, labels and ownerReferences need."""
-
-    name: str
-    namespace: str = "default"
-    uid: str = ""
-    generation: int = 0
-    created: str | None = None  # metadata.creationTimestamp: snapshots older than it are an earlier job's
-
-    @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> JobRef:
-        meta = body.get("metadata") or {}
-        return cls(name=meta.get("name", ""), namespace=meta.get("namespace") or "default",
-                   uid=meta.get("uid", ""), generation=int(meta.get("generation") or 0),
-                   created=meta.get("creationTimestamp"))
-
-
-def validate_job(body: Any) -> list[FieldError]:
-    """Every broken rule of a DDPJob object: its size and nesting, apiVersion, kind, metadata
-    (the job name) and spec. A document too large or too deep is reported alone: the other
-    rules would walk (or, for a YAML alias bomb, expand) all of it."""
-    if not isinstance(body, Mapping):
-        return [FieldError("DDPJob", body, "must be a mapping (an object) with apiVersion, kind, metadata and spec")]
-    shape = document_errors(body)
-    if shape:
-        return shape
-    errors = _identity_errors(body)
-    spec_errors, spec, invalid = _checked_spec(body.get("spec"))
-    if not any(e.path.startswith("metadata") for e in errors):
-        name = body["metadata"]["name"]
-        # With a refused replica field maxReplicas is unknown: 1 is the bound every job name must fit.
-        known = spec is not None and not any(_overlaps(f, bad) for f in REPLICA_FIELDS for bad in invalid)
-        problem = name_too_long(name, spec.max_replicas if known else 1)
-        if problem:
-            errors.append(FieldError("metadata.name", name, problem))
-    return errors + spec_errors
-
-
-def _identity_errors(body: Mapping[str, Any]) -> list[FieldError]:
-    """apiVersion and kind (the API server routes by them, so no schema of ours sees a wrong
-    one: kubectl says "no matches for kind") and metadata.name."""
-    errors = [FieldError(field, body.get(field, MISSING), f"must be {wanted}")
-              for field, wanted in (("apiVersion", C.API_VERSION), ("kind", C.KIND)) if body.get(field) != wanted]
-    meta = body.get("metadata")
-    meta = {} if meta is None else meta
-    if not isinstance(meta, Mapping):
-        return errors + [FieldError("metadata", meta, "must be a mapping (an object) with the job's name")]
-    name = meta.get("name", MISSING)
-    if name is MISSING:
-        return errors + [FieldError("metadata.name", MISSING, "is required")]
-    if not isinstance(name, str) or not re.match(JOB_NAME_PATTERN, name):
-        errors.append(FieldError("metadata.name", name, JOB_NAME_RULE))
-    return errors
-
-
-def document_errors(body: Any) -> list[FieldError]:
-    """Nesting deeper than MAX_DEPTH, or more than OBJECT_SIZE_LIMIT bytes as compact JSON.
-
-    One walk with an explicit stack: no recursion to overflow, and it stops at the first limit,
-    so a YAML alias cycle or an alias bomb (small text, huge expansion) costs no more than a
-    document of the limit's size.
-    """
-    size, stack = 0, [(body, ())]
-    while stack:
-        value, path = stack.pop()
-        if len(path) > MAX_DEPTH:
-            return [FieldError(_path_text(path[:6]) + "...", MISSING, (
-                f"is nested more than {MAX_DEPTH} levels deep: no DDPJob field is deeper than 12, so the "
-                "document is broken"))]
-        if isinstance(value, Mapping):
-            size += 2 + len(value) + max(len(value) - 1, 0)  # braces, colons and commas
-            size += sum(len(json.dumps(str(k), ensure_ascii=False).encode()) for k in value)
-            stack += [(v, path + (str(k),)) for k, v in value.items()]
-        elif isinstance(value, list):
-            size += 2 + max(len(value) - 1, 0)  # brackets and commas
-            stack += [(v, path + (i,)) for i, v in enumerate(value)]
-        else:
-            size += len(json.dumps(value, ensure_ascii=False, default=str).encode())
-        if size > OBJECT_SIZE_LIMIT:
-            return [FieldError("DDPJob", MISSING, (
-                f"is over {OBJECT_SIZE_LIMIT} bytes (1.5 MiB) as JSON, etcd's default request limit: the "
-                "API server cannot store it (keep large data in a ConfigMap, a volume or the image)"))]
-    return []
-
-
-def _path_text(path: tuple[Any, ...]) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(path))
-
-
-def parse_job(body: Mapping[str, Any]) -> tuple[JobRef, DDPJobSpec]:
-    """JobRef and typed spec of a DDPJob body.
-
-    Raises:
-        InvalidSpecError: carrying every FieldError of spec and metadata.
-    """
-    errors = validate_job(body)
-    if errors:
-        raise InvalidSpecError(errors)
-    return JobRef.from_body(body), DDPJobSpec.model_validate(body.get("spec") or {})
-
-
-
-# --- Status (the schema of .status; status.py computes it) ----------------------
-# Every string and list is bounded (constants "What a pod or the cluster can grow in the status"):
-# the API server refuses a longer one, and decide/bounds.py cuts the status to these same bounds
-# before it is written.
-
-Name = Annotated[str, Field(max_length=C.MAX_NAME_CHARS)]
-PodName = Annotated[str, Field(max_length=C.MAX_POD_NAME_CHARS)]
-Uid = Annotated[str, Field(max_length=C.MAX_UID_CHARS)]
-Word = Annotated[str, Field(max_length=C.MAX_WORD_CHARS)]
-Time = Annotated[str, Field(max_length=C.MAX_TIME_CHARS, json_schema_extra={"format": "date-time"})]
-
-class Condition(_Model):
-    """A Kubernetes-style condition."""
-
-    type: Word = Field(description=("Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, "
-                                   "NodesUnschedulable or PodCreateFailed."))
-    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
-    reason: Word = Field("", description="CamelCase reason of the last transition.")
-    message: str = Field("", max_length=C.MAX_CONDITION_MESSAGE_CHARS, description="Human-readable details.")
-    last_transition_time: Time | None = Field(None, description="When status last changed.")
-
-
-class LastSnapshot(_Model):
-    """The newest complete snapshot, from <snapshot dir>/progress.json."""
-
-    epoch: int | None = Field(None, description="Epoch of the snapshot.")
-    step: int | None = Field(None, description="Global optimizer step of the snapshot.")
-    time: Time | None = Field(None, description="When it was written.")
-    path: str | None = Field(None, max_length=C.MAX_SNAPSHOT_PATH_CHARS, description=(
-        "Where it is, inside the snapshot volume."))
-
-
-class TrainingProgress(_Model):
-    """Live training figures from the nodes' heartbeats (the progress endpoint; docs/hangs.md)."""
-
-    step: int | None = Field(None, description="The highest training step any node reported.")
-    step_seconds: float | None = Field(None, description="Median recent step time over the nodes.")
-    advanced_time: Time | None = Field(None, description=(
-        "When the operator saw the step advance (or this run start): the hang clock runs from here."))
-    run: Word | None = Field(None, description="Start time of the run polled (a new run restarts the hang clock).")
-    hang_timeout_seconds: float | None = Field(None, description="The hang timeout in force (0: off).")
-    slowest_node: Word | None = Field(None, description="Node index of the slowest node.")
-    slowdown: float | None = Field(None, description=(
-        "Step time of the group over what it would be if the slowest node kept pace with the median node."))
-    slow_since: Time | None = Field(None, description="Since when slowestNode has been over stragglerPolicy.threshold.")
-    reported_straggler: Word | None = Field(None, description=(
-        "The slow node last reported in a Straggler Event (one Event per slow spell)."))
-
-
-class InvalidProgressRecord(_Model):
-    """A refused progress record (status.invalidProgressRecords): the pod, the field, and when it was reported."""
-
-    pod: PodName | None = Field(None, description="Pod name.")
-    pod_uid: Uid | None = Field(None, alias="podUID", description="Pod uid.")
-    field: str | None = Field(None, max_length=C.MAX_RECORD_FIELD_CHARS, description=(
-        "The record's field that broke the contract, e.g. snapshot.step (an unknown key is cut short)."))
-    time: Time | None = Field(None, description=(
-        "When it was reported in a Warning Event (a pod's endpoint gets at most one a minute)."))
-
-
-class NodeFailure(_Model):
-    """One failed or disrupted node pod, explained (status.failures)."""
-
-    index: int | None = Field(None, description="Node index of the pod.")
-    pod: PodName | None = Field(None, description="Pod name.")
-    pod_uid: Uid | None = Field(None, alias="podUID", description="Pod uid (each pod is listed once).")
-    node: Name | None = Field(None, description=(
-        "The Kubernetes node the pod ran on (absent when it was never scheduled); see status.avoidedNodes."))
-    cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost", "Deleted",
-                   "ImagePull", "Hang", "Straggler", "PreflightFailed"] | None = Field(
-        None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
-                           "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
-                           "reason is in `reason`), Disrupted, NodeLost or Deleted (deleted by someone while it "
-                           "trained, without a DisruptionTarget; all three free), ImagePull, Hang (no step for "
-                           "failurePolicy.hangTimeoutSeconds: the group restarted, charged by the progress rule), "
-                           "Straggler (a slow node replaced under stragglerPolicy.action Replace; free), "
-                           "PreflightFailed (spec.preflight)."))
-    step: int | None = Field(None, description="Hang: the last training step reached.")
-    stalled_nodes: list[Word] = Field(default_factory=list, max_length=C.MAX_STALLED_NODES, description=(
-        "Hang: the node indexes whose progress stopped first (every node when all stopped together; "
-        f"at most {C.MAX_STALLED_NODES})."))
-    exit_code: int | None = Field(None, description="Exit code of torchrun, when it ran.")
-    reason: Word | None = Field(None, description=(
-        "The most specific reason: the DisruptionTarget condition's, the pod's or the container's."))
-    message: str | None = Field(None, max_length=C.MAX_FAILURE_MESSAGE_CHARS, description=(
-        "The trainer's error from its progress record, else the end of its log when "
-        "failurePolicy.includeLogTail is true, shortened."))
-    time: Time | None = Field(None, description="When the container finished (or the failure was seen).")
-
-
-class AvoidedNode(_Model):
-    """A node the job's new pods keep off (status.avoidedNodes, docs/cluster.md)."""
-
-    node: Name | None = Field(None, description="The Kubernetes node's name (its kubernetes.io/hostname label).")
-    cause: Word | None = Field(None, description=(
-        "NodeLost or Straggler (one failure), RepeatedFailures (two pods on it exited with Error or "
-        "OOMKilled while no other node failed)."))
-    since: Time | None = Field(None, description="When the failure that put it here happened.")
-
-
-class SnapshotMark(_Model):
-    """The snapshot the restart budget compares with."""
-
-    step: int | None = Field(None, description="Global step of status.lastSnapshot at the last failure incident.")
-    time: Time | None = Field(None, description="Its completion time.")
-
-
-class LastResume(_Model):
-    """The newest run of the trainer the operator heard of."""
-
-    time: Time | None = Field(None, description="When its workers started.")
-    first_step_time: Time | None = Field(None, description="When it completed its first optimizer step.")
-    from_step: int | None = Field(None, description="The snapshot step it resumed from; null: from scratch.")
-
-
-class Recovery(_Model):
-    """Figures from the trainer's progress records (polled from running pods and read when a container exits)."""
-
-    last_recovery_seconds: float | None = Field(None, description=(
-        "Time to recover from the latest failure incident: lastFailureTime to the first step after it."))
-    recovered_failure_time: Time | None = Field(None, description="The incident lastRecoverySeconds is about.")
-    lost_seconds: float | None = Field(None, description=(
-        "Training time lost so far to restarts (failures and membership changes): for each run after the "
-        "first, from the snapshot it resumed from (or the job's start) to its first step. Runs not reported "
-        "yet are missing until a container exits."))
-    startup_seconds: float | None = Field(None, description=(
-        "Start-up of the job's first run: from the job's start to its first step; not counted in lostSeconds."))
-    resumed_from_earlier_job: LastResume | None = Field(None, description=(
-        "Set once when the job's first run resumed from a snapshot written before the job was created: "
-        "an earlier job's, left on the same snapshot volume (a ResumedFromEarlierJob Event says so). "
-        "time is that snapshot's completion time."))
-    last_resume: LastResume | None = Field(None, description="The newest run seen.")
-    accounted_restarts: int | None = Field(None, description="Incidents already judged for progress (bookkeeping).")
-    snapshot_at_last_failure: SnapshotMark | None = Field(None, description=(
-        "status.lastSnapshot when the last incident was judged; a newer one means progress."))
-
-
-class WorkerRestarts(_Model):
-    """One node pod's torchrun restart count (status.workerRestartsByPod)."""
-
-    pod: PodName | None = Field(None, description="Pod name.")
-    pod_uid: Uid | None = Field(None, alias="podUID", description="Pod uid.")
-    count: int | None = Field(None, description="TORCHELASTIC_RESTART_COUNT of its newest run of the workers.")
-
-
-class Finishing(_Model):
-    """The end of training (status.finishing): a node pod exited 0 while others still ran."""
-
-    since: Time | None = Field(None, description="When the first node pod exited 0.")
-    stopped: int | None = Field(None, description=(
-        "Node pods still running 15 s after that, stopped by the operator (they would wait in "
-        "torchrun's exit barrier)."))
-
-
-class LastValid(_Model):
-    """The newest valid spec (status.lastValid): what a job runs with after an invalid edit."""
-
-    generation: int | None = Field(None, description="metadata.generation of that spec.")
-    spec: KubeObject = Field(default_factory=dict, description=(
-        "The spec as it was then; not kept when its JSON is over 64 KiB."))
-
-
-class DDPJobStatus(_Model):
-    """Observed state of a DDPJob, written by the operator."""
-
-    phase: Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"] | None = Field(
-        None, description="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
-    conditions: list[Condition] = Field(default_factory=list, max_length=C.MAX_CONDITIONS,
-                                        description="Current conditions.")
-    replicas: int | None = Field(None, description="Node pods that exist and have not finished.")
-    ready_replicas: int | None = Field(None, description="Node pods that are running and Ready.")
-    ready: Word | None = Field(None, description="readyReplicas/spec.replicas, for kubectl get.")
-    replica_range: Word | None = Field(None, description=(
-        "spec.elasticPolicy minReplicas:maxReplicas, for kubectl get -o wide."))
-    selector: str | None = Field(None, max_length=C.MAX_SELECTOR_CHARS, description=(
-        "Label selector of the node pods (scale subresource)."))
-    restarts: int | None = Field(None, description="Failure incidents recovered from (failurePolicy budget).")
-    last_failure_time: Time | None = Field(None, description="Start of the latest failure incident.")
-    handled_failures: list[Uid] = Field(default_factory=list, max_length=C.MAX_HANDLED_FAILURES, description=(
-        "uids of failed pods already counted, so each failure is counted once."))
-    last_snapshot: LastSnapshot | None = Field(None, description="The newest complete snapshot.")
-    start_time: Time | None = Field(None, description="When the job (last) started.")
-    completion_time: Time | None = Field(None, description="When the job finished.")
-    observed_generation: int | None = Field(None, description="metadata.generation this status describes.")
-    rendezvous_generation: int | None = Field(None, description=(
-        "Whole-group restarts so far (losing the c10d store restarts every node); part of the "
-        "rendezvous id (PET_RDZV_ID = <uid>-<generation> once it is above 0) and of the pods' "
-        "ddpjob.io/rdzv-generation label, so an old rendezvous is never joined."))
-    desired_replicas: int | None = Field(None, description="spec.replicas: node pods wanted.")
-    scheduled_replicas: int | None = Field(None, description=(
-        "Node pods of the current rendezvous generation bound to a Kubernetes node."))
-    running_replicas: int | None = Field(None, description=(
-        "Node pods of the current rendezvous generation whose phase is Running."))
-    rendezvous_replicas: int | None = Field(None, description=(
-        "Node pods of the current rendezvous generation that are Ready: the operator's estimate of "
-        "the nodes in the rendezvous (it does not read the rendezvous store itself)."))
-    unschedulable: list[Annotated[str, Field(max_length=C.MAX_UNSCHEDULABLE_CHARS)]] = Field(
-        default_factory=list, max_length=C.MAX_UNSCHEDULABLE, description=(
-            "Node pods the scheduler has not placed, each as '<pod>: <scheduler reason>: <message>' "
-            f"(at most {C.MAX_UNSCHEDULABLE})."))
-    restarts_with_progress: int | None = Field(None, description=(
-        "Of status.restarts, incidents after which a newer snapshot was complete: not charged to "
-        "failurePolicy.maxRestarts (which limits restarts - restartsWithProgress)."))
-    restarts_without_progress: int | None = Field(None, description=(
-        "Failure incidents in a row with no newer snapshot (failurePolicy.maxRestartsWithoutProgress)."))
-    failures: list[NodeFailure] = Field(default_factory=list, max_length=C.MAX_FAILURES_KEPT, description=(
-        f"The newest failed or disrupted node pods (at most {C.MAX_FAILURES_KEPT}), oldest first."))
-    recovery: Recovery | None = Field(None, description="Time to recover, time lost, and budget bookkeeping.")
-    progress: TrainingProgress | None = Field(None, description=(
-        "Live step, step time and the slowest node, from the trainers' heartbeats."))
-    avoided_nodes: list[AvoidedNode] = Field(default_factory=list, max_length=C.MAX_AVOIDED_NODES, description=(
-        "Nodes that lost a pod to a node-caused failure: every node pod created afterwards carries a "
-        f"required node anti-affinity to them, for the rest of the job; at most {C.MAX_AVOIDED_NODES}, oldest "
-        "dropped first."))
-    invalid_progress_records: list[InvalidProgressRecord] = Field(
-        default_factory=list, max_length=C.MAX_RECORD_PROBLEMS_KEPT, description=(
-            "Progress records the contract refused, one per pod and field, each reported once in an "
-            "InvalidProgressRecord Warning Event; a pod's progress endpoint gets at most one a minute, a "
-            "refusal past that is reported once the minute is over if still there. At most "
-            f"{C.MAX_RECORD_PROBLEMS_KEPT}, newest kept, dropped with their pod."))
-    worker_restarts: int | None = Field(None, description=(
-        "torchrun's restarts of the workers inside node pods (elasticPolicy.maxRestarts: a worker failed, "
-        "or a node joined or left), from the trainer's records; each counted once."))
-    worker_restarts_by_pod: list[WorkerRestarts] = Field(default_factory=list, max_length=C.MAX_WORKER_RESTARTS_BY_POD,
-                                                         description=(
-        "The newest torchrun restart count of each observed node pod (bookkeeping of workerRestarts)."))
-    finishing: Finishing | None = Field(None, description=(
-        "The wait for node pods after training finished, and how many were stopped."))
-    last_valid: LastValid | None = Field(None, description=(
-        "The newest valid spec. After an edit the operator cannot accept (condition InvalidSpec) "
-        "the job goes on with it: failed pods are replaced from it and its deadline holds."))

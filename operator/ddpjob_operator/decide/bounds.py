@@ -2,7 +2,7 @@
 
 Pods answer the progress poll, write termination messages and fail with messages; the scheduler,
 the kubelet and the API server add reasons and messages of their own. Each list and string of
-the status that they can grow has a maxItems or maxLength in the status schema (api/spec.py,
+the status that they can grow has a maxItems or maxLength in the status schema (api/status.py,
 from the constants "What a pod or the cluster can grow in the status"), so the API server
 refuses a status past it. The policies keep their own, smaller bounds where they choose what to
 keep (failures, avoidedNodes, invalidProgressRecords); :func:`bounded` is the last word, read

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import FieldError, validate_job
+from ddpjob_operator.api.validation import FieldError, validate_job
 from ddpjob_operator.decide.actions import Event
 
 # Creates per pass. Like the ReplicaSet controller's burstReplicas, a cap keeps one pass's

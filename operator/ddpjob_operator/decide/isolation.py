@@ -27,7 +27,8 @@ from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import network_policy_name
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.decide.actions import Action, CreateNetworkPolicy, CreatePod, Event, PatchNetworkPolicy, Requeue
 from ddpjob_operator.decide.conditions import condition_of, set_condition
 from ddpjob_operator.decide.observed import ObservedPolicy

@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
-from ddpjob_operator.api.spec import DDPJobSpec, FieldError, validate_spec
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.validation import FieldError, validate_spec
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.bounds import cut
 from ddpjob_operator.decide.conditions import condition_of, set_condition

@@ -15,7 +15,8 @@ from __future__ import annotations
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.actions import Action, CreatePod, CreateService, DeletePod
 from ddpjob_operator.decide.observed import ObservedEtcd
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.render import objects as wanted
 
 

@@ -34,7 +34,8 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time, seconds_between
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.api.names import disruption_budget_name
 from ddpjob_operator.decide import avoided_nodes, capacity, creation, phases, straggler, topology
 from ddpjob_operator.decide.actions import (

@@ -13,7 +13,9 @@ from typing import Any, Mapping
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.api.clock import format_time
-from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.validation import FieldError
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
 from ddpjob_operator.decide import bounds, isolation, last_valid, phases, rendezvous_keys
 from ddpjob_operator.decide.creation import CreateFailure, job_errors

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef, validate_job
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.validation import validate_job
 from ddpjob_operator.decide import phases
 from ddpjob_operator.decide.actions import DeleteRendezvousKeys
 from ddpjob_operator.decide.observed import PodView

@@ -25,7 +25,10 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
-from ddpjob_operator.api.spec import DDPJobSpec, FieldError, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.status import STATUS_FIELDS
+from ddpjob_operator.api.validation import FieldError
 from ddpjob_operator.decide import avoided_nodes, capacity, creation, progress, topology
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.bounds import cut
@@ -521,16 +524,8 @@ def _changed(prev: Mapping[str, Any], verdict: _Verdict, invalid: bool) -> bool:
     return False
 
 
-_ORDER = ("phase", "conditions", "replicas", "readyReplicas", "ready", "replicaRange", "selector", "restarts",
-          "restartsWithProgress", "restartsWithoutProgress", "lastFailureTime", "handledFailures",
-          "failures", "recovery", "lastSnapshot", "startTime", "completionTime",
-          "observedGeneration", "rendezvousGeneration", "desiredReplicas", "scheduledReplicas",
-          "runningReplicas", "rendezvousReplicas", "unschedulable", "progress", "invalidProgressRecords",
-          "avoidedNodes", "finishing", "workerRestarts", "workerRestartsByPod")
-
-
 def _ordered(status: dict[str, Any]) -> dict[str, Any]:
-    """Known keys in a fixed order; unset (None) keys are left out, so a status read back
+    """The status model's keys in its order; unset (None) keys are left out, so a status read back
     from the API compares equal to a recomputed one (the writer nulls keys that vanished)."""
-    return {k: status[k] for k in _ORDER if status.get(k) is not None}
+    return {k: status[k] for k in STATUS_FIELDS if status.get(k) is not None}
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 
 
 def common_labels(job: str) -> dict[str, str]:

@@ -23,7 +23,8 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import managed_etcd_name
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.render.kueue import companion_queue_labels
 from ddpjob_operator.render.common import (
     borrowed_scheduling, companion_pod, companion_service, restricted_container, restricted_pod_security,

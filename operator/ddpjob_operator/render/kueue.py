@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 
 
 def kueue_metadata(ref: JobRef, spec: DDPJobSpec) -> tuple[dict[str, str], dict[str, str]]:

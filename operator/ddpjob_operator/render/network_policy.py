@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import network_policy_name
-from ddpjob_operator.api.spec import JobRef
+from ddpjob_operator.api.job_ref import JobRef
 from ddpjob_operator.render.common import common_labels, companion_metadata, selector_labels
 
 # Set by the API server on every namespace (Kubernetes >= 1.21): selects a namespace by name.

@@ -15,7 +15,8 @@ from ddpjob_operator.render.preflight import preflight_container
 from ddpjob_operator.api.names import (
     c10d_host, managed_etcd_host, pod_hostname, pod_name, rdzv_store_host, service_name
 )
-from ddpjob_operator.api.spec import ETCD_BACKENDS, DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import ETCD_BACKENDS, DDPJobSpec
 from ddpjob_operator.api.quantity import GI, MI, format_bytes, parse_quantity
 from ddpjob_operator.render.common import (
     common_labels, owner_reference, pod_labels, selector_labels, service_account, trainer_container_security,

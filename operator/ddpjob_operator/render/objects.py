@@ -17,7 +17,8 @@ from typing import Any, Callable, Collection, Sequence
 
 from ddpjob_operator.api.names import disruption_budget_name, managed_etcd_name, network_policy_name, pod_name
 from ddpjob_operator.api.names import rdzv_store_name, service_name
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.render.etcd_pod import render_etcd_pod, render_etcd_service
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_operator.render.node_pod import render_pod, render_service

@@ -35,7 +35,8 @@ from typing import Any
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import disruption_budget_name
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.render.common import common_labels, companion_metadata
 
 BUDGETED_COMPONENTS = (C.COMPONENT_NODE, C.COMPONENT_RDZV_STORE)  # the pods the budget selects

@@ -21,7 +21,8 @@ from ddpjob_operator.render.common import (
     borrowed_scheduling, common_labels, companion_pod, companion_service, restricted_container, service_account,
     trainer_pod_security,
 )
-from ddpjob_operator.api.spec import DDPJobSpec, JobRef
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
 
 # Enough for a TCPStore holding a few hundred rendezvous keys; torch's import dominates.
 STORE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}

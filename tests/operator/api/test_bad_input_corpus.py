@@ -22,7 +22,7 @@ import pytest
 from ddpjob_operator import cli
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api import crd
-from ddpjob_operator.api.spec import validate_job
+from ddpjob_operator.api.validation import validate_job
 from ddpjob_operator.decide.observed import Observed
 from ddpjob_operator.decide.reconcile import reconcile
 from tests.charts.support import strict_json_schema

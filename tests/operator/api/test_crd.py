@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from ddpjob_operator.api import crd
-from ddpjob_operator.api.spec import validate_spec
+from ddpjob_operator.api.validation import validate_spec
 from ddpjob_sandbox.jobs import make_spec
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from ddpjob_operator.api import crd
-from ddpjob_operator.api.spec import MAX_REPLICAS, _replica_range, cel_int_text, parse_spec, validate_spec
+from ddpjob_operator.api.spec import MAX_REPLICAS, _replica_range, cel_int_text
+from ddpjob_operator.api.validation import parse_spec, validate_spec
 from ddpjob_sandbox.jobs import make_ddpjob, make_spec
 from tests.operator.corpus_cases import load_corpus
 from tests.operator.api.test_crd import without_nulls

@@ -9,6 +9,7 @@ from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api import crd
+from ddpjob_operator.api.status import STATUS_FIELDS
 from ddpjob_operator.decide import failure, last_valid
 
 STATUS = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
@@ -26,6 +27,11 @@ def walk(node, path="status"):
 
 def at(path: str) -> dict:
     return dict(walk(STATUS))[path]
+
+
+def test_the_status_field_list_is_the_schemas_status_properties_in_order():
+    """STATUS_FIELDS is read off the model, so the keys decide/ writes are the keys the API server keeps."""
+    assert STATUS_FIELDS == tuple(STATUS["properties"]) and "workerRestartsByPod" in STATUS_FIELDS
 
 
 def test_every_string_and_list_of_the_status_has_a_bound():

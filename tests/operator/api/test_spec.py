@@ -10,9 +10,11 @@ import copy
 
 import pytest
 
-from ddpjob_operator.api.spec import (
-    MAX_DEPTH, OBJECT_SIZE_LIMIT, DDPJobSpec, FieldError, InvalidSpecError, JobRef, document_errors, parse_job,
-    parse_spec, validate_job, validate_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.validation import (
+    MAX_DEPTH, OBJECT_SIZE_LIMIT, FieldError, InvalidSpecError, document_errors, parse_job, parse_spec, validate_job,
+    validate_spec
 )
 from ddpjob_sandbox.jobs import make_ddpjob, make_spec
 
@@ -139,7 +141,7 @@ def test_parse_spec_raises_an_error_carrying_every_field_error():
 
 def test_field_error_message_without_a_value_omits_the_parentheses():
     assert FieldError("spec.image", object(), "x").message.startswith("spec.image (")
-    from ddpjob_operator.api.spec import MISSING
+    from ddpjob_operator.api.validation import MISSING
     assert FieldError("spec.image", MISSING, "is required").message == "spec.image is required"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.controller import metrics
 from ddpjob_operator.decide.budget import budget_limit_passed, budget_use, ledger_of
 from ddpjob_sandbox.jobs import make_ddpjob

@@ -6,7 +6,7 @@ node affinity has kubernetes.io/hostname NotIn the avoided nodes.
 from __future__ import annotations
 
 from ddpjob_operator.api.clock import format_time
-from ddpjob_operator.api.spec import DDPJobStatus
+from ddpjob_operator.api.status import DDPJobStatus
 from ddpjob_operator.decide import avoided_nodes
 from ddpjob_operator.decide.actions import CreatePod
 from ddpjob_operator.decide.reconcile import reconcile

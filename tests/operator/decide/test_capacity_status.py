@@ -12,7 +12,7 @@ from ddpjob_operator.render.kueue import kueue_metadata
 from ddpjob_operator.decide.actions import CreatePod, Requeue
 from ddpjob_operator.render.store_pod import render_store_pod
 from ddpjob_operator.render.node_pod import render_pod
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from tests.operator.builders import T0, at, job_ref
 from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator import topology_builders

@@ -1,7 +1,7 @@
 """Plan: the job's PodDisruptionBudget is created, patched on scale and deleted when turned off (through reconcile)."""
 from __future__ import annotations
 
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.decide.actions import CreateDisruptionBudget, DeleteDisruptionBudget, PatchDisruptionBudget
 from ddpjob_operator.decide.observed import ObservedBudget
 from ddpjob_operator.decide.reconcile import reconcile

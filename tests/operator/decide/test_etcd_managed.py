@@ -11,7 +11,7 @@ from ddpjob_operator.render.etcd_pod import etcd_selector, render_etcd_pod, rend
 from ddpjob_operator.decide.actions import CreatePod, CreateService, DeletePod
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.render.common import selector
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from tests.operator.builders import job_ref
 from ddpjob_sandbox.jobs import make_ddpjob
 

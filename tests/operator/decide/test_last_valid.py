@@ -5,7 +5,7 @@ InvalidSpec says what is wrong (pure, through reconcile)."""
 from __future__ import annotations
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.decide import last_valid
 from ddpjob_operator.decide.actions import CreatePod, DeletePod, Event
 from ddpjob_operator.decide.reconcile import Reconciliation, reconcile

@@ -9,7 +9,7 @@ from ddpjob_operator.decide.plan import plan_actions
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 from ddpjob_operator.decide.reconcile import reconcile
 from ddpjob_operator.render.node_pod import render_pod, render_service
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from tests.operator.builders import at, job_ref, make_pod, observe, running_pods
 from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator.topology_builders import store, with_store

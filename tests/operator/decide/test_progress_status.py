@@ -11,7 +11,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.decide.actions import Requeue
 from ddpjob_operator.decide.reconcile import reconcile
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.decide.budget import replacement_delay
 from tests.operator.builders import at, make_pod, observe, running_pods
 from ddpjob_sandbox.jobs import make_ddpjob

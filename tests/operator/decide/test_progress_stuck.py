@@ -5,7 +5,7 @@ import pytest
 
 from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.decide.actions import DeletePod, Requeue
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.decide.observed import view_pod
 from ddpjob_operator.decide.stuck import nodes_to_read, stuck_pods, with_force_deletions
 from tests.operator.builders import at, make_pod

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import parse_spec, validate_spec
+from ddpjob_operator.api.status import STATUS_FIELDS
+from ddpjob_operator.api.validation import parse_spec, validate_spec
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.status import StatusUpdate, compute_status, set_condition
 from tests.operator.builders import T0, at, job_ref, make_pod, observe, running_pods
@@ -200,6 +201,15 @@ def test_an_invalid_spec_sets_invalid_spec_once_and_clears_it_when_fixed():
     fixed = step(job, [], 10)
     assert fixed.status["phase"] == "Pending"
     assert condition(fixed.status, "InvalidSpec")["status"] == "False"
+
+
+def test_the_status_holds_the_status_models_fields_in_its_order():
+    job = make_ddpjob(replicas=2, status={"lastSnapshot": {"epoch": 3, "step": 120, "time": "2026-01-01T11:00:00Z"},
+                                          "notAStatusField": 1})
+    step(job, running_pods(job), 0)
+    status = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=1, finished_at=at(20))], 21).status
+    assert list(status) == [key for key in STATUS_FIELDS if key in status]
+    assert {"restarts", "failures", "lastSnapshot", "readyReplicas"} <= set(status) and "notAStatusField" not in status
 
 
 def test_last_snapshot_is_kept_from_the_previous_status():

@@ -16,7 +16,7 @@ import pytest
 from ddpjob_rdzv import progress_record
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import DDPJobStatus
+from ddpjob_operator.api.status import DDPJobStatus
 from ddpjob_operator.decide import bounds
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.observed import RecordProblem, view_pod

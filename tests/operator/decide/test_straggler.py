@@ -7,7 +7,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time
-from ddpjob_operator.api.spec import validate_spec
+from ddpjob_operator.api.validation import validate_spec
 from ddpjob_operator.decide import straggler
 from ddpjob_operator.decide.actions import DeletePod
 from ddpjob_operator.decide.observed import liveness_of

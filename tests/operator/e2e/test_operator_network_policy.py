@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import JobRef
+from ddpjob_operator.api.job_ref import JobRef
 from ddpjob_operator.render.network_policy import OperatorPeer, render_network_policy
 from ddpjob_sandbox.jobs import make_manifest
 from ddpjob_sandbox.readers import pod_names

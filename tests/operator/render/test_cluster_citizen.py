@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.api.spec import parse_spec, validate_job
+from ddpjob_operator.api.validation import parse_spec, validate_job
 from ddpjob_operator.render.node_pod import avoiding_nodes, render_pod
 from ddpjob_operator.render.pdb import render_disruption_budget
 from ddpjob_sandbox.jobs import make_ddpjob

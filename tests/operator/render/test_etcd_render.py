@@ -10,7 +10,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.node_pod import render_pod
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_rdzv.settings import settings_from_conf
 from tests.operator.builders import job_ref
 from ddpjob_sandbox.jobs import make_ddpjob

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.api.spec import InvalidSpecError, JobRef, parse_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.validation import InvalidSpecError, parse_spec
 from ddpjob_operator.render.launch import shutdown_timeout
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_sandbox.jobs import make_spec

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.controller import main
 from ddpjob_operator.decide.actions import CreateNetworkPolicy
 from ddpjob_operator.decide.observed import Observed, ObservedPolicy

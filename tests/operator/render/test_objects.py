@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.decide.actions import CreateDisruptionBudget, CreateNetworkPolicy, CreatePod, CreateService
 from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, ObservedPolicy
 from ddpjob_operator.decide.reconcile import reconcile

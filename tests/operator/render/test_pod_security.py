@@ -15,7 +15,8 @@ from collections.abc import Callable
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import JobRef, parse_spec, validate_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.validation import parse_spec, validate_spec
 from ddpjob_operator.render.etcd_pod import render_etcd_pod
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.render.store_pod import render_store_pod

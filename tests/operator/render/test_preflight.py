@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.render.preflight import SCRIPT
 from ddpjob_sandbox.jobs import make_ddpjob

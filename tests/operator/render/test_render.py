@@ -12,7 +12,8 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.node_pod import render_pod, render_service
 from ddpjob_operator.render.common import selector
 from ddpjob_operator.render.store_pod import render_store_pod
-from ddpjob_operator.api.spec import JobRef, parse_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_sandbox.jobs import make_spec
 
 GOLDEN = Path(__file__).parents[1] / "golden"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.render.launch import UnsupportedLocalEnvError, launch_plan, merged_env, rdzv_conf
-from ddpjob_operator.api.spec import InvalidSpecError, JobRef, RdzvTimeouts, parse_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.spec import RdzvTimeouts
+from ddpjob_operator.api.validation import InvalidSpecError, parse_spec
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_trainer.env import snapshot_on_unreadable
 from ddpjob_sandbox.jobs import make_spec

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.spec import JobRef, parse_spec
+from ddpjob_operator.api.job_ref import JobRef
+from ddpjob_operator.api.validation import parse_spec
 from ddpjob_operator.render.launch import working_dir
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_sandbox.jobs import make_spec

@@ -10,7 +10,7 @@ from ddpjob_operator.render.launch import rdzv_id
 from ddpjob_operator.decide.observed import view_pod
 from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
 from ddpjob_operator.render.node_pod import render_pod
-from ddpjob_operator.api.spec import parse_spec
+from ddpjob_operator.api.validation import parse_spec
 from tests.operator.builders import job_ref
 from ddpjob_sandbox.jobs import make_ddpjob
 from tests.operator.topology_builders import STORE_POD, env_of
