@@ -26,6 +26,7 @@ packages), never tests/:
     client            KubeClient over HTTP, and kubectl, as any API client
     emulator/         the Kubernetes API server (kmock's emulator plus the API conventions)
     pod_status        what a kubelet reports: running / terminated / waiting bodies, conditions
+    images            container images as local Python environments (one with torch and no ddpjob)
     jobs              the one DDPJob builder: make_spec, make_ddpjob (stored), make_manifest (applied)
     procs             processes: new-session start, marker-based /proc scan (ddpjob run's own),
                       group kill, who listens on a port

@@ -163,7 +163,6 @@ EVENT_WARNING = "Warning"  # something needs a person's attention
 LABEL_RDZV_GENERATION = f"{GROUP}/rdzv-generation"  # status.rendezvousGeneration a node pod was made for
 COMPONENT_RDZV_STORE = "rdzv-store"  # value of LABEL_COMPONENT on the dedicated c10d store pod and Service
 RDZV_STORE_CONTAINER = "store"  # the one container of the store pod
-RDZV_STORE_MODULE = "ddpjob_trainer.store_server"  # python -m entry point of the store (trainer image; rdzv_store is its old name)
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue: the LocalQueue that admits the pod
 LABEL_KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"  # Kueue: pods admitted as one workload
 ANNOTATION_KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"  # Kueue: pods in that workload
