@@ -9,7 +9,8 @@ both run in that environment, and the job trains to Succeeded through the store 
 
 What needs ddpjob-trainer in the image is off here, as it is by default (fastRestart); the
 progress the trainer would serve is missing, which the status shows as no lastSnapshot, with no
-Warning about it.
+Warning about it. Turned on in such an image, fastRestart fails the job at once, saying what is
+missing and how to fix it (decide.failure.trainer_missing).
 """
 from __future__ import annotations
 
@@ -70,3 +71,20 @@ def test_a_plain_torch_image_runs_a_plain_script_to_success_through_the_store_po
     assert status.get("restarts", 0) == 0 and "lastSnapshot" not in status, status
     warnings = [(reason, message) for kind, reason, message in events(k8s, "plain") if kind == C.EVENT_WARNING]
     assert warnings == [], warnings
+
+
+def test_fast_restart_in_a_plain_image_fails_the_job_at_once_naming_what_is_missing(
+        k8s, operator, plain_image_node, tmp_path):
+    """fastRestart runs torchrun with ddpjob-trainer's ddpjob-c10d backend, which a plain image lacks:
+    the job fails on the first node failure with the fix, not after spending its restart budget."""
+    body = plain_script_job(free_port())
+    body["spec"]["elasticPolicy"]["fastRestart"] = True
+    kubectl_apply(k8s, body, tmp_path)
+
+    status = k8s.wait_for(lambda: (s := k8s.get("ddpjobs", "plain").get("status", {})).get("phase") == C.PHASE_FAILED
+                          and s, timeout=START_TIMEOUT, what="the job Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == C.COND_FAILED)
+    assert failed["reason"] == C.REASON_TRAINER_NOT_IN_IMAGE
+    assert "rendezvous backend 'ddpjob-c10d' is not registered" in failed["message"]
+    assert "install it in the image (pip install ddpjob-trainer)" in failed["message"]
+    assert status.get("restarts", 0) == 0 and status["failures"][0]["cause"] == C.CAUSE_TRAINER_NOT_IN_IMAGE
