@@ -8,9 +8,10 @@ The store is `python -c <program>`, the text of ddpjob_rdzv/store_program.py (st
 and torch only): the image needs Python and torch, not ddpjob-trainer, so a plain PyTorch image
 runs a c10d job on the default topology. Inline rather than a ConfigMap (another object per job,
 RBAC on ConfigMaps, a volume) or an image of ours (a second image to mirror and keep at the
-agents' torch version); it is about 3.6 KB, bounded by STORE_PROGRAM_MAX_BYTES. Losing any training node then replaces only
-that node; losing the store loses the rendezvous state, which topology.py turns into a
-whole-group restart under a new rendezvous id.
+agents' torch version); it is about 3.6 KB, bounded by STORE_PROGRAM_MAX_BYTES.
+
+Losing any training node then replaces only that node; losing the store loses the rendezvous
+state, which topology.py turns into a whole-group restart under a new rendezvous id.
 
 Pure: the pod and Service come back as dicts for kube.py to create.
 """
@@ -73,9 +74,9 @@ def render_store_pod(ref: JobRef, spec: DDPJobSpec) -> dict[str, Any]:
         # the container starts (importing torch takes seconds).
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
         "resources": STORE_RESOURCES,
-        # The store writes nothing (`python -c` compiles in memory; the program's own module ran
-        # on a read-only root: a client set and read a key). The trainer's
-        # containerSecurityContext is not applied: the store needs none of it.
+        # The store writes nothing: `python -c` compiles in memory, and the same store code (as
+        # `python -m ddpjob_trainer.rdzv_store`) was tested on a read-only root (a client set and
+        # read a key). The trainer's containerSecurityContext is not applied: the store needs none of it.
         "securityContext": {**restricted_container(), "readOnlyRootFilesystem": True},
     }
     labels = {**store_labels(ref.name), **companion_queue_labels(spec)}  # in the job's Kueue quota
