@@ -69,7 +69,11 @@ def test_a_plain_torch_image_runs_a_plain_script_to_success_through_the_store_po
     assert "ddpjob rendezvous store listening on 0.0.0.0" in store.log()
     status = k8s.get("ddpjobs", "plain")["status"]
     assert status.get("restarts", 0) == 0 and "lastSnapshot" not in status, status
-    warnings = [(reason, message) for kind, reason, message in events(k8s, "plain") if kind == C.EVENT_WARNING]
+    # Every sandbox pod is 127.0.0.1 and serves progress on one port (29410): a trainer of another
+    # test on this machine may answer the poll, and the operator refuses its record (another job's uid).
+    foreign = "the record of another job or pod"
+    warnings = [(reason, message) for kind, reason, message in events(k8s, "plain")
+                if kind == C.EVENT_WARNING and not (reason == C.REASON_INVALID_PROGRESS_RECORD and foreign in message)]
     assert warnings == [], warnings
 
 
