@@ -8,7 +8,7 @@ cluster a new pod waits for the backoff, the scheduler and the image):
 * ``c10d, store on node 0``: node 0 hosted the store, so the rendezvous is gone; the
   operator deletes the survivors and starts all three nodes again under a new rendezvous
   id (a whole-group restart, status.rendezvousGeneration + 1);
-* ``c10d, store pod``: a separate ``python -m ddpjob_trainer.store_server`` process holds the
+* ``c10d, store pod``: a separate process runs the store pod's program (``python -c``) and holds the
   store and every agent is a client (``is_host=false``); only node 0 is started again;
 * ``etcd-v3``: the state is in etcd; only node 0 is started again.
 
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpjob_sandbox.torchrun import example_target, FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id
+from ddpjob_operator.render.store_pod import store_command
 from ddpjob_sandbox.etcd import running_etcd
 from ddpjob_sandbox.procs import free_port, start_in_own_group, stop_process_group
 from ddpjob_sandbox.metrics import read_events
@@ -87,7 +88,7 @@ def start_store(run_dir: Path) -> subprocess.Popen:
     """The store pod's program on a free port; returns once it listens."""
     port = free_port()
     log = open(run_dir / "store.log", "w")
-    process = start_in_own_group([sys.executable, "-m", "ddpjob_trainer.store_server", "--port", str(port)],
+    process = start_in_own_group([*store_command(sys.executable), "--port", str(port)],
                                  stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + 60

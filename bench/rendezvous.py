@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.etcd import V2, V3, api_for_backend, running_etcd
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id
 
@@ -38,7 +38,10 @@ _LOG_STAMP = re.compile(r"^I(\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+) ")
 
 
 def main() -> None:
-    with running_etcd() as etcd, tempfile.TemporaryDirectory(prefix="bench-rdzv-") as tmp:
+    # torch's etcd-v2 on Debian's etcd 3.4 (the v2 API), ddpjob's etcd-v3 on the pinned 3.6.
+    with running_etcd(api=V2) as etcd_v2, running_etcd(api=V3) as etcd_v3, \
+            tempfile.TemporaryDirectory(prefix="bench-rdzv-") as tmp:
+        etcd = {V2: etcd_v2, V3: etcd_v3}
         workdir = Path(tmp)
         rows = {(backend, n): mean_of([measure_rendezvous(workdir, etcd, backend, n, repeat)
                                        for repeat in range(REPEATS)])
@@ -49,9 +52,10 @@ def main() -> None:
         print_recovery_table(recovery)
 
 
-def rendezvous_for(backend: str, etcd, nnodes: str) -> Rendezvous:
+def rendezvous_for(backend: str, etcd: dict, nnodes: str) -> Rendezvous:
+    """``etcd``: the servers by API (ddpjob_sandbox.etcd.V2, V3); the backend's is used."""
     conf = {**FAST_RDZV_CONF, "join_timeout": 120}
-    endpoint = f"127.0.0.1:{free_port()}" if backend == "c10d" else etcd.endpoint
+    endpoint = f"127.0.0.1:{free_port()}" if backend == "c10d" else etcd[api_for_backend(backend)].endpoint
     return Rendezvous(backend, endpoint, unique_run_id(), nnodes, conf)
 
 

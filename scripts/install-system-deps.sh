@@ -8,8 +8,8 @@ set -euo pipefail
 
 # program  Debian package   why the tests need it
 PROGRAMS=(
-    "etcd      etcd-server        rendezvous and key-cleanup tests start a real etcd (3.4)"
-    "etcdctl   etcd-client        the etcd-auth tests create users and roles with it"
+    "etcd      etcd-server        torch's own etcd rendezvous backend (v2 API) runs on Debian's etcd 3.4; etcd-v3 uses the pinned 3.6 (make cluster-binaries)"
+    "etcdctl   etcd-client        the client of that etcd 3.4; the etcd-auth tests call the pinned 3.6's etcdctl, beside its server"
     "openssl   openssl            the TLS tests make a throwaway CA and certificates"
     "kubectl   kubernetes-client  emulator tests apply and scale DDPJobs as a user would"
     "setpriv   util-linux         the fork-server tests try its socket as a second uid"

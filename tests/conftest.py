@@ -3,7 +3,7 @@ machine lacks a GPU. The `cluster` tier (tests/cluster/) is never skipped: it st
 plane and fails, naming the build command, where the binaries are missing."""
 import pytest
 
-from tests.support.fixtures import cluster, k8s, node_agent, operator  # noqa: F401  (fixtures for every test)
+from tests.support.fixtures import cluster, k8s, node_agent, operator, torch_only_env  # noqa: F401  (fixtures for every test)
 
 
 def pytest_collection_modifyitems(config, items):

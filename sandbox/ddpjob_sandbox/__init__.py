@@ -22,11 +22,14 @@ packages), never tests/:
     readers           what a user reads of a job: its pods, status, conditions, Events
     examples          the shipped example manifests, at test speed; kubectl apply
     torchrun          bare torchrun agents on loopback, the baseline the sandbox is measured against
-    etcd              a real etcd on free loopback ports
+    etcd              a real etcd on free loopback ports: the pinned 3.6, or Debian's 3.4 for torch's v2 backend
     client            KubeClient over HTTP, and kubectl, as any API client
     emulator/         the Kubernetes API server (kmock's emulator plus the API conventions)
     pod_status        what a kubelet reports: running / terminated / waiting bodies, conditions
+    images            container images as local Python environments (one with torch and no ddpjob)
     jobs              the one DDPJob builder: make_spec, make_ddpjob (stored), make_manifest (applied)
     procs             processes: new-session start, marker-based /proc scan (ddpjob run's own),
                       group kill, who listens on a port
+    binaries          where the pinned builds (.cluster/bin/) and Debian's etcd 3.4 are; the
+                      command that provides a missing one
 """

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator import cli
+from ddpjob_operator.render.store_pod import STORE_PROGRAM
 from ddpjob_sandbox.examples import load_example, write_manifest
 from tests.support.listeners import Listener, descendants, listeners
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "byo_scripts"
+STORE_PROGRAM_LINE = STORE_PROGRAM.splitlines()[0]  # the store's `python -c` program names itself first
 
 
 class Sampler:
@@ -75,7 +77,7 @@ def run_and_sample(job_file, run_dir, capsys):
 def kinds(found):
     """Which of ddpjob's processes held listeners (a name per listener)."""
     def kind(listener):
-        if "ddpjob_trainer.store_server" in listener.command:
+        if STORE_PROGRAM_LINE in listener.command:
             return "store"
         if "torchrun" in listener.command:
             return "agent"

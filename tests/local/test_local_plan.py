@@ -13,6 +13,7 @@ from ddpjob_operator.render.launch import zygote_socket
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.job_ref import JobRef
 from ddpjob_operator.api.validation import parse_spec
+from ddpjob_operator.render.store_pod import render_store_pod
 from ddpjob_sandbox.jobs import make_spec
 from ddpjob_sandbox.node.launch import container_launch
 
@@ -114,6 +115,14 @@ def test_by_default_a_store_process_hosts_the_c10d_store_and_every_node_joins_it
     confs = [node.env["PET_RDZV_CONF"] for node in plan.nodes]
     assert [conf.rsplit(",", 1)[1] for conf in confs] == ["is_host=false"] * 3
     assert plan.store is not None
+
+
+def test_the_local_store_runs_the_store_pods_program_with_the_nodes_python_on_loopback():
+    spec = spec_of(elasticPolicy={"rdzvPort": 29555})
+    pod = render_store_pod(JobRef(name="mlp", namespace="team-a", uid="uid-1"), spec)["spec"]["containers"][0]
+    store = plan_of(spec, port=29555).store
+    assert store.argv == ["/venv/bin/python", *pod["command"][1:], "--host", "127.0.0.1", "--port", "29555"]
+    assert pod["command"][:2] == ["python", "-c"] and pod["args"] == ["--port", "29555"]
 
 
 def test_with_rdzv_store_node_node_0_hosts_the_c10d_store_as_in_a_cluster():

@@ -1,10 +1,8 @@
-"""The etcd v3 backend over mutual TLS: a throwaway CA, an etcd that requires client certificates."""
+"""The etcd v3 backend over mutual TLS: a throwaway CA, an etcd (the pinned 3.6) that requires client certificates."""
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -13,10 +11,10 @@ from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from ddpjob_rdzv.client import EtcdConnection
 from ddpjob_rdzv.settings import settings_from_conf
 from ddpjob_trainer.rendezvous.backend import EtcdV3RendezvousBackend
-from ddpjob_sandbox.procs import free_port, start_in_own_group, stop_process_group
+from ddpjob_sandbox.etcd import EtcdTls, running_etcd
 from ddpjob_sandbox.torchrun import unique_run_id
 
-pytestmark = pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("etcd")), reason="needs openssl and etcd")
+pytestmark = pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
 
 
 def openssl(*args: str, cwd: Path) -> None:
@@ -40,23 +38,10 @@ def tls_etcd(tmp_path_factory):
             "-subj", "/CN=ddpjob-test-ca", cwd=certs)
     issue(certs, "server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
     issue(certs, "client", "extendedKeyUsage=clientAuth\n")
-    port, peer = free_port(), free_port()
-    with open(certs / "etcd.log", "wb") as log:
-        process = start_in_own_group(
-            ["etcd", "--name=tls", f"--data-dir={certs / 'data'}",
-             f"--listen-client-urls=https://127.0.0.1:{port}", f"--advertise-client-urls=https://127.0.0.1:{port}",
-             f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-             f"--initial-cluster=tls=http://127.0.0.1:{peer}", f"--cert-file={certs / 'server.crt'}",
-             f"--key-file={certs / 'server.key'}", f"--trusted-ca-file={certs / 'ca.crt'}",
-             "--client-cert-auth", "--log-level=error"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    try:
-        endpoint = f"127.0.0.1:{port}"
-        wait_until_serving(endpoint, certs)
-        yield endpoint, certs
-    finally:
-        stop_process_group(process)
+    tls = EtcdTls(ca=certs / "ca.crt", cert=certs / "server.crt", key=certs / "server.key",
+                  client_cert=certs / "client.crt", client_key=certs / "client.key")
+    with running_etcd(certs, tls=tls) as server:
+        yield server.endpoint, certs
 
 
 def client_conf(certs: Path) -> dict:
@@ -66,16 +51,6 @@ def client_conf(certs: Path) -> dict:
 
 def backend_for(endpoint: str, conf: dict) -> EtcdV3RendezvousBackend:
     return EtcdV3RendezvousBackend(EtcdConnection(settings_from_conf(endpoint, conf)), unique_run_id())
-
-
-def wait_until_serving(endpoint: str, certs: Path, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(RendezvousConnectionError):
-            backend_for(endpoint, {**client_conf(certs), "read_timeout": "1"}).get_state()
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"TLS etcd on {endpoint} did not serve within {timeout} s; see {certs / 'etcd.log'}")
 
 
 def test_a_client_certificate_signed_by_the_ca_gets_the_cas_semantics(tls_etcd):

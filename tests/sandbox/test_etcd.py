@@ -1,4 +1,6 @@
-"""End to end in the sandbox with the rendezvous in a real etcd (manifests/examples/ddpjob-etcd.yaml).
+"""End to end in the sandbox with the rendezvous in a real etcd (manifests/examples/ddpjob-etcd.yaml),
+and which etcd that is: the pinned 3.6 for ddpjob's etcd-v3 (no v2 API), Debian's 3.4 with the v2
+API only for torch's own etcd backend; a missing pinned etcd fails, naming the command that builds it.
 
 Test-speed overrides on a copy of the example (besides those of ``example_job``): 2 replicas
 instead of 3 and a CPU request of 1 (nProcPerNode auto then runs one worker per node instead of
@@ -13,7 +15,8 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
-from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.binaries import MissingBinaryError
+from ddpjob_sandbox.etcd import V2, api_for_backend, running_etcd
 from ddpjob_sandbox.readers import events
 from ddpjob_sandbox.metrics import JobProgress, is_event
 from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
@@ -23,9 +26,36 @@ SNAPSHOT_EVERY = 4  # optimizer steps (each accumulates 2 micro-batches, as in t
 
 
 @pytest.fixture
-def etcd():
-    with running_etcd() as server:
+def etcd(backend):
+    """etcd 3.6 for ddpjob's etcd-v3, Debian's 3.4 with the v2 API for torch's etcd backend."""
+    with running_etcd(api=api_for_backend(backend)) as server:
         yield server
+
+
+@pytest.mark.parametrize(("backend", "release", "v2_api"), [("etcd-v3", "3.6.", False), ("etcd", "3.4.", True),
+                                                         ("etcd-v2", "3.4.", True)])
+def test_each_backend_gets_the_etcd_release_it_is_meant_for(backend, release, v2_api):
+    with running_etcd(api=api_for_backend(backend)) as server:
+        assert server.get("/version")["etcdserver"].startswith(release)
+        try:
+            server.get("/v2/keys/")
+            served = True
+        except OSError:  # urllib's HTTPError (404 on 3.6, where the v2 API is gone) is an OSError
+            served = False
+        assert served is v2_api
+
+
+def test_a_missing_pinned_etcd_fails_naming_the_command_that_builds_it(tmp_path):
+    with pytest.raises(MissingBinaryError, match=r"etcd not found in .*: build it with make cluster-binaries"):
+        with running_etcd(bin_dir=tmp_path):
+            pass
+
+
+def test_a_missing_debian_etcd_for_torchs_v2_backend_names_its_install_script(monkeypatch, tmp_path):
+    monkeypatch.setattr("ddpjob_sandbox.binaries.DEBIAN_BIN_DIR", tmp_path)
+    with pytest.raises(MissingBinaryError, match=r"install it with scripts/install-system-deps.sh"):
+        with running_etcd(api=V2):
+            pass
 
 
 @pytest.mark.slow  # ~70 s each: the kill waits for the replacement (minReplicas 2)

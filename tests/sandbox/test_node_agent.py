@@ -82,6 +82,22 @@ def test_torchrun_resolves_to_the_one_next_to_this_interpreter(tmp_path):
     assert launch.argv == [str(Path(sys.executable).parent / "torchrun"), "-m", "ddpjob_trainer.examples.mlp"]
 
 
+def test_an_image_the_node_maps_runs_in_its_environment_without_this_machines_python_path(tmp_path):
+    image_env = tmp_path / "torch-only"
+    (image_env / "bin").mkdir(parents=True)
+    (image_env / "bin" / "torchrun").touch()
+    pod = pod_object()
+    pod["spec"]["containers"][0].update(image="pytorch/pytorch:2", command=["torchrun"], args=["/w/train.py"])
+    machine = {"PATH": "/bin", "PYTHONPATH": "/repo/trainer", "VIRTUAL_ENV": "/repo/.venv", "HOME": "/root"}
+
+    mapped = container_launch(pod, tmp_path, [], machine, {"pytorch/pytorch:2": image_env})
+    assert mapped.argv == [str(image_env / "bin" / "torchrun"), "/w/train.py"]
+    assert mapped.env["PATH"] == f"{image_env / 'bin'}:/bin" and mapped.env["HOME"] == "/root"
+    assert "PYTHONPATH" not in mapped.env and "VIRTUAL_ENV" not in mapped.env
+    other = container_launch(pod, tmp_path, [], machine, {"another/image:1": image_env})
+    assert other.argv[0] == str(Path(sys.executable).parent / "torchrun") and other.env["PYTHONPATH"] == "/repo/trainer"
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda pod: pod["spec"]["volumes"].append({"name": "creds", "secret": {"secretName": "s"}}),
      "volume 'creds' is a secret; the sandbox node supports persistentVolumeClaim and emptyDir only"),

@@ -3,7 +3,8 @@
 ``cluster`` (one API emulator per test), ``k8s`` (its client, in a fresh namespace),
 ``operator`` (the real operator watching that namespace) and ``node_agent`` (the sandbox
 node running that namespace's pods as local processes). Each prints its log after the test,
-shown when the test fails.
+shown when the test fails. ``torch_only_env`` is the environment of a plain PyTorch image
+(torch, no ddpjob), made once per session.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.cluster import Cluster, running_cluster
+from ddpjob_sandbox.images import torch_only_env as make_torch_only_env
 from ddpjob_sandbox.node import NodeAgent, running_node_agent
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 
@@ -58,3 +60,10 @@ def node_agent(k8s: KubeClient, tmp_path: pathlib.Path) -> Iterator[NodeAgent]:
     with running_node_agent(k8s, tmp_path / "node") as agent:
         yield agent
         sys.stdout.write(f"\n--- sandbox node containers ---\n{agent.logs()}\nnode agent API errors: {agent.errors}\n")
+
+
+@pytest.fixture(scope="session")
+def torch_only_env(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A Python environment with torch and every other package of this one, but no ddpjob
+    distribution (ddpjob_sandbox.images): what a plain PyTorch image holds."""
+    return make_torch_only_env(tmp_path_factory.mktemp("images") / "torch-only")

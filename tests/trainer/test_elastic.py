@@ -10,7 +10,7 @@ import contextlib
 
 import pytest
 
-from ddpjob_sandbox.etcd import running_etcd
+from ddpjob_sandbox.etcd import api_for_backend, running_etcd
 from ddpjob_sandbox.torchrun import FAST_RDZV_CONF, AgentGroup, Rendezvous, unique_run_id, example_target
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 from tests.support.elastic_checks import (
@@ -31,7 +31,7 @@ def rendezvous(backend: str):
     if backend == "c10d":
         yield Rendezvous.c10d()
         return
-    with running_etcd() as server:
+    with running_etcd(api=api_for_backend(backend)) as server:
         # torch's etcd backend (etcd_rendezvous.py, etcd's v2 API) calls its join timeout "timeout";
         # the operator renders both names the same way.
         yield Rendezvous(backend, server.endpoint, unique_run_id(), conf={**FAST_RDZV_CONF, "timeout": 60})

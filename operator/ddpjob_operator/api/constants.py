@@ -106,6 +106,7 @@ REASON_BACKOFF = "BackoffLimitNotElapsed"  # waiting before replacing a failed n
 REASON_SUCCEEDED = "AllNodesSucceeded"  # every node exited 0
 REASON_PERMANENT_ERROR = "PermanentExitCode"  # a node exited with a code listed as permanent
 REASON_RESTARTS_EXHAUSTED = "RestartBudgetExhausted"  # failurePolicy.maxRestarts spent
+REASON_TRAINER_NOT_IN_IMAGE = "TrainerNotInImage"  # a node used ddpjob-trainer, which spec.image lacks
 REASON_DEADLINE = "DeadlineExceeded"  # runPolicy.activeDeadlineSeconds passed
 REASON_SUSPENDED = "Suspended"  # runPolicy.suspend set
 REASON_RESUMED = "Resumed"  # runPolicy.suspend cleared
@@ -122,6 +123,10 @@ MSG_RESTARTING = ("replacing failed node pods {when}; {restarts} of "  # REASON_
 MSG_NODE_FAILED = "{what}; {restarts} of spec.failurePolicy.maxRestarts ({max}) used"  # REASON_NODE_FAILED
 MSG_NODE_DISRUPTED = "{what}; disruptions do not use the restart budget"  # REASON_NODE_DISRUPTED
 MSG_PERMANENT_ERROR = "{what}; the code is in spec.failurePolicy.permanentExitCodes"  # REASON_PERMANENT_ERROR
+MSG_TRAINER_NOT_IN_IMAGE = (  # REASON_TRAINER_NOT_IN_IMAGE
+    "{what}; it needs ddpjob-trainer, which spec.image lacks: install it in the image (pip install "
+    "ddpjob-trainer) or turn off what needs it (spec.elasticPolicy.fastRestart, rdzvBackend etcd-v3, a "
+    "ddpjob_trainer module); not retried")
 MSG_RESTARTS_EXHAUSTED = ("{restarts} failure incidents exceed "  # REASON_RESTARTS_EXHAUSTED
                           "spec.failurePolicy.maxRestarts ({max})")
 MSG_DEADLINE = "the job ran longer than spec.runPolicy.activeDeadlineSeconds ({deadline})"  # REASON_DEADLINE
@@ -163,7 +168,6 @@ EVENT_WARNING = "Warning"  # something needs a person's attention
 LABEL_RDZV_GENERATION = f"{GROUP}/rdzv-generation"  # status.rendezvousGeneration a node pod was made for
 COMPONENT_RDZV_STORE = "rdzv-store"  # value of LABEL_COMPONENT on the dedicated c10d store pod and Service
 RDZV_STORE_CONTAINER = "store"  # the one container of the store pod
-RDZV_STORE_MODULE = "ddpjob_trainer.store_server"  # python -m entry point of the store (trainer image; rdzv_store is its old name)
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue: the LocalQueue that admits the pod
 LABEL_KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"  # Kueue: pods admitted as one workload
 ANNOTATION_KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"  # Kueue: pods in that workload
@@ -203,6 +207,7 @@ SOURCE_PROGRESS_ENDPOINT = "progress endpoint"  # ... or read from (GET /progres
 CAUSE_ERROR = "Error"  # the trainer exited non-zero (retryable; counts against the budget)
 CAUSE_OOM = "OOMKilled"  # the container hit its memory limit (retryable; counts)
 CAUSE_PERMANENT = "PermanentExitCode"  # an exit code in failurePolicy.permanentExitCodes (fails the job)
+CAUSE_TRAINER_NOT_IN_IMAGE = REASON_TRAINER_NOT_IN_IMAGE  # the node used ddpjob-trainer, not in spec.image (fails the job)
 CAUSE_DO_NOT_RETRY = "DoNotRetry"  # the trainer raised DoNotRetry: its progress record carries fatal (fails the job)
 CAUSE_DISRUPTED = "Disrupted"  # evicted, preempted or drained (DisruptionTarget); free
 CAUSE_NODE_LOST = "NodeLost"  # lost with its node (taint manager, pod GC, node shutdown); free

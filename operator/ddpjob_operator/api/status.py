@@ -80,14 +80,15 @@ class NodeFailure(ApiModel):
     node: Name | None = Field(None, description=(
         "The Kubernetes node the pod ran on (absent when it was never scheduled); see status.avoidedNodes."))
     cause: Literal["Error", "OOMKilled", "PermanentExitCode", "DoNotRetry", "Disrupted", "NodeLost", "Deleted",
-                   "ImagePull", "Hang", "Straggler", "PreflightFailed"] | None = Field(
+                   "ImagePull", "Hang", "Straggler", "PreflightFailed", "TrainerNotInImage"] | None = Field(
         None, description=("Error, OOMKilled, PermanentExitCode, DoNotRetry (these count against the budget; the "
                            "last two fail the job: a permanent exit code, or the trainer raised DoNotRetry, whose "
                            "reason is in `reason`), Disrupted, NodeLost or Deleted (deleted by someone while it "
                            "trained, without a DisruptionTarget; all three free), ImagePull, Hang (no step for "
                            "failurePolicy.hangTimeoutSeconds: the group restarted, charged by the progress rule), "
                            "Straggler (a slow node replaced under stragglerPolicy.action Replace; free), "
-                           "PreflightFailed (spec.preflight)."))
+                           "PreflightFailed (spec.preflight), TrainerNotInImage (the node used ddpjob-trainer, "
+                           "which spec.image lacks: fastRestart, etcd-v3 or a ddpjob_trainer module; fails the job)."))
     step: int | None = Field(None, description="Hang: the last training step reached.")
     stalled_nodes: list[Word] = Field(default_factory=list, max_length=C.MAX_STALLED_NODES, description=(
         "Hang: the node indexes whose progress stopped first (every node when all stopped together; "

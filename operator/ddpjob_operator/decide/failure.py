@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
+from ddpjob_rdzv import BACKEND_NAME, C10D_BACKEND_NAME
+
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.observed import PodView
 
@@ -65,14 +67,31 @@ def signal_name(exit_code: int | None) -> str | None:
         return None
 
 
+# What torchrun and Python print (the pod's log tail) when a node uses ddpjob-trainer and the image
+# lacks it: a rendezvous backend its entry points register (fastRestart's ddpjob-c10d, etcd-v3),
+# or one of its modules (the fork server, the example trainer). The default c10d job of a plain
+# script needs none of it.
+TRAINER_MISSING_MARKS = (f"rendezvous backend '{C10D_BACKEND_NAME}' is not registered",
+                         f"rendezvous backend '{BACKEND_NAME}' is not registered",
+                         "No module named 'ddpjob_trainer'")
+
+
+def trainer_missing(pod: PodView) -> str | None:
+    """The mark (TRAINER_MISSING_MARKS) in a failed pod's log tail, None without one: the image lacks
+    ddpjob-trainer, which every replacement would lack too."""
+    tail = "" if pod.termination_holds_record else pod.termination_message
+    return next((mark for mark in TRAINER_MISSING_MARKS if mark in tail), None)
+
+
 def classify_pod(pod: PodView, permanent_exit_codes: Iterable[int] = ()) -> Outcome | None:
     """Outcome of a finished Pod; None while it is still pending or running. A trainer whose
-    record carries ``fatal`` (it raised DoNotRetry) said retrying cannot help: permanent."""
+    record carries ``fatal`` (it raised DoNotRetry) said retrying cannot help: permanent; so does
+    a node that used ddpjob-trainer where the image lacks it (trainer_missing)."""
     if pod.phase == "Succeeded":
         return Outcome.SUCCEEDED
     if pod.phase != "Failed":
         return None
-    if pod.fatal is not None:
+    if pod.fatal is not None or trainer_missing(pod) is not None:
         return Outcome.PERMANENT
     return classify(pod.exit_code, pod.reason, disrupted=pod.disruption is not None,
                     permanent_exit_codes=permanent_exit_codes)
@@ -108,6 +127,8 @@ def diagnose_pod(pod: PodView, permanent_exit_codes: Iterable[int] = (), *,
         return None
     if pod.fatal is not None:
         return Diagnosis(outcome, C.CAUSE_DO_NOT_RETRY, pod.exit_code, pod.fatal["reason"], pod.fatal["message"])
+    if (mark := trainer_missing(pod)) is not None:  # our own words, safe to show without includeLogTail
+        return Diagnosis(outcome, C.CAUSE_TRAINER_NOT_IN_IMAGE, pod.exit_code, C.CAUSE_TRAINER_NOT_IN_IMAGE, mark)
     if pod.preflight_failure is not None:  # the trainer never started: the node failed the check
         # Its message is the init container's log tail (FallbackToLogsOnError): the image's own code
         # runs before the check and may print anything, so the tail follows includeLogTail too.
@@ -187,9 +208,11 @@ def image_pull_stuck(pod: PodView, now: datetime, timeout_seconds: float) -> boo
 
 def permanent_failure(pod: PodView, what: str) -> tuple[str, str]:
     """Reason and message of the job's failure when ``pod`` failed for good: the trainer's own
-    (DoNotRetry) when its record says so, else a permanent exit code."""
+    (DoNotRetry) when its record says so, ddpjob-trainer missing from the image, else a permanent exit code."""
     if pod.fatal is not None:
         return pod.fatal["reason"], C.MSG_DO_NOT_RETRY.format(what=what, reason=pod.fatal["reason"])
+    if trainer_missing(pod) is not None:  # `what` holds the mark (diagnose_pod)
+        return C.REASON_TRAINER_NOT_IN_IMAGE, C.MSG_TRAINER_NOT_IN_IMAGE.format(what=what)
     return C.REASON_PERMANENT_ERROR, C.MSG_PERMANENT_ERROR.format(what=what)
 
 

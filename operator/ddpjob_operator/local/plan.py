@@ -30,6 +30,7 @@ from ddpjob_rdzv import C10D_BACKEND_NAME
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import WORK_DIR_NAME, launch_plan, merged_env, working_dir, workers_per_node
+from ddpjob_operator.render.store_pod import store_command
 from ddpjob_operator.api.spec import DDPJobSpec
 
 LOOPBACK = "127.0.0.1"  # every local node reaches the c10d store of node 0 here
@@ -251,7 +252,7 @@ def _store(spec: DDPJobSpec, torchrun: str) -> LocalNode | None:
     if not spec.elastic_policy.store_on_pod:
         return None
     python = str(Path(torchrun).parent / "python")
-    argv = [python, "-m", C.RDZV_STORE_MODULE, "--host", LOOPBACK, "--port", str(spec.elastic_policy.rdzv_port)]
+    argv = [*store_command(python), "--host", LOOPBACK, "--port", str(spec.elastic_policy.rdzv_port)]
     return LocalNode(-1, argv, {"PYTHONUNBUFFERED": "1"})
 
 

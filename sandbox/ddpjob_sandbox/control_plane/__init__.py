@@ -22,16 +22,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpjob_sandbox.binaries import DEFAULT_BIN_DIR, REPO
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane.components import Layout
 from ddpjob_sandbox.control_plane.runner import (
     BUILD_COMMAND, ControlPlaneError, admin_ssl_context, down, missing_binaries, new_layout, up,
 )
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULT_BIN_DIR = REPO / ".cluster" / "bin"
-
-__all__ = ["BUILD_COMMAND", "ControlPlane", "ControlPlaneError", "DEFAULT_BIN_DIR", "missing_binaries",
+__all__ = ["BUILD_COMMAND", "ControlPlane", "ControlPlaneError", "DEFAULT_BIN_DIR", "REPO", "missing_binaries",
            "running_control_plane"]
 
 

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpjob_sandbox.binaries import BUILD_COMMAND
 from ddpjob_sandbox.control_plane import components as comp
 from ddpjob_sandbox.control_plane.pki import CLIENTS, make_pki
 from ddpjob_sandbox.procs import free_port
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-BUILD_COMMAND = "make cluster-binaries  (scripts/cluster/build-binaries.py)"
 LOG_TAIL_LINES = 40
 STOP_GRACE_SECONDS = 10.0
 

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +62,19 @@ class NodeAgent:
         bind_nodes: give each started pod a Node of its own (``<pod>-<uid[:5]>``, Ready) and
             bind it there (spec.nodeName), so a test can take one pod's node down
             (:meth:`node_down`); off, pods have no node, as before.
+        images: image name -> the Python environment standing for it (ddpjob_sandbox.images,
+            node.launch.container_launch); other images run in this interpreter's environment.
     """
 
     def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
-                 max_grace_seconds: float = MAX_GRACE_SECONDS, bind_nodes: bool = False):
+                 max_grace_seconds: float = MAX_GRACE_SECONDS, bind_nodes: bool = False,
+                 images: Mapping[str, Path] | None = None):
         self.client = client
         self.reporter = PodReporter(client)
         self.root = Path(root)
         self.poll_seconds = poll_seconds
         self.max_grace_seconds = max_grace_seconds
+        self.images = dict(images or {})
         self.bind_nodes = bind_nodes  # opt-in: each started pod gets a Node object of its own (spec.nodeName)
         self.unschedulable: dict[str, str] = {}  # pod name -> scheduler message while the test holds it
         self.dead: set[str] = set()  # uids of pods whose node went down: their kubelet answers no more
@@ -222,7 +226,7 @@ class NodeAgent:
         meta = pod["metadata"]
         container_name = pod["spec"]["containers"][0]["name"]
         try:
-            launch = container_launch(pod, self.root, self.reporter.service_names(), os.environ)
+            launch = container_launch(pod, self.root, self.reporter.service_names(), os.environ, self.images)
         except UnsupportedPodError as e:
             self.rejected[meta["uid"]] = str(e)
             self.reporter.patch_status(meta["name"], waiting_status(container_name, str(e)))

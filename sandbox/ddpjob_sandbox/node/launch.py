@@ -6,9 +6,12 @@
   are rewritten to those directories (there is no mount namespace).
 * DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names become
   127.0.0.1, so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
-* the image: ``torchrun``/``python`` resolve to this interpreter's virtualenv; the process
-  inherits this machine's environment (PATH, HOME) minus torchrun and ddpjob variables, then
-  gets the pod's env on top, like an image's env under a container's.
+* the image: ``torchrun``/``python`` resolve to the Python environment the node maps the pod's
+  ``image`` to (``images``, made by ddpjob_sandbox.images, e.g. plain torch without ddpjob),
+  else to this interpreter's virtualenv. The process inherits this machine's environment
+  (PATH, HOME) minus torchrun and ddpjob variables, then gets the pod's env on top, like an
+  image's env under a container's; a mapped image also loses PYTHONPATH and the virtualenv's
+  variables, which would bring this machine's packages into it.
 * the termination message file: ``terminationMessagePath`` is a per-pod file, and env
   values naming that path point there.
 """
@@ -29,7 +32,9 @@ POD_ENV = "SANDBOX_POD_UID"  # marks every process of one pod (the container's b
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"  # the API's default terminationMessagePath
 # Variables of this machine that would fight the pod's own: torchrun flags, ddpjob settings.
 DROPPED_ENV_PREFIXES = ("PET_", "DDPJOB_", "TORCHELASTIC_", "KUBECONFIG", POD_ENV, NODE_ENV)
-VENV_COMMANDS = ("torchrun", "python", "python3")  # found next to sys.executable, not on PATH
+VENV_COMMANDS = ("torchrun", "python", "python3")  # found in the image's environment, not on PATH
+# What makes a Python find another environment's packages: no container inherits them.
+FOREIGN_PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV")
 
 # A DNS name that only cluster DNS resolves: anything under .svc / .svc.cluster.local.
 _SVC_NAME = re.compile(r"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -112,25 +117,33 @@ def map_hosts(value: str, namespace: str, services: list[str]) -> str:
     return value
 
 
-def resolve_command(name: str) -> str:
-    """The executable for a container's command[0]: the virtualenv's torchrun/python, else PATH."""
+def resolve_command(name: str, bin_dir: Path | None = None) -> str:
+    """The executable for a container's command[0]: torchrun/python of the image's environment
+    (``bin_dir``, this interpreter's by default), else PATH."""
+    bin_dir = Path(sys.executable).parent if bin_dir is None else bin_dir
     if "/" not in name and name in VENV_COMMANDS:
-        candidate = Path(sys.executable).parent / name
+        candidate = bin_dir / name
         if candidate.exists():
             return str(candidate)
     found = shutil.which(name) if "/" not in name else name
     if not found:
-        raise UnsupportedPodError(f'command "{name}" is not found next to {sys.executable} or on PATH')
+        raise UnsupportedPodError(f'command "{name}" is not found in {bin_dir} or on PATH')
     return found
 
 
-def base_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """This machine's environment as the "image" env: without torchrun, ddpjob and sandbox variables."""
-    return {k: v for k, v in environ.items() if not k.startswith(DROPPED_ENV_PREFIXES)}
+def base_env(environ: Mapping[str, str], image_env: Path | None = None) -> dict[str, str]:
+    """This machine's environment as the "image" env: without torchrun, ddpjob and sandbox
+    variables; for a mapped image (``image_env``) also without FOREIGN_PYTHON_ENV, and with
+    that environment's bin/ first on PATH."""
+    env = {k: v for k, v in environ.items() if not k.startswith(DROPPED_ENV_PREFIXES)}
+    if image_env is not None:
+        env = {k: v for k, v in env.items() if k not in FOREIGN_PYTHON_ENV}
+        env["PATH"] = ":".join(p for p in (str(image_env / "bin"), env.get("PATH", "")) if p)
+    return env
 
 
 def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
-                     environ: Mapping[str, str]) -> ContainerLaunch:
+                     environ: Mapping[str, str], images: Mapping[str, Path] | None = None) -> ContainerLaunch:
     """The local launch of a pod's (only) container.
 
     Args:
@@ -138,6 +151,8 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
         root: the node's directory (volumes, logs, working directories).
         services: Service names in the pod's namespace (for ``<pod>.<service>`` names).
         environ: the environment the "image" provides (see base_env).
+        images: image name -> the Python environment (a virtualenv's directory) standing for
+            it; an image not named runs in this interpreter's environment.
 
     Raises:
         UnsupportedPodError: more than one container, a valueFrom env entry, an unsupported
@@ -156,7 +171,8 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
     def local(value: str) -> str:
         return map_hosts(localize(value, pairs), meta["namespace"], services)
 
-    env = base_env(environ)
+    image_env = (images or {}).get(container.get("image", ""))
+    env = base_env(environ, image_env)
     env["HOSTNAME"] = spec.get("hostname") or meta["name"]
     for entry in container.get("env") or []:
         if "valueFrom" in entry:
@@ -165,6 +181,7 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
     command = list(container.get("command") or [])
     if not command:
         raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")
-    argv = [resolve_command(command[0]), *map(local, command[1:]), *map(local, container.get("args") or [])]
+    bin_dir = image_env / "bin" if image_env is not None else None
+    argv = [resolve_command(command[0], bin_dir), *map(local, command[1:]), *map(local, container.get("args") or [])]
     cwd = Path(localize(container["workingDir"], pairs)) if container.get("workingDir") else pod_dir(root, meta) / "cwd"
     return ContainerLaunch(argv, env, cwd, termination_log)

@@ -53,3 +53,39 @@ def test_the_preflight_containers_log_tail_follows_include_log_tail_too(include)
     shown = " ".join(TAIL.split()) + " preflight failed: 0 GPU(s) visible"
     assert failure["message"] == (shown if include else C.MSG_PREFLIGHT_TAIL_HIDDEN)
     assert ("hunter2" in str(result.status) + str(result.events)) is bool(include)
+
+
+# The last lines torchrun or Python print when the image lacks ddpjob-trainer but the pod uses it.
+NO_TRAINER_TAILS = {
+    "fastRestart on c10d": "ValueError: The rendezvous backend 'ddpjob-c10d' is not registered. Did you forget "
+                           "to call `register`?",
+    "rdzvBackend etcd-v3": "ValueError: The rendezvous backend 'etcd-v3' is not registered. Did you forget to "
+                           "call `register`?",
+    "a ddpjob_trainer module": "/opt/conda/bin/python: Error while finding module specification for "
+                               "'ddpjob_trainer.zygote' (ModuleNotFoundError: No module named 'ddpjob_trainer')",
+}
+
+
+@pytest.mark.parametrize("tail", NO_TRAINER_TAILS.values(), ids=NO_TRAINER_TAILS.keys())
+def test_a_node_that_needs_ddpjob_trainer_missing_from_the_image_fails_the_job_at_once_saying_so(tail):
+    """Every replacement would run the same image: failing at once, with the fix, instead of
+    spending the restart budget; said without includeLogTail (the mark is torch's words, not the log)."""
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"}, failurePolicy={"maxRestarts": 3})
+    pod = make_pod(job, 1, phase="Failed", exit_code=1)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = TAIL + "\n" + tail
+    result = reconcile(job, observe([make_pod(job, 0), pod]), at(0))
+
+    [failure] = result.status["failures"]
+    assert (result.status["phase"], failure["cause"]) == (C.PHASE_FAILED, C.CAUSE_TRAINER_NOT_IN_IMAGE)
+    assert result.status.get("restarts", 0) == 0
+    event = next(e for e in result.events if e.reason == C.REASON_TRAINER_NOT_IN_IMAGE)
+    assert event.message.startswith("node pod mlp-node-1 failed (exit code 1): ")
+    assert "spec.image lacks: install it in the image (pip install ddpjob-trainer)" in event.message
+    assert "hunter2" not in str(result.status) + str(result.events)
+
+
+def test_a_log_tail_without_those_words_is_an_ordinary_retryable_failure():
+    job = make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"}, failurePolicy={"maxRestarts": 3})
+    result = reconcile(job, observe([make_pod(job, 0), failed_with_tail(job)]), at(0))
+    [failure] = result.status["failures"]
+    assert (result.status["phase"], failure["cause"]) == (C.PHASE_RESTARTING, C.CAUSE_ERROR)

@@ -2,7 +2,7 @@
 
 Keys are written with the real layout (``ddpjob_rdzv.keys``) under the job's
 uid, plus a key of another run that must survive. The operator runs against
-the API emulator; the etcd is Debian's etcd 3.4 (ddpjob_sandbox/etcd.py), once
+the API emulator; the etcd is the pinned etcd 3.6 (ddpjob_sandbox/etcd.py), once
 with user/password auth read from the job's ``rdzvSecretName`` Secret. A dead
 endpoint proves a failed cleanup is reported as a Warning Event and never
 holds up a deletion beyond its bound; the chart's default RBAC (no Secret
@@ -12,7 +12,6 @@ which chart value to set.
 from __future__ import annotations
 
 import base64
-import shutil
 import sys
 import time
 
@@ -31,7 +30,6 @@ from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 from ddpjob_sandbox.procs import free_port
 from tests.support.rbac import Authorizer, grants_of
 
-pytestmark = pytest.mark.skipif(not shutil.which("etcd"), reason="needs etcd (scripts/install-system-deps.sh)")
 
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # kopf's default finalizer name
 

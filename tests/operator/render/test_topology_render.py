@@ -3,12 +3,17 @@ rendezvous id of each generation."""
 
 from __future__ import annotations
 
+import ast
+import sys
+
 import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import rdzv_id
 from ddpjob_operator.decide.observed import view_pod
-from ddpjob_operator.render.store_pod import render_store_pod, render_store_service
+from ddpjob_operator.render.store_pod import (
+    STORE_PROGRAM, STORE_PROGRAM_MAX_BYTES, render_store_pod, render_store_service,
+)
 from ddpjob_operator.render.node_pod import render_pod
 from ddpjob_operator.api.validation import parse_spec
 from tests.operator.builders import job_ref
@@ -22,17 +27,35 @@ def store_job(**fields):
     return job_ref(job), parse_spec(job["spec"])
 
 
-def test_the_store_pod_runs_the_store_module_of_the_trainer_image_on_the_rendezvous_port():
-    ref, spec = store_job(elasticPolicy={"rdzvPort": 29500})
+def test_the_store_pod_runs_the_store_program_in_the_jobs_image_on_the_rendezvous_port():
+    ref, spec = store_job(elasticPolicy={"rdzvPort": 29500}, image="pytorch/pytorch:2.13.0")
     pod = render_store_pod(ref, spec)
     (container,) = pod["spec"]["containers"]
     assert pod["metadata"]["name"] == "mlp-rdzv"
     assert (container["image"], container["command"], container["args"]) == (
-        "ghcr.io/ddpjob/trainer:0.1.0", ["python", "-m", "ddpjob_trainer.store_server"], ["--port", "29500"])
+        "pytorch/pytorch:2.13.0", ["python", "-c", STORE_PROGRAM], ["--port", "29500"])
     assert container["ports"] == [{"name": "rdzv", "containerPort": 29500, "protocol": "TCP"}]
     assert container["readinessProbe"]["tcpSocket"] == {"port": 29500}
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-mlp"
+
+
+def top_level_imports(source: str) -> set[str]:
+    """The top-level package of every import anywhere in ``source``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found.add("." if node.level else node.module.split(".")[0])
+    return found
+
+
+def test_the_store_program_needs_only_the_standard_library_and_torch_and_stays_small():
+    """It runs with `python -c` in the user's image, where no ddpjob package may be installed
+    (run there by tests/trainer/test_store_server.py and tests/sandbox/test_plain_image.py)."""
+    assert top_level_imports(STORE_PROGRAM) - {"torch"} <= sys.stdlib_module_names
+    assert len(STORE_PROGRAM.encode()) <= STORE_PROGRAM_MAX_BYTES
 
 
 def test_the_store_pod_is_labelled_as_the_store_not_as_a_node():
