@@ -52,6 +52,20 @@ rules:
 """
 
 
+# What CoreDNS's ClusterRole (system:coredns) grants, bound to the imitated DNS's user
+# (pki.CLUSTER_DNS): a kubelet may list only its own pods, so it cannot resolve names itself.
+CLUSTER_DNS_ROLE = "system:sandbox:cluster-dns"
+CLUSTER_DNS_RBAC = (
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": CLUSTER_DNS_ROLE},
+     "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
+                "verbs": ["list", "watch", "get"]},
+               {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": CLUSTER_DNS_ROLE},
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_DNS_ROLE},
+     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:sandbox:cluster-dns"}]},
+)
+
+
 @dataclass(frozen=True)
 class Ports:
     etcd: int
@@ -160,9 +174,8 @@ def scheduler_argv(layout: Layout) -> list[str]:
     return _served_component(layout, "kube-scheduler", "kube-scheduler", layout.ports.scheduler)
 
 
-def kubeconfig_text(layout: Layout, stem: str) -> str:
-    """A kubeconfig that logs in with the client certificate ``pki/<stem>.crt``."""
-    pki = layout.pki
+def kubeconfig_text(pki: Path, server: str, stem: str) -> str:
+    """A kubeconfig for ``server`` that logs in with the client certificate ``pki/<stem>.crt``."""
     return f"""\
 apiVersion: v1
 kind: Config
@@ -170,7 +183,7 @@ current-context: ddpjob-sandbox
 clusters:
 - name: ddpjob-sandbox
   cluster:
-    server: {layout.apiserver_url}
+    server: {server}
     certificate-authority: {pki / 'ca.crt'}
 users:
 - name: {stem}

@@ -80,14 +80,19 @@ class NodeAgent:
             kubeconfig for it; see projection.in_cluster_env).
         node_id: the value of the marker every process of this agent carries (NODE_ENV);
             a caller that must find them from another process (``make cluster-down``) names it.
+        dns_client: who answers for cluster DNS (lists a namespace's Services and pods); a
+            kubelet may list only its own pods, so on a real API server it is the imitated
+            DNS's own identity. Default: ``client``.
     """
 
     def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
                  max_grace_seconds: float = MAX_GRACE_SECONDS, bind_nodes: bool = False,
-                 node_name: str | None = None, api_url: str | None = None, node_id: str | None = None):
+                 node_name: str | None = None, api_url: str | None = None, node_id: str | None = None,
+                 dns_client: KubeClient | None = None):
         if bind_nodes and node_name:
             raise ValueError("bind_nodes makes Nodes on the emulator; a kubelet (node_name) serves an existing one")
         self.client = client
+        self.dns = PodReporter(dns_client or client)
         self.reporter = PodReporter(client)
         self.node_name = node_name
         self.api_url = api_url
@@ -265,7 +270,7 @@ class NodeAgent:
         if holder is not None:
             raise UnsupportedPodError(f"pod address {address} is held by pod {holder.namespace}/{holder.name} "
                                       "on this node (a hash collision); delete one of them")
-        resolver = Resolver(namespace, self.reporter.services(namespace), self.client.list("pods", namespace))
+        resolver = Resolver(namespace, self.dns.services(namespace), self.dns.client.list("pods", namespace))
         # The stand-in for the pod's network namespace: ddpjob's listeners bind this address only.
         return Placement(pod_ip=address, resolve=resolver, claims=self.reporter.claim_dirs(pod),
                          env={LISTEN_HOST_ENV: address})

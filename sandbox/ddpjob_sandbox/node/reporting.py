@@ -112,11 +112,9 @@ class PodReporter:
             claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
             if not claim:
                 continue
-            bound = (self.client.request("GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
-                     .get("spec") or {}).get("volumeName")
+            bound = (self.client.get("persistentvolumeclaims", claim, namespace).get("spec") or {}).get("volumeName")
             if bound:
-                host_path = (self.client.request("GET", f"/api/v1/persistentvolumes/{bound}")["spec"]
-                             .get("hostPath") or {}).get("path")
+                host_path = (self.client.get("persistentvolumes", bound)["spec"].get("hostPath") or {}).get("path")
                 if host_path:
                     dirs[claim] = Path(host_path)
         return dirs
