@@ -13,24 +13,15 @@ from pathlib import Path
 import pytest
 
 from ddpjob_sandbox.client import ApiError, KubeClient
-from ddpjob_sandbox.control_plane import ControlPlane
 from ddpjob_sandbox.control_plane.cluster import volume_body
-from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL, running_kubelets
+from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL
 from ddpjob_sandbox.node.network import pod_ip
 from ddpjob_sandbox.node.reporting import FINALIZER
+from tests.cluster.conftest import KUBELET_NAMES as NAMES
 
 pytestmark = pytest.mark.cluster
 
-NAMES = ("kubelet-0", "kubelet-1", "kubelet-2")
 WAIT = 60.0  # scheduling, a process start and a status write on a busy 2-core machine
-
-
-@pytest.fixture(scope="module")
-def kubelets(control_plane: ControlPlane, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kubelets")
-    with running_kubelets(control_plane.layout.pki, control_plane.url, root, NAMES, heartbeat_seconds=2.0,
-                          poll_seconds=0.2) as running:
-        yield running
 
 
 def pod(name: str, script: str, *, env: dict | None = None, node: str | None = None, grace: int | None = None,

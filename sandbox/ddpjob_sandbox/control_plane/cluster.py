@@ -59,11 +59,12 @@ def volume_body(name: str, path: Path, capacity: str = VOLUME_CAPACITY) -> dict:
                      "hostPath": {"path": str(path), "type": "DirectoryOrCreate"}}}
 
 
-def make_volumes(client: KubeClient, root: Path, count: int = VOLUMES) -> list[str]:
-    """Creates ``count`` hostPath volumes under ``root`` (kept when they exist); returns their names."""
+def make_volumes(client: KubeClient, root: Path, count: int = VOLUMES, prefix: str = "sandbox-pv") -> list[str]:
+    """Creates ``count`` hostPath volumes ``<prefix>-<i>`` under ``root`` (kept when they exist);
+    returns their names."""
     names = []
     for i in range(count):
-        name = f"sandbox-pv-{i}"
+        name = f"{prefix}-{i}"
         path = root / name
         path.mkdir(parents=True, exist_ok=True)
         try:

@@ -34,10 +34,9 @@ from ddpjob_sandbox.node.launch import (
     EMULATOR_PLACEMENT, NODE_ENV, POD_ENV, Placement, UnsupportedPodError, claim_dir, container_launch, pod_dir,
     volume_dirs,
 )
-from ddpjob_sandbox.node.network import Resolver, pod_ip
+from ddpjob_sandbox.node.network import Resolver, network_env, pod_ip
 from ddpjob_sandbox.node.projection import Projector, in_cluster_env, service_account_dir
 from ddpjob_sandbox.node.reporting import NamespacePods, NodePods, PodReporter
-from ddpjob_trainer.listen import LISTEN_HOST_ENV
 from ddpjob_sandbox.pod_status import INSUFFICIENT_GPU, now_rfc3339, running_status, terminated_status, waiting_status
 from ddpjob_sandbox.procs import holds_socket, kill_marked, listening_socket_inodes, marked_pids
 
@@ -271,9 +270,8 @@ class NodeAgent:
             raise UnsupportedPodError(f"pod address {address} is held by pod {holder.namespace}/{holder.name} "
                                       "on this node (a hash collision); delete one of them")
         resolver = Resolver(namespace, self.dns.services(namespace), self.dns.client.list("pods", namespace))
-        # The stand-in for the pod's network namespace: ddpjob's listeners bind this address only.
         return Placement(pod_ip=address, resolve=resolver, claims=self.reporter.claim_dirs(pod),
-                         env={LISTEN_HOST_ENV: address})
+                         env=network_env(address))
 
     def _prepare(self, pod: dict) -> tuple[Placement, Any]:
         """The pod's placement and launch, its API-backed volumes filled (token, ConfigMaps...)."""

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ddpjob_sandbox.pod_status import LOOPBACK
+from ddpjob_trainer.listen import LISTEN_HOST_ENV
 
 CLUSTER_DOMAIN = "cluster.local"
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -43,6 +44,19 @@ def pod_ip(namespace: str, name: str) -> str:
     """
     digest = hashlib.sha256(f"{namespace}/{name}".encode()).digest()
     return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
+
+
+def network_env(address: str) -> dict[str, str]:
+    """The stand-in for a pod's network namespace, in the environment its processes start with.
+
+    In a pod, a listener on every interface is reachable at the pod's address only, and the
+    pod's own hostname resolves to that address. Here every process shares the machine's
+    interfaces and name, so: ddpjob's listeners bind the pod's address only (DDPJOB_LISTEN_HOST,
+    ddpjob_trainer/listen.py), and torchrun, which would otherwise publish the machine's name
+    (socket.getfqdn()) as the address its peers reach it at, publishes the pod's (PET_LOCAL_ADDR,
+    its --local-addr). The pod's own env, set after, wins.
+    """
+    return {LISTEN_HOST_ENV: address, "PET_LOCAL_ADDR": address}
 
 
 def selects(selector: Mapping[str, str] | None, labels: Mapping[str, str] | None) -> bool:

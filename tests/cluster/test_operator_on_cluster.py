@@ -1,0 +1,118 @@
+"""The operator installed with the real `helm install` of charts/ddpjob-operator, running as its
+Deployment's pod on a sandbox kubelet under the chart's ServiceAccount and RBAC (never as admin),
+trains the shipped c10d example to Succeeded on the real control plane; a node pod deleted
+mid-run is replaced and the job still succeeds."""
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpjob_operator.api import constants as C
+from ddpjob_sandbox.client import KubeClient
+from ddpjob_sandbox.control_plane import ControlPlane
+from ddpjob_sandbox.control_plane.cluster import make_volumes
+from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL
+from ddpjob_sandbox.examples import EXAMPLES, example_job, kubectl_apply, trainer_args
+from ddpjob_sandbox.procs import free_port
+from tests.cluster.crds import REPO, chart_crd, install_crd
+
+pytestmark = pytest.mark.cluster
+
+HELM = REPO / ".cluster" / "bin" / "helm"
+CHART = REPO / "charts" / "ddpjob-operator"
+RELEASE = "ddpjob"
+OPERATOR_SELECTOR = f"app.kubernetes.io/name=ddpjob-operator,app.kubernetes.io/instance={RELEASE}"
+OPERATOR_READY_SECONDS = 120  # scheduling + the operator importing kopf on a busy 2-core machine
+JOB_SECONDS = 300  # 2 torchrun agents and their workers importing torch, then a short training
+
+
+@dataclass(frozen=True)
+class Installed:
+    kube: KubeClient
+    account: str  # the operator's ServiceAccount, as the API server names its user
+    workdir: Path
+
+
+def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), *args],
+                          capture_output=True, text=True, timeout=OPERATOR_READY_SECONDS + 60)
+    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterator[Installed]:
+    """The chart installed in a namespace of its own that enforces Pod Security `restricted`, with
+    hostPath volumes for the examples' claims, watching only that namespace."""
+    workdir = tmp_path_factory.mktemp("operator-on-cluster")
+    kube = control_plane.client(namespace=f"ddpjob-{uuid.uuid4().hex[:6]}")
+    kube.create("namespaces", {"metadata": {"name": kube.namespace, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    kube.wait_for(lambda: kube.find("serviceaccounts", "default"), timeout=30, what="the default service account")
+    install_crd(kube, chart_crd())  # the corpus tests may have left a variant of it
+    make_volumes(kube, workdir / "volumes", prefix=f"{kube.namespace}-pv")
+    helm(control_plane, "install", RELEASE, str(CHART), "--namespace", kube.namespace, "--wait",
+         "--timeout", f"{OPERATOR_READY_SECONDS}s",
+         "--set", f"watchNamespaces={{{kube.namespace}}}", "--set", f"livenessPort={free_port()}",
+         "--set", "progressPollSeconds=2", "--set-json", f'nodeSelector={json.dumps({NODE_LABEL: "true"})}')
+    (deployment,) = kube.list("deployments", label_selector=OPERATOR_SELECTOR)
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    try:
+        yield Installed(kube, f"system:serviceaccount:{kube.namespace}:{account}", workdir)
+    finally:
+        subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), "uninstall", RELEASE,
+                        "--namespace", kube.namespace, "--wait", "--timeout", "60s"], capture_output=True, timeout=90)
+        kube.delete("namespaces", kube.namespace)
+
+
+def operator_logs(kube: KubeClient) -> str:
+    done = kube.kubectl("logs", "-l", OPERATOR_SELECTOR, "--tail", "40", check=False)
+    return done.stdout + done.stderr
+
+
+def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:
+    """Who created the pods ``<prefix>*`` in ``namespace``, from the API server's audit log."""
+    users = set()
+    for line in control_plane.layout.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (event.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("subresource")) == \
+                ("create", "pods", namespace, None) and event.get("responseStatus", {}).get("code") == 201 \
+                and ref.get("name", "").startswith(prefix):
+            users.add(event["user"]["username"])
+    return users
+
+
+def job_phase(kube: KubeClient, name: str = "mlp") -> str | None:
+    return (kube.get("ddpjobs", name).get("status") or {}).get("phase")
+
+
+def start_example(installed: Installed, name: str) -> dict:
+    """snapshot-pvc.yaml and the test-speed c10d example (example_job names its overrides)."""
+    kube = installed.kube
+    kube.kubectl("apply", "-f", str(EXAMPLES / "snapshot-pvc.yaml"))
+    body = example_job(args=trainer_args(epochs=2, samples=512, step_sleep=0.05, snapshot_every_steps=4),
+                       rdzv_port=free_port())
+    body["metadata"]["name"] = name
+    body["spec"]["nodeSelector"] = {NODE_LABEL: "true"}
+    kubectl_apply(kube, body, installed.workdir)
+    return body
+
+
+def test_helm_installs_the_operator_as_a_pod_that_trains_the_c10d_example_to_succeeded(
+        installed: Installed, control_plane: ControlPlane):
+    kube = installed.kube
+    (operator_pod,) = kube.list("pods", label_selector=OPERATOR_SELECTOR)
+    assert operator_pod["status"]["phase"] == "Running" and operator_pod["spec"]["nodeName"]
+    start_example(installed, "mlp")
+    kube.wait_for(lambda: job_phase(kube) in (C.PHASE_SUCCEEDED, C.PHASE_FAILED), timeout=JOB_SECONDS,
+                  interval=1.0, what=f"DDPJob mlp finishing; operator log:\n{operator_logs(kube)}")
+    assert job_phase(kube) == C.PHASE_SUCCEEDED, kube.get("ddpjobs", "mlp")["status"]
+    assert pods_created_by(control_plane, kube.namespace, "mlp-") == {installed.account}, \
+        "the operator created the job's pods under the chart's ServiceAccount, not as the admin"
