@@ -94,12 +94,16 @@ def job_phase(kube: KubeClient, name: str = "mlp") -> str | None:
     return (kube.get("ddpjobs", name).get("status") or {}).get("phase")
 
 
-def start_example(installed: Installed, name: str) -> dict:
+SHORT = trainer_args(epochs=2, samples=512, step_sleep=0.05, snapshot_every_steps=4)  # 16 steps
+# 96 steps of at least 0.2 s: long enough that the operator polls a snapshot before the end.
+LONGER = trainer_args(epochs=3, samples=2048, step_sleep=0.2, snapshot_every_steps=8)
+
+
+def start_example(installed: Installed, name: str, args: list[str] = SHORT) -> dict:
     """snapshot-pvc.yaml and the test-speed c10d example (example_job names its overrides)."""
     kube = installed.kube
     kube.kubectl("apply", "-f", str(EXAMPLES / "snapshot-pvc.yaml"))
-    body = example_job(args=trainer_args(epochs=2, samples=512, step_sleep=0.05, snapshot_every_steps=4),
-                       rdzv_port=free_port())
+    body = example_job(args=args, rdzv_port=free_port())
     body["metadata"]["name"] = name
     body["spec"]["nodeSelector"] = {NODE_LABEL: "true"}
     kubectl_apply(kube, body, installed.workdir)
@@ -126,9 +130,11 @@ def test_helm_installs_the_operator_as_a_pod_that_trains_the_c10d_example_to_suc
 @pytest.mark.timeout(OPERATOR_READY_SECONDS + 2 * JOB_SECONDS)
 def test_a_node_pod_deleted_mid_run_is_replaced_and_the_job_succeeds(installed: Installed):
     kube = installed.kube
-    start_example(installed, "mlp-again")
+    start_example(installed, "mlp-again", LONGER)
+    # The operator reads the snapshot from the pods' progress port (their own addresses) while they run.
     kube.wait_for(lambda: ((kube.get("ddpjobs", "mlp-again").get("status") or {}).get("lastSnapshot") or {})
-                  .get("step"), timeout=JOB_SECONDS, interval=1.0, what="a first snapshot")
+                  .get("step"), timeout=JOB_SECONDS, interval=0.5, what="a first snapshot")
+    assert job_phase(kube, "mlp-again") == C.PHASE_RUNNING, "deleted mid-run, not after the end"
     victim = kube.get("pods", "mlp-again-node-1")
     kube.delete("pods", "mlp-again-node-1")
     kube.wait_for(lambda: (p := kube.find("pods", "mlp-again-node-1")) is not None
