@@ -17,6 +17,7 @@ from ddpjob_sandbox.control_plane.cluster import volume_body
 from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL
 from ddpjob_sandbox.node.network import pod_ip
 from ddpjob_sandbox.node.reporting import FINALIZER
+from ddpjob_sandbox.procs import free_port
 from tests.cluster.conftest import KUBELET_NAMES as NAMES
 
 pytestmark = pytest.mark.cluster
@@ -159,11 +160,14 @@ def read_from(address: str, port: int) -> str:
 
 
 def test_two_pods_on_one_node_serve_the_same_port_each_on_its_own_address(kubelets, kube: KubeClient):
+    # As every node pod serves the progress port; not 29410 itself: a process elsewhere on this
+    # machine listening there on every interface (an emulator test's trainer) would take it from both.
+    port = free_port()
     for name in ("left", "right"):
-        kube.create("pods", pod(name, SERVE, env={"PORT": "29410"}, node=NAMES[1]))
+        kube.create("pods", pod(name, SERVE, env={"PORT": str(port)}, node=NAMES[1]))
     addresses = {name: phase_in(kube, name, ("Running",))["status"]["podIP"] for name in ("left", "right")}
     assert addresses["left"] != addresses["right"]
-    answers = kube.wait_for(lambda: _answers(addresses, 29410), timeout=WAIT, what="both pods answering on 29410")
+    answers = kube.wait_for(lambda: _answers(addresses, port), timeout=WAIT, what=f"both pods answering on {port}")
     assert answers == {"left": "left", "right": "right"}, logs(kubelets)
 
 

@@ -16,7 +16,7 @@ import pytest
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.common import job_selector
 from ddpjob_sandbox.client import KubeClient
-from ddpjob_sandbox.control_plane import ControlPlane
+from ddpjob_sandbox.control_plane import BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane
 from ddpjob_sandbox.control_plane.cluster import make_volumes
 from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL
 from ddpjob_sandbox.examples import EXAMPLES, example_job, kubectl_apply, trainer_args
@@ -25,7 +25,7 @@ from tests.cluster.crds import REPO, chart_crd, install_crd
 
 pytestmark = pytest.mark.cluster
 
-HELM = REPO / ".cluster" / "bin" / "helm"
+HELM = DEFAULT_BIN_DIR / "helm"
 CHART = REPO / "charts" / "ddpjob-operator"
 RELEASE = "ddpjob"
 OPERATOR_SELECTOR = f"app.kubernetes.io/name=ddpjob-operator,app.kubernetes.io/instance={RELEASE}"
@@ -38,6 +38,7 @@ class Installed:
     kube: KubeClient
     account: str  # the operator's ServiceAccount, as the API server names its user
     workdir: Path
+    kubelets: list
 
 
 def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess:
@@ -51,6 +52,8 @@ def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess
 def installed(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterator[Installed]:
     """The chart installed in a namespace of its own that enforces Pod Security `restricted`, with
     hostPath volumes for the examples' claims, watching only that namespace."""
+    if not HELM.exists():
+        pytest.fail(f"the operator tier needs {HELM}: build it with {BUILD_COMMAND}", pytrace=False)
     workdir = tmp_path_factory.mktemp("operator-on-cluster")
     kube = control_plane.client(namespace=f"ddpjob-{uuid.uuid4().hex[:6]}")
     kube.create("namespaces", {"metadata": {"name": kube.namespace, "labels": {
@@ -65,16 +68,28 @@ def installed(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterat
     (deployment,) = kube.list("deployments", label_selector=OPERATOR_SELECTOR)
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     try:
-        yield Installed(kube, f"system:serviceaccount:{kube.namespace}:{account}", workdir)
+        yield Installed(kube, f"system:serviceaccount:{kube.namespace}:{account}", workdir, kubelets)
     finally:
         subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), "uninstall", RELEASE,
                         "--namespace", kube.namespace, "--wait", "--timeout", "60s"], capture_output=True, timeout=90)
         kube.delete("namespaces", kube.namespace)
 
 
-def operator_logs(kube: KubeClient) -> str:
+def wait(installed: Installed, predicate, timeout: float, what: str) -> None:
+    """kube.wait_for, failing with the diagnosis of that moment."""
+    try:
+        installed.kube.wait_for(predicate, timeout=timeout, interval=0.5, what=what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnosis(installed.kube, installed.kubelets)}") from None
+
+
+def diagnosis(kube: KubeClient, kubelets) -> str:
+    """What a failed wait shows: the operator's log, the pods as stored, the kubelets' errors."""
     done = kube.kubectl("logs", "-l", OPERATOR_SELECTOR, "--tail", "40", check=False)
-    return done.stdout + done.stderr
+    pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), (p.get("status") or {}).get("phase"),
+             p["metadata"].get("deletionTimestamp")) for p in kube.list("pods")]
+    errors = {k.name: k.agent.errors[-3:] for k in kubelets}
+    return f"operator log:\n{done.stdout}{done.stderr}\npods: {pods}\nkubelet errors: {errors}"
 
 
 def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:
@@ -105,7 +120,7 @@ def start_example(installed: Installed, name: str, args: list[str] = SHORT) -> d
     kube.kubectl("apply", "-f", str(EXAMPLES / "snapshot-pvc.yaml"))
     body = example_job(args=args, rdzv_port=free_port())
     body["metadata"]["name"] = name
-    body["spec"]["nodeSelector"] = {NODE_LABEL: "true"}
+    body["spec"]["scheduling"] = {"nodeSelector": {NODE_LABEL: "true"}}  # the kubelets' Nodes, not bare ones
     kubectl_apply(kube, body, installed.workdir)
     return body
 
@@ -117,13 +132,13 @@ def test_helm_installs_the_operator_as_a_pod_that_trains_the_c10d_example_to_suc
     (operator_pod,) = kube.list("pods", label_selector=OPERATOR_SELECTOR)
     assert operator_pod["status"]["phase"] == "Running" and operator_pod["spec"]["nodeName"]
     start_example(installed, "mlp")
-    status = wait_finished(kube, "mlp")
+    status = wait_finished(installed, "mlp")
     assert status["phase"] == C.PHASE_SUCCEEDED, status
     assert pods_created_by(control_plane, kube.namespace, "mlp-") == {installed.account}, \
         "the operator created the job's pods under the chart's ServiceAccount, not as the admin"
     kube.delete("ddpjobs", "mlp")
-    kube.wait_for(lambda: not kube.list("pods", label_selector=job_selector("mlp")), timeout=60,
-                  what="the job's pods gone with it")
+    wait(installed, lambda: not kube.list("pods", label_selector=job_selector("mlp")), 60,
+         "the job's pods gone with it")
 
 
 @pytest.mark.slow  # a second training with a replacement (~2-3 min on a loaded 2-core machine)
@@ -132,20 +147,20 @@ def test_a_node_pod_deleted_mid_run_is_replaced_and_the_job_succeeds(installed: 
     kube = installed.kube
     start_example(installed, "mlp-again", LONGER)
     # The operator reads the snapshot from the pods' progress port (their own addresses) while they run.
-    kube.wait_for(lambda: ((kube.get("ddpjobs", "mlp-again").get("status") or {}).get("lastSnapshot") or {})
-                  .get("step"), timeout=JOB_SECONDS, interval=0.5, what="a first snapshot")
+    wait(installed, lambda: ((kube.get("ddpjobs", "mlp-again").get("status") or {}).get("lastSnapshot") or {})
+         .get("step"), JOB_SECONDS, "a first snapshot")
     assert job_phase(kube, "mlp-again") == C.PHASE_RUNNING, "deleted mid-run, not after the end"
     victim = kube.get("pods", "mlp-again-node-1")
     kube.delete("pods", "mlp-again-node-1")
-    kube.wait_for(lambda: (p := kube.find("pods", "mlp-again-node-1")) is not None
-                  and p["metadata"]["uid"] != victim["metadata"]["uid"], timeout=JOB_SECONDS,
-                  what="the operator replacing the deleted node pod")
-    status = wait_finished(kube, "mlp-again")
+    wait(installed, lambda: (p := kube.find("pods", "mlp-again-node-1")) is not None
+         and p["metadata"]["uid"] != victim["metadata"]["uid"], JOB_SECONDS, "the operator replacing the deleted pod")
+    status = wait_finished(installed, "mlp-again")
     assert status["phase"] == C.PHASE_SUCCEEDED, status
-    assert status["restarts"] >= 1, status
+    recorded = [f for f in status.get("failures") or [] if f["pod"] == "mlp-again-node-1"]
+    assert [f["cause"] for f in recorded] == [C.CAUSE_DELETED], status.get("failures")  # a free restart
 
 
-def wait_finished(kube: KubeClient, name: str) -> dict:
-    kube.wait_for(lambda: job_phase(kube, name) in C.FINISHED_PHASES, timeout=JOB_SECONDS, interval=1.0,
-                  what=f"DDPJob {name} finishing; operator log:\n{operator_logs(kube)}")
+def wait_finished(installed: Installed, name: str) -> dict:
+    kube = installed.kube
+    wait(installed, lambda: job_phase(kube, name) in C.FINISHED_PHASES, JOB_SECONDS, f"DDPJob {name} finishing")
     return kube.get("ddpjobs", name)["status"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpjob_sandbox.control_plane.pki import CLUSTER_DNS
+
 # Addresses the API server hands out to Services; nothing routes them (no kube-proxy here),
 # they only have to be valid and not overlap the machine's own networks.
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
@@ -54,7 +56,7 @@ rules:
 
 # What CoreDNS's ClusterRole (system:coredns) grants, bound to the imitated DNS's user
 # (pki.CLUSTER_DNS): a kubelet may list only its own pods, so it cannot resolve names itself.
-CLUSTER_DNS_ROLE = "system:sandbox:cluster-dns"
+CLUSTER_DNS_ROLE = CLUSTER_DNS.user
 CLUSTER_DNS_RBAC = (
     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": CLUSTER_DNS_ROLE},
      "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
@@ -62,7 +64,7 @@ CLUSTER_DNS_RBAC = (
                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]},
     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": CLUSTER_DNS_ROLE},
      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_DNS_ROLE},
-     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:sandbox:cluster-dns"}]},
+     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CLUSTER_DNS.user}]},
 )
 
 

@@ -31,8 +31,8 @@ from typing import Any
 from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.node.container import PodProcess
 from ddpjob_sandbox.node.launch import (
-    EMULATOR_PLACEMENT, NODE_ENV, POD_ENV, Placement, UnsupportedPodError, claim_dir, container_launch, pod_dir,
-    volume_dirs,
+    EMULATOR_PLACEMENT, NODE_ENV, POD_ENV, ContainerLaunch, Placement, UnsupportedPodError, claim_dir,
+    container_launch, pod_dir, volume_dirs,
 )
 from ddpjob_sandbox.node.network import Resolver, network_env, pod_ip
 from ddpjob_sandbox.node.projection import Projector, in_cluster_env, service_account_dir
@@ -273,7 +273,7 @@ class NodeAgent:
         return Placement(pod_ip=address, resolve=resolver, claims=self.reporter.claim_dirs(pod),
                          env=network_env(address))
 
-    def _prepare(self, pod: dict) -> tuple[Placement, Any]:
+    def _prepare(self, pod: dict) -> tuple[Placement, ContainerLaunch]:
         """The pod's placement and launch, its API-backed volumes filled (token, ConfigMaps...)."""
         meta = pod["metadata"]
         placement = self.placement(pod)

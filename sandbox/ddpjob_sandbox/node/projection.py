@@ -16,6 +16,7 @@ the ``kubernetes`` Service.
 from __future__ import annotations
 
 import base64
+import json
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -81,7 +82,8 @@ class Projector:
             return {k: v.encode() for k, v in (body.get("data") or {}).items()}
         return {k: base64.b64decode(v) for k, v in (body.get("data") or {}).items()}
 
-    def _source_files(self, pod: Mapping[str, Any], source: Mapping[str, Any], placement: Placement) -> dict[str, bytes]:
+    def _source_files(self, pod: Mapping[str, Any], source: Mapping[str, Any],
+                      placement: Placement) -> dict[str, bytes]:
         namespace = pod["metadata"]["namespace"]
         if "serviceAccountToken" in source:
             return {source["serviceAccountToken"]["path"]: self.token(pod, source["serviceAccountToken"])}
@@ -138,20 +140,14 @@ def in_cluster_env(pod: Mapping[str, Any], account_dir: Path, root: Path, api_ur
     token = (account_dir / "token").read_text().strip()
     kubeconfig = pod_dir(root, pod["metadata"]) / "kubeconfig"
     kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-    kubeconfig.write_text(f"""\
-apiVersion: v1
-kind: Config
-current-context: in-cluster
-clusters:
-- name: in-cluster
-  cluster: {{server: "{api_url}", certificate-authority: "{account_dir / 'ca.crt'}"}}
-users:
-- name: service-account
-  user: {{token: "{token}"}}
-contexts:
-- name: in-cluster
-  context: {{cluster: in-cluster, user: service-account, namespace: "{pod['metadata']['namespace']}"}}
-""")
+    # JSON is YAML: every value quoted right, whatever the paths hold.
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "in-cluster",
+        "clusters": [{"name": "in-cluster", "cluster": {"server": api_url,
+                                                        "certificate-authority": str(account_dir / "ca.crt")}}],
+        "users": [{"name": "service-account", "user": {"token": token}}],
+        "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "service-account",
+                                                        "namespace": pod["metadata"]["namespace"]}}]}, indent=2))
     kubeconfig.chmod(0o600)
     return {"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": url.hostname or "",
             "KUBERNETES_SERVICE_PORT": str(url.port or 443)}
