@@ -24,12 +24,12 @@ def now_rfc3339() -> str:
     return format_time(datetime.datetime.now(datetime.timezone.utc))
 
 
-def running_status(container: str, started_at: str) -> dict:
+def running_status(container: str, started_at: str, pod_ip: str = LOOPBACK, host_ip: str = LOOPBACK) -> dict:
     """What a kubelet reports once the container started (ready: no probes are rendered)."""
     conditions = [{"type": t, "status": "True", "lastTransitionTime": started_at}
                   for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
     return {"status": {
-        "phase": "Running", "hostIP": LOOPBACK, "podIP": LOOPBACK, "podIPs": [{"ip": LOOPBACK}],
+        "phase": "Running", "hostIP": host_ip, "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
         "startTime": started_at, "conditions": conditions,
         "containerStatuses": [{"name": container, "ready": True, "started": True, "restartCount": 0,
                                "image": "sandbox", "imageID": "", "state": {"running": {"startedAt": started_at}}}]}}

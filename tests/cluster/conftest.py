@@ -15,6 +15,9 @@ from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane import (
     BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane, missing_binaries, running_control_plane,
 )
+from ddpjob_sandbox.control_plane.kubelets import Kubelet, running_kubelets
+
+KUBELET_NAMES = ("kubelet-0", "kubelet-1", "kubelet-2")
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +40,13 @@ def kube(control_plane: ControlPlane) -> KubeClient:
     client.wait_for(lambda: client.find("serviceaccounts", "default"), timeout=30,
                     what=f"the default service account of {client.namespace}")
     return client
+
+
+@pytest.fixture(scope="session")
+def kubelets(control_plane: ControlPlane, tmp_path_factory) -> Iterator[list[Kubelet]]:
+    """Three Nodes whose kubelets (in this process, so a test reads their agents) run the pods bound
+    to them; their Nodes carry control_plane.kubelets.NODE_LABEL."""
+    root = tmp_path_factory.mktemp("kubelets")
+    with running_kubelets(control_plane.layout.pki, control_plane.url, root, KUBELET_NAMES, heartbeat_seconds=2.0,
+                          poll_seconds=0.2) as running:
+        yield running

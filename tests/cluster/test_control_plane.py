@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import uuid
@@ -13,6 +14,9 @@ import pytest
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane import DEFAULT_BIN_DIR, REPO, ControlPlane
+from ddpjob_sandbox.control_plane.kubelets import cluster_marker
+from ddpjob_sandbox.node.launch import NODE_ENV
+from ddpjob_sandbox.procs import marked_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -84,23 +88,53 @@ def component_pids(root: Path) -> list[int]:
     return pids
 
 
-def test_make_cluster_starts_a_healthy_control_plane_and_down_leaves_no_process(tmp_path: Path):
+def test_make_cluster_starts_ready_nodes_that_run_pods_and_down_leaves_no_process(tmp_path: Path):
     command = [sys.executable, "-m", "ddpjob_sandbox.control_plane"]
     env_args = ["--dir", str(tmp_path), "--bin-dir", str(DEFAULT_BIN_DIR)]
+    kubectl = [str(DEFAULT_BIN_DIR / "kubectl"), "--kubeconfig", str(tmp_path / "kubeconfig")]
     up = subprocess.run([*command, "up", *env_args], capture_output=True, text=True, timeout=300,
                         cwd=REPO, env=_sandbox_env())
+    pod_pids: list[int] = []
     try:
         assert up.returncode == 0, up.stderr
-        assert len(component_pids(tmp_path)) == 4
-        ready = subprocess.run([str(DEFAULT_BIN_DIR / "kubectl"), "--kubeconfig", str(tmp_path / "kubeconfig"),
-                                "get", "--raw", "/readyz"], capture_output=True, text=True, timeout=30)
-        assert (ready.returncode, ready.stdout) == (0, "ok"), ready.stderr
+        assert len(component_pids(tmp_path)) == 5, "etcd, API server, controller manager, scheduler, kubelets"
+        nodes = json.loads(subprocess.run([*kubectl, "get", "nodes", "-o", "json"], capture_output=True, text=True,
+                                          timeout=30, check=True).stdout)["items"]
+        ready = [n["metadata"]["name"] for n in nodes
+                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])]
+        assert len(ready) >= 3, "up returns only once three Nodes are Ready"
+        subprocess.run([*kubectl, "apply", "-f", str(REPO / "manifests" / "examples" / "snapshot-pvc.yaml")],
+                       capture_output=True, text=True, timeout=30, check=True)
+        subprocess.run([*kubectl, "run", "sleeper", "--image=sandbox", "--restart=Never", "--command", "--",
+                        "python", "-c", "import time; time.sleep(600)"], capture_output=True, text=True, timeout=30,
+                       check=True)
+        client = _admin(tmp_path)
+        client.wait_for(lambda: client.get("persistentvolumeclaims", "mlp-snapshots")["status"].get("phase")
+                        == "Bound", timeout=WAIT, what="the example claim bound to a hostPath volume")
+        client.wait_for(lambda: client.get("pods", "sleeper")["status"].get("phase") == "Running", timeout=WAIT,
+                        what="the sleeper pod running on a kubelet")
+        pod_pids = [p for p in _marked(tmp_path) if p not in component_pids(tmp_path)]
+        assert pod_pids, "the pod's process runs on this machine, marked as the cluster's"
     finally:
         down = subprocess.run([*command, "down", *env_args], capture_output=True, text=True, timeout=120,
                               cwd=REPO, env=_sandbox_env())
     assert down.returncode == 0, down.stderr
     assert component_pids(tmp_path) == []
-    assert down.stdout.strip() == "stopped: kube-scheduler, kube-controller-manager, kube-apiserver, etcd"
+    assert _marked(tmp_path) == [], "no kubelet or pod process survives cluster-down"
+    assert down.stdout.strip() == "stopped: kubelets, kube-scheduler, kube-controller-manager, kube-apiserver, etcd"
+
+
+def _marked(root: Path) -> list[int]:
+    """Processes of the cluster's kubelets and pods (their SANDBOX_NODE marker)."""
+    return marked_pids(cluster_marker(root), key=NODE_ENV, prefix=True)
+
+
+def _admin(root: Path) -> KubeClient:
+    """The admin's client of the cluster ``make cluster`` started in ``root``."""
+    context = ssl.create_default_context(cafile=str(root / "pki" / "ca.crt"))
+    context.load_cert_chain(str(root / "pki" / "admin.crt"), str(root / "pki" / "admin.key"))
+    url = json.loads((root / "state.json").read_text())["apiserver"]
+    return KubeClient(url, root / "kubeconfig", ssl_context=context)
 
 
 def _sandbox_env() -> dict[str, str]:

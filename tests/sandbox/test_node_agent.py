@@ -99,10 +99,13 @@ def test_an_image_the_node_maps_runs_in_its_environment_without_this_machines_py
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda pod: pod["spec"]["volumes"].append({"name": "creds", "secret": {"secretName": "s"}}),
-     "volume 'creds' is a secret; the sandbox node supports persistentVolumeClaim and emptyDir only"),
-    (lambda pod: pod["spec"]["containers"][0]["env"].append({"name": "IP", "valueFrom": {"fieldRef": {}}}),
-     "env IP uses valueFrom; the sandbox node takes literal values only"),
+    (lambda pod: pod["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/etc"}}),
+     "volume 'host' is a hostPath; the sandbox node supports persistentVolumeClaim, emptyDir and projected"),
+    (lambda pod: pod["spec"]["containers"][0]["env"].append({"name": "K", "valueFrom": {"secretKeyRef": {}}}),
+     "env K uses valueFrom secretKeyRef; the sandbox node takes literal values and fieldRef only"),
+    (lambda pod: pod["spec"]["containers"][0]["env"].append(
+        {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}}),
+     r"env fieldRef.fieldPath \"metadata.labels\['a'\]\" is not provided by the sandbox node"),
     (lambda pod: pod["spec"]["containers"][0].update(command=["no-such-binary-here"]),
      'command "no-such-binary-here" is not found'),
 ])
@@ -230,12 +233,13 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(k8s, no
 
 
 def test_a_pod_the_node_cannot_run_stays_pending_with_the_reason(k8s, node_agent):
-    pod = make_pod("secretive", "pass", volumes=[{"name": "creds", "secret": {"secretName": "s"}}])
+    pod = make_pod("secretive", "pass", volumes=[{"name": "creds", "secret": {"secretName": "s"}},
+                                                 {"name": "host", "hostPath": {"path": "/etc"}}])
     k8s.create("pods", pod)
     waiting = k8s.wait_for(lambda: ((k8s.get("pods", "secretive").get("status") or {}).get("containerStatuses")
                                     or [{}])[0].get("state", {}).get("waiting"), what="a waiting reason")
     assert waiting["reason"] == "CreateContainerConfigError"
-    assert "volume 'creds' is a secret" in waiting["message"]
+    assert "volume 'host' is a hostPath" in waiting["message"]
     assert k8s.get("pods", "secretive")["status"]["phase"] == "Pending"
 
 

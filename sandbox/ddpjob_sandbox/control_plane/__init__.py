@@ -8,8 +8,12 @@ tests/cluster/ starts one in a temporary folder on free loopback ports.
 
 Modules, each importing only those below it:
 
+    cluster     what ``make cluster`` runs: the control plane, the kubelets as one background
+                process (until 3 Nodes are Ready), hostPath PersistentVolumes; down leaves no process
+    kubelets    a Node (nodes) plus the node agent (ddpjob_sandbox.node) running the pods bound
+                to it, in-process for the tests or as that background process
     nodes       Nodes that register and keep themselves Ready (Lease, Ready condition), each
-                logged in as its own kubelet (system:node:<name>); they run no pods yet
+                logged in as its own kubelet (system:node:<name>)
     runner      start in order, each healthy before the next (bounded waits, log tail on
                 failure); stop by the recorded pids, each process group whole
     components  the command line of each component, and the kubeconfigs (pure)
@@ -26,7 +30,7 @@ from ddpjob_sandbox.binaries import DEFAULT_BIN_DIR, REPO
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane.components import Layout
 from ddpjob_sandbox.control_plane.runner import (
-    BUILD_COMMAND, ControlPlaneError, admin_ssl_context, down, missing_binaries, new_layout, up,
+    BUILD_COMMAND, ControlPlaneError, admin_client, down, missing_binaries, new_layout, up,
 )
 
 __all__ = ["BUILD_COMMAND", "ControlPlane", "ControlPlaneError", "DEFAULT_BIN_DIR", "REPO", "missing_binaries",
@@ -49,8 +53,7 @@ class ControlPlane:
 
     def client(self, namespace: str = "default") -> KubeClient:
         """A KubeClient logged in as the admin (system:masters) over the cluster's TLS."""
-        return KubeClient(self.url, self.kubeconfig, namespace, ssl_context=admin_ssl_context(self.layout),
-                          kubectl=str(self.layout.bin_dir / "kubectl"))
+        return admin_client(self.layout, namespace)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpjob_sandbox.control_plane.pki import CLUSTER_DNS
+
 # Addresses the API server hands out to Services; nothing routes them (no kube-proxy here),
 # they only have to be valid and not overlap the machine's own networks.
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
@@ -50,6 +52,20 @@ omitStages: ["RequestReceived"]
 rules:
 - level: Metadata
 """
+
+
+# What CoreDNS's ClusterRole (system:coredns) grants, bound to the imitated DNS's user
+# (pki.CLUSTER_DNS): a kubelet may list only its own pods, so it cannot resolve names itself.
+CLUSTER_DNS_ROLE = CLUSTER_DNS.user
+CLUSTER_DNS_RBAC = (
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": CLUSTER_DNS_ROLE},
+     "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
+                "verbs": ["list", "watch", "get"]},
+               {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": CLUSTER_DNS_ROLE},
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_DNS_ROLE},
+     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CLUSTER_DNS.user}]},
+)
 
 
 @dataclass(frozen=True)
@@ -160,9 +176,8 @@ def scheduler_argv(layout: Layout) -> list[str]:
     return _served_component(layout, "kube-scheduler", "kube-scheduler", layout.ports.scheduler)
 
 
-def kubeconfig_text(layout: Layout, stem: str) -> str:
-    """A kubeconfig that logs in with the client certificate ``pki/<stem>.crt``."""
-    pki = layout.pki
+def kubeconfig_text(pki: Path, server: str, stem: str) -> str:
+    """A kubeconfig for ``server`` that logs in with the client certificate ``pki/<stem>.crt``."""
     return f"""\
 apiVersion: v1
 kind: Config
@@ -170,7 +185,7 @@ current-context: ddpjob-sandbox
 clusters:
 - name: ddpjob-sandbox
   cluster:
-    server: {layout.apiserver_url}
+    server: {server}
     certificate-authority: {pki / 'ca.crt'}
 users:
 - name: {stem}

@@ -4,7 +4,7 @@ A Node logs in with its own client certificate (system:node:<name>), so the API 
 authorizer and NodeRestriction admission judge it as they judge a kubelet. It creates its Node
 with capacity and labels, then every ``heartbeat_seconds`` renews its Lease in kube-node-lease
 and posts its Ready condition; the controller manager's node-lifecycle controller would mark it
-NotReady and taint it after 40 s without either. Running the pods bound to it is not done here.
+NotReady and taint it after 40 s without either. Running the pods bound to it: kubelets.py.
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ddpjob_sandbox.client import ApiError, KubeClient
-from ddpjob_sandbox.control_plane.components import Layout
-from ddpjob_sandbox.control_plane.pki import make_client_cert, node_identity
+from ddpjob_sandbox.control_plane.components import Layout, kubeconfig_text
+from ddpjob_sandbox.control_plane.pki import Identity, make_client_cert, node_identity
 from ddpjob_sandbox.pod_status import now_rfc3339
 
 LEASE_NAMESPACE = "kube-node-lease"
@@ -100,18 +101,26 @@ class Node:
                 self.errors.append(repr(e))
 
 
-def node_client(layout: Layout, name: str) -> KubeClient:
-    """A client that logs in as the kubelet of Node ``name``."""
-    crt, key = make_client_cert(layout.pki, node_identity(name))
-    context = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
+def identity_client(pki: Path, api_url: str, identity: Identity) -> KubeClient:
+    """A client logged in with ``identity``'s client certificate (made if missing); its kubectl
+    uses ``pki/<stem>.kubeconfig``."""
+    crt, key = make_client_cert(pki, identity)
+    kubeconfig = pki / f"{identity.stem}.kubeconfig"
+    kubeconfig.write_text(kubeconfig_text(pki, api_url, identity.stem))
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     context.load_cert_chain(str(crt), str(key))
-    return KubeClient(layout.apiserver_url, layout.kubeconfig("admin"), ssl_context=context)
+    return KubeClient(api_url, kubeconfig, ssl_context=context)
+
+
+def node_client(pki: Path, api_url: str, name: str) -> KubeClient:
+    """A client that logs in as the kubelet of Node ``name``."""
+    return identity_client(pki, api_url, node_identity(name))
 
 
 @contextlib.contextmanager
 def running_nodes(layout: Layout, names: list[str], **options) -> Iterator[list[Node]]:
     """Registered Nodes kept Ready until the block ends (their objects are left to the cluster)."""
-    nodes = [Node(name, node_client(layout, name), **options) for name in names]
+    nodes = [Node(name, node_client(layout.pki, layout.apiserver_url, name), **options) for name in names]
     try:
         for node in nodes:
             node.start()

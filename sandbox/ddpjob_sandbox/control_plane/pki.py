@@ -30,7 +30,10 @@ class Identity:
 ADMIN = Identity("admin", "ddpjob-admin", ("system:masters",))
 CONTROLLER_MANAGER = Identity("kube-controller-manager", "system:kube-controller-manager")
 SCHEDULER = Identity("kube-scheduler", "system:kube-scheduler")
-CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER)
+# The imitated cluster DNS (node.network.Resolver, run beside the kubelets): reads Services and
+# pods with the rights CoreDNS's ClusterRole gives it (components.CLUSTER_DNS_RBAC), no more.
+CLUSTER_DNS = Identity("cluster-dns", "system:sandbox:cluster-dns")
+CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, CLUSTER_DNS)
 
 
 def node_identity(node: str) -> Identity:

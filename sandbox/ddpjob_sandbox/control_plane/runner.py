@@ -18,11 +18,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddpjob_sandbox.binaries import BUILD_COMMAND
+from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane import components as comp
 from ddpjob_sandbox.control_plane.pki import CLIENTS, make_pki
 from ddpjob_sandbox.procs import free_port
@@ -42,6 +43,7 @@ class Component:
     argv: list[str]
     healthy: Callable[[], bool]
     timeout: float
+    env: Mapping[str, str] | None = None  # None: this process's environment
 
 
 def missing_binaries(bin_dir: Path) -> list[str]:
@@ -66,6 +68,12 @@ def admin_ssl_context(layout: comp.Layout) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
     context.load_cert_chain(str(layout.pki / "admin.crt"), str(layout.pki / "admin.key"))
     return context
+
+
+def admin_client(layout: comp.Layout, namespace: str = "default") -> KubeClient:
+    """A KubeClient logged in as the admin (system:masters) over the cluster's TLS."""
+    return KubeClient(layout.apiserver_url, layout.kubeconfig("admin"), namespace,
+                      ssl_context=admin_ssl_context(layout), kubectl=str(layout.bin_dir / "kubectl"))
 
 
 def _answers_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
@@ -105,7 +113,7 @@ def prepare(layout: comp.Layout) -> None:
     for identity in CLIENTS:
         path = layout.kubeconfig(identity.stem)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(comp.kubeconfig_text(layout, identity.stem))
+        path.write_text(comp.kubeconfig_text(layout.pki, layout.apiserver_url, identity.stem))
     (layout.root / "audit-policy.yaml").write_text(comp.AUDIT_POLICY)
     # A new cluster each time: its ports are new, and etcd remembers the old peer address.
     shutil.rmtree(layout.root / "etcd", ignore_errors=True)
@@ -146,17 +154,36 @@ def up(layout: comp.Layout) -> dict[str, subprocess.Popen]:
     started: dict[str, subprocess.Popen] = {}
     try:
         for component in components(layout):
-            log = layout.logs / f"{component.name}.log"
-            with open(log, "ab") as out:
-                started[component.name] = subprocess.Popen(
-                    component.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True)
-            _record(layout.root, started, layout)
-            _wait_healthy(component, started[component.name], log)
+            launch(layout, component, started)
+        bootstrap(layout)
     except BaseException:
         down(layout.root)
         raise
     return started
+
+
+def bootstrap(layout: comp.Layout) -> None:
+    """What a kubeadm cluster's add-ons install: the cluster DNS's rights (kept where present)."""
+    client = admin_client(layout)
+    for body in comp.CLUSTER_DNS_RBAC:
+        path = f"/apis/rbac.authorization.k8s.io/v1/{body['kind'].lower()}s"
+        try:
+            client.request("POST", path, body)
+        except ApiError as e:
+            if e.status != 409:
+                raise ControlPlaneError(f"{body['kind']} {body['metadata']['name']} was refused: {e}") from None
+
+
+def launch(layout: comp.Layout, component: Component, started: dict[str, subprocess.Popen]) -> None:
+    """Starts one component in a session of its own, records it in state.json and waits until it is
+    healthy (ControlPlaneError with its log's tail otherwise); the caller stops what started on failure."""
+    log = layout.logs / f"{component.name}.log"
+    with open(log, "ab") as out:
+        started[component.name] = subprocess.Popen(
+            component.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, env=None if component.env is None else dict(component.env))
+    _record(layout.root, started, layout)
+    _wait_healthy(component, started[component.name], log)
 
 
 def _is_component(pid: int, binary: str) -> bool:

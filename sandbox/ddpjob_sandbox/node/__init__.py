@@ -1,17 +1,22 @@
-"""A one-machine "node" for end-to-end runs: a kubelet stand-in that runs the emulator's pods
-as local processes.
+"""A one-machine "node" for end-to-end runs: a kubelet stand-in that runs pods as local processes.
 
-The API emulator stores pods but runs none. :class:`NodeAgent` plays the kubelet of a single
-node: it polls the pods of one namespace and, for each new pod, starts its container's
-command as a local process with the pod's environment, then reports back through the API
-what a kubelet reports (phase, podIP, the container's running/terminated state with the exit
-code and termination message). With it the real operator, real torchrun and the real trainer
-run a DDPJob end to end on loopback.
+Neither the API emulator nor a real control plane without kubelets runs pods.
+:class:`NodeAgent` plays the kubelet: on the emulator of a single node serving one namespace,
+on a real API server of one registered Node (``node_name``; control_plane.kubelets runs one
+per Node). For each new pod it starts its container's command as a local process with the
+pod's environment, then reports back through the API what a kubelet reports (phase, podIP, the
+container's running/terminated state with the exit code and termination message). With it the
+real operator, real torchrun and the real trainer run a DDPJob end to end on loopback.
 
-    launch     a pod -> argv, env, working directory on this machine (volumes, DNS, image; pure)
-    container  one pod's process tree: started as a session, stopped whole, exit code, message
-    reporting  the API side: finalizer, Node objects, status writes that keep others' conditions
-    agent      NodeAgent, the loop that ties them, and the fault tools tests use
+    agent       NodeAgent, the loop that ties them, and the fault tools tests use
+    reporting   the API side: which pods are the node's and how their deletion ends (finalizer
+                on the emulator, grace-0 delete on a real API server), Node objects, status
+                writes that keep others' conditions
+    projection  service-account tokens (TokenRequest), ConfigMaps, Secrets, downward API into
+                a pod's volumes, and the in-cluster kubeconfig of a pod that mounts its token
+    container   one pod's process tree: started as a session, stopped whole, exit code, message
+    launch      a pod -> argv, env, working directory on this machine (volumes, DNS, image; pure)
+    network     the imitated pod network: a loopback address per pod, cluster DNS names (pure)
 
 On loopback every c10d agent would find its own address in the endpoint; the rendered
 ``is_host`` in PET_RDZV_CONF (launch.hosts_c10d_store) says who hosts the store: nobody with

@@ -1,15 +1,22 @@
-"""The node agent: the kubelet of one sandbox "node", running a namespace's pods as local processes.
+"""The node agent: the kubelet of one sandbox "node", running its pods as local processes.
 
-It polls the pods of one namespace; for each new pod it starts the container (ddpjob_sandbox.node
-.container) from the pod's local launch (.launch) and reports what a kubelet reports (.reporting):
-Running, then the exit with its code and termination message. Deletion is graceful, as a
-kubelet makes it: the finalizer held while the process runs keeps the pod until SIGTERM,
-then SIGKILL after the grace period (capped by ``max_grace_seconds``, 5 s by default, with a
-warning when a pod asks more: see capped_grace), has ended it.
+It polls its pods; for each new pod it starts the container (ddpjob_sandbox.node.container)
+from the pod's local launch (.launch, .network, .projection) and reports what a kubelet
+reports (.reporting): Running with the pod's address, then the exit with its code and
+termination message. Deletion is graceful, as a kubelet makes it: SIGTERM, then SIGKILL after
+the grace period (capped by ``max_grace_seconds``, 5 s by default, with a warning when a pod
+asks more: see capped_grace), and only then does the pod go.
+
+Which pods are its own and how a deletion ends is the one difference between the two APIs it
+serves (reporting.NamespacePods, reporting.NodePods): on the emulator, one namespace's pods, a
+finalizer held while they run, every pod on 127.0.0.1; on a real API server (``node_name``
+given), the pods bound to that Node, deleted with grace 0 once stopped, each pod on a
+loopback address of its own (.network) with its service-account token projected.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -21,12 +28,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ddpjob_sandbox.client import KubeClient
+from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.node.container import PodProcess
 from ddpjob_sandbox.node.launch import (
-    NODE_ENV, POD_ENV, UnsupportedPodError, claim_dir, container_launch, pod_dir, volume_dirs,
+    EMULATOR_PLACEMENT, NODE_ENV, POD_ENV, ContainerLaunch, Placement, UnsupportedPodError, claim_dir,
+    container_launch, pod_dir, volume_dirs,
 )
-from ddpjob_sandbox.node.reporting import PodReporter
+from ddpjob_sandbox.node.network import Resolver, network_env, pod_ip
+from ddpjob_sandbox.node.projection import Projector, in_cluster_env, service_account_dir
+from ddpjob_sandbox.node.reporting import NamespacePods, NodePods, PodReporter
 from ddpjob_sandbox.pod_status import INSUFFICIENT_GPU, now_rfc3339, running_status, terminated_status, waiting_status
 from ddpjob_sandbox.procs import holds_socket, kill_marked, listening_socket_inodes, marked_pids
 
@@ -51,26 +61,44 @@ def capped_grace(pod_name: str, requested: float | None, cap: float) -> float:
 
 
 class NodeAgent:
-    """Runs the pods of one namespace as local process trees and reports their status.
+    """Runs its pods as local process trees and reports their status.
 
     Args:
-        client: an API client bound to the namespace to serve.
+        client: an API client; on the emulator bound to the namespace to serve, on a real API
+            server logged in as the Node's kubelet (system:node:<node_name>).
         root: the node's directory (claims, per-pod dirs and container logs).
         poll_seconds: how often pods and processes are looked at.
         max_grace_seconds: cap on a pod's terminationGracePeriodSeconds (tests stay fast; a
             capped pod is logged, see capped_grace).
-        bind_nodes: give each started pod a Node of its own (``<pod>-<uid[:5]>``, Ready) and
-            bind it there (spec.nodeName), so a test can take one pod's node down
+        bind_nodes: (emulator) give each started pod a Node of its own (``<pod>-<uid[:5]>``,
+            Ready) and bind it there (spec.nodeName), so a test can take one pod's node down
             (:meth:`node_down`); off, pods have no node, as before.
         images: image name -> the Python environment standing for it (ddpjob_sandbox.images,
             node.launch.container_launch); other images run in this interpreter's environment.
+        node_name: serve the pods bound to this Node in every namespace, as its kubelet on a
+            real API server (None: the emulator's namespace).
+        api_url: the API server a pod's processes reach (service-account pods get a
+            kubeconfig for it; see projection.in_cluster_env).
+        node_id: the value of the marker every process of this agent carries (NODE_ENV);
+            a caller that must find them from another process (``make cluster-down``) names it.
+        dns_client: who answers for cluster DNS (lists a namespace's Services and pods); a
+            kubelet may list only its own pods, so on a real API server it is the imitated
+            DNS's own identity. Default: ``client``.
     """
 
     def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
                  max_grace_seconds: float = MAX_GRACE_SECONDS, bind_nodes: bool = False,
-                 images: Mapping[str, Path] | None = None):
+                 images: Mapping[str, Path] | None = None, node_name: str | None = None,
+                 api_url: str | None = None, node_id: str | None = None, dns_client: KubeClient | None = None):
+        if bind_nodes and node_name:
+            raise ValueError("bind_nodes makes Nodes on the emulator; a kubelet (node_name) serves an existing one")
         self.client = client
+        self.dns = PodReporter(dns_client or client)
         self.reporter = PodReporter(client)
+        self.node_name = node_name
+        self.api_url = api_url
+        self.own_pods = NodePods(self.reporter, node_name) if node_name else NamespacePods(self.reporter)
+        self.projector = Projector(client)
         self.root = Path(root)
         self.poll_seconds = poll_seconds
         self.max_grace_seconds = max_grace_seconds
@@ -78,13 +106,14 @@ class NodeAgent:
         self.bind_nodes = bind_nodes  # opt-in: each started pod gets a Node object of its own (spec.nodeName)
         self.unschedulable: dict[str, str] = {}  # pod name -> scheduler message while the test holds it
         self.dead: set[str] = set()  # uids of pods whose node went down: their kubelet answers no more
-        self.node_id = uuid.uuid4().hex[:12]
+        self.node_id = node_id or uuid.uuid4().hex[:12]
         self.pods: dict[str, PodProcess] = {}  # uid -> container, finished ones kept for tests
         self.rejected: dict[str, str] = {}  # uid -> why the pod could not start
         self.errors: list[str] = []  # exceptions the loop survived (API down, a write racing a deletion)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="sandbox-node-agent", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"sandbox-node-agent-{node_name or 'emulator'}",
+                                        daemon=True)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -210,9 +239,13 @@ class NodeAgent:
             self._stop.wait(self.poll_seconds)
 
     def _tick(self) -> None:
-        observed = {p["metadata"]["uid"]: p for p in self.client.list("pods")}
+        observed = {p["metadata"]["uid"]: p for p in self.own_pods.list()}
         for uid, pod in observed.items():
-            if uid not in self.pods and uid not in self.rejected and not pod["metadata"].get("deletionTimestamp"):
+            if uid in self.pods:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                self.own_pods.forget(pod)  # deleted before (or instead of) starting: nothing to stop
+            elif uid not in self.rejected:
                 if pod["metadata"]["name"] in self.unschedulable:
                     self.reporter.report_unschedulable(pod, self.unschedulable[pod["metadata"]["name"]])
                 elif (pod.get("status") or {}).get("phase") in (None, "Pending"):
@@ -222,19 +255,58 @@ class NodeAgent:
         for container in containers:
             self._follow(container, observed.get(container.uid))
 
+    def placement(self, pod: dict) -> Placement:
+        """Where ``pod`` lives on this node: the emulator's shared 127.0.0.1, or (a kubelet) an
+        address of its own, its namespace's DNS names, its claims' volumes and its listen address.
+
+        Raises:
+            UnsupportedPodError: another running pod of this node holds the address.
+        """
+        if self.node_name is None:
+            return EMULATOR_PLACEMENT
+        meta = pod["metadata"]
+        namespace = meta["namespace"]
+        address = pod_ip(namespace, meta["name"])
+        with self._lock:
+            holder = next((c for c in self.pods.values() if c.pod_ip == address and c.exit_code is None), None)
+        if holder is not None:
+            raise UnsupportedPodError(f"pod address {address} is held by pod {holder.namespace}/{holder.name} "
+                                      "on this node (a hash collision); delete one of them")
+        resolver = Resolver(namespace, self.dns.services(namespace), self.dns.client.list("pods", namespace))
+        return Placement(pod_ip=address, resolve=resolver, claims=self.reporter.claim_dirs(pod),
+                         env=network_env(address))
+
+    def _prepare(self, pod: dict) -> tuple[Placement, ContainerLaunch]:
+        """The pod's placement and launch, its API-backed volumes filled (token, ConfigMaps...)."""
+        meta = pod["metadata"]
+        placement = self.placement(pod)
+        dirs = volume_dirs(pod, self.root, placement.claims)
+        try:
+            self.projector.fill(pod, dirs, placement)
+        except ApiError as e:
+            raise UnsupportedPodError(f"volumes of pod {meta['name']} cannot be filled: {e}") from None
+        account_dir = service_account_dir(pod, dirs)
+        if account_dir is not None and self.api_url:
+            placement = dataclasses.replace(placement, env={**placement.env, **in_cluster_env(
+                pod, account_dir, self.root, self.api_url)})
+        services = (placement.resolve.service_names if isinstance(placement.resolve, Resolver)
+                    else self.reporter.service_names())
+        return placement, container_launch(pod, self.root, services, os.environ, self.images, placement=placement)
+
     def _start(self, pod: dict) -> None:
         meta = pod["metadata"]
         container_name = pod["spec"]["containers"][0]["name"]
         try:
-            launch = container_launch(pod, self.root, self.reporter.service_names(), os.environ, self.images)
+            placement, launch = self._prepare(pod)
         except UnsupportedPodError as e:
             self.rejected[meta["uid"]] = str(e)
-            self.reporter.patch_status(meta["name"], waiting_status(container_name, str(e)))
+            self.reporter.patch_status(meta["name"], waiting_status(container_name, str(e)),
+                                       namespace=meta.get("namespace"))
             return
         node = self.reporter.create_node(f"{meta['name']}-{meta['uid'][:5]}") if self.bind_nodes else None
-        if not self.reporter.hold(meta, node):
+        if not self.own_pods.admit(meta, node):
             return  # deleted before it could start
-        for directory in (launch.cwd, *volume_dirs(pod, self.root).values()):
+        for directory in (launch.cwd, *volume_dirs(pod, self.root, placement.claims).values()):
             directory.mkdir(parents=True, exist_ok=True)
         launch.termination_log.touch()  # the kubelet creates it before the container starts
         log_path = pod_dir(self.root, meta) / "container.log"
@@ -246,10 +318,13 @@ class NodeAgent:
         spec = pod["spec"]["containers"][0]
         container = PodProcess(meta["namespace"], meta["name"], meta["uid"], process, log_path, now_rfc3339(), grace,
                                termination_log=launch.termination_log,
-                               fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError")
+                               fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
+                               pod_ip=placement.pod_ip)
         with self._lock:
             self.pods[meta["uid"]] = container
-        self.reporter.patch_status(meta["name"], running_status(container_name, container.started_at), uid=meta["uid"])
+        self.reporter.patch_status(meta["name"], running_status(container_name, container.started_at,
+                                                                placement.pod_ip, placement.host_ip),
+                                   uid=meta["uid"], namespace=meta["namespace"])
 
     def _follow(self, container: PodProcess, pod: dict | None) -> None:
         """Moves one container on: report its exit, stop it when its pod is deleted or gone."""
@@ -265,10 +340,10 @@ class NodeAgent:
             name = pod["spec"]["containers"][0]["name"]
             self.reporter.patch_status(container.name, terminated_status(
                 name, container.started_at, container.finished_at, container.exit_code,
-                container.termination_message()), uid=container.uid)
+                container.termination_message()), uid=container.uid, namespace=container.namespace)
             container.reported = True
         if deleting and pod is not None:
-            self.reporter.release(pod)
+            self.own_pods.finish_deletion(pod)
 
 
 @contextlib.contextmanager

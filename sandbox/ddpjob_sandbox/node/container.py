@@ -19,7 +19,7 @@ from pathlib import Path
 from ddpjob_operator.local.policy import container_exit_code
 
 from ddpjob_sandbox.node.launch import POD_ENV
-from ddpjob_sandbox.pod_status import now_rfc3339
+from ddpjob_sandbox.pod_status import LOOPBACK, now_rfc3339
 from ddpjob_sandbox.procs import kill_marked, marked_pids
 
 MESSAGE_BYTES = 4096  # the kubelet keeps at most this much of a termination message
@@ -43,6 +43,7 @@ class PodProcess:
     reported: bool = False  # the terminated status was written
     termination_log: Path | None = None  # the file the kubelet would copy into terminated.message
     fallback_to_logs: bool = False  # terminationMessagePolicy FallbackToLogsOnError
+    pod_ip: str = LOOPBACK  # the address the pod's listeners bind (node.network)
 
     def pids(self) -> list[int]:
         return marked_pids(self.uid, key=POD_ENV)

@@ -4,8 +4,14 @@
   (the snapshot volume must be shared across nodes and survive pod replacement); an
   ``emptyDir`` one directory per pod. Env values and args under a container's mountPaths
   are rewritten to those directories (there is no mount namespace).
-* DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names become
-  127.0.0.1, so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
+* DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names in env values
+  and args become the address the pod's network resolves them to (.network: 127.0.0.1 on the
+  emulator's node, each pod's own loopback address on a cluster's), so the c10d endpoint
+  ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
+* the placement (:class:`Placement`): what the kubelet adds for one pod on one node: its
+  address, the claims' directories (a bound PersistentVolume's hostPath), env of its own.
+* env ``valueFrom.fieldRef`` (the downward API) reads the pod: metadata.name/namespace/uid,
+  spec.nodeName/serviceAccountName, status.podIP/hostIP.
 * the image: ``torchrun``/``python`` resolve to the Python environment the node maps the pod's
   ``image`` to (``images``, made by ddpjob_sandbox.images, e.g. plain torch without ddpjob),
   else to this interpreter's virtualenv. The process inherits this machine's environment
@@ -25,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddpjob_sandbox.node.network import LOOPBACK_RESOLVER, Resolve
 from ddpjob_sandbox.pod_status import LOOPBACK
 
 NODE_ENV = "SANDBOX_NODE"  # marks every process this agent started (teardown safety net)
@@ -41,8 +48,32 @@ _SVC_NAME = re.compile(r"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a
                        r"\.svc(\.cluster\.local)?(?![\w.-])")
 
 
+# Volumes whose files the kubelet writes from the API (a pod-local directory here, filled by
+# the agent before the container starts: node.projection).
+PROJECTED_KINDS = ("projected", "configMap", "secret", "downwardAPI")
+
+
 class UnsupportedPodError(ValueError):
     """The pod uses something this one-machine node cannot provide."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """What the node decides for one pod beyond the pod's own spec.
+
+    ``claims``: claim name -> directory (the hostPath of the PersistentVolume it is bound to);
+    a claim not named uses the node's own shared directory (claim_dir). ``env``: what the
+    kubelet adds under the pod's env (the API server's address, the pod's listen address).
+    """
+
+    pod_ip: str = LOOPBACK
+    host_ip: str = LOOPBACK
+    resolve: Resolve = LOOPBACK_RESOLVER
+    claims: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+EMULATOR_PLACEMENT = Placement()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +86,12 @@ class ContainerLaunch:
     termination_log: Path | None = None  # the local file behind terminationMessagePath
 
 
-def volume_dirs(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
-    """Volume name -> local directory: shared per claim, private per pod for emptyDir.
+def volume_dirs(pod: Mapping[str, Any], root: Path, claims: Mapping[str, Path] | None = None) -> dict[str, Path]:
+    """Volume name -> local directory: per claim (``claims``, else the node's shared one), private
+    per pod for emptyDir and the kinds the kubelet fills from the API (PROJECTED_KINDS).
 
     Raises:
-        UnsupportedPodError: a volume of another kind (secret, configMap, hostPath...).
+        UnsupportedPodError: a volume of another kind (hostPath, csi, ...).
     """
     meta = pod["metadata"]
     dirs = {}
@@ -67,13 +99,13 @@ def volume_dirs(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
         name = volume["name"]
         if "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"]["claimName"]
-            dirs[name] = claim_dir(root, meta["namespace"], claim)
-        elif "emptyDir" in volume:
+            dirs[name] = (claims or {}).get(claim) or claim_dir(root, meta["namespace"], claim)
+        elif "emptyDir" in volume or any(kind in volume for kind in PROJECTED_KINDS):
             dirs[name] = pod_dir(root, meta) / "volumes" / name
         else:
             kind = next((k for k in volume if k != "name"), "?")
             raise UnsupportedPodError(f"volume {name!r} is a {kind}; the sandbox node supports "
-                                      "persistentVolumeClaim and emptyDir only")
+                                      f"persistentVolumeClaim, emptyDir and {', '.join(PROJECTED_KINDS)} only")
     return dirs
 
 
@@ -107,14 +139,33 @@ def localize(value: str, mount_pairs: list[tuple[str, Path]]) -> str:
     return value
 
 
-def map_hosts(value: str, namespace: str, services: list[str]) -> str:
-    """Cluster DNS names inside ``value`` replaced by 127.0.0.1 (every pod runs on loopback)."""
-    value = _SVC_NAME.sub(LOOPBACK, value)
+def map_hosts(value: str, namespace: str, services: list[str], resolve: Resolve = LOOPBACK_RESOLVER) -> str:
+    """Cluster DNS names inside ``value`` replaced by the address ``resolve`` gives them
+    (127.0.0.1 for all by default: the emulator's node runs every pod on it)."""
+    value = _SVC_NAME.sub(lambda m: resolve(m.group(0)), value)
     if services:
         names = "|".join(re.escape(s) for s in services)
         pod_in_service = rf"(?<![\w.-])[a-z0-9]([-a-z0-9]*[a-z0-9])?\.({names})(\.{re.escape(namespace)})?(?![\w.-])"
-        value = re.sub(pod_in_service, LOOPBACK, value)
+        value = re.sub(pod_in_service, lambda m: resolve(m.group(0)), value)
     return value
+
+
+# The downward API's env fields this node can answer; the pod's IP is the placement's.
+def field_ref(pod: Mapping[str, Any], path: str, placement: Placement) -> str:
+    """The value of an env ``valueFrom.fieldRef.fieldPath``.
+
+    Raises:
+        UnsupportedPodError: a field this node does not provide (labels, annotations...).
+    """
+    meta, spec = pod["metadata"], pod["spec"]
+    fields = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+              "metadata.uid": meta.get("uid"), "spec.nodeName": spec.get("nodeName"),
+              "spec.serviceAccountName": spec.get("serviceAccountName"),
+              "status.podIP": placement.pod_ip, "status.hostIP": placement.host_ip}
+    if path not in fields:
+        raise UnsupportedPodError(f"env fieldRef.fieldPath {path!r} is not provided by the sandbox node "
+                                  f"(it provides {', '.join(fields)})")
+    return fields[path] or ""
 
 
 def resolve_command(name: str, bin_dir: Path | None = None) -> str:
@@ -143,7 +194,8 @@ def base_env(environ: Mapping[str, str], image_env: Path | None = None) -> dict[
 
 
 def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
-                     environ: Mapping[str, str], images: Mapping[str, Path] | None = None) -> ContainerLaunch:
+                     environ: Mapping[str, str], images: Mapping[str, Path] | None = None, *,
+                     placement: Placement = EMULATOR_PLACEMENT) -> ContainerLaunch:
     """The local launch of a pod's (only) container.
 
     Args:
@@ -153,10 +205,11 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
         environ: the environment the "image" provides (see base_env).
         images: image name -> the Python environment (a virtualenv's directory) standing for
             it; an image not named runs in this interpreter's environment.
+        placement: the pod's address, name resolution, claims and kubelet env on this node.
 
     Raises:
-        UnsupportedPodError: more than one container, a valueFrom env entry, an unsupported
-            volume or a command that is not found.
+        UnsupportedPodError: more than one container, a valueFrom other than a provided
+            fieldRef, an unsupported volume or a command that is not found.
     """
     spec, meta = pod["spec"], pod["metadata"]
     containers = spec.get("containers") or []
@@ -166,18 +219,24 @@ def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
     termination_log = pod_dir(root, meta) / "termination-log"
     # The kubelet bind-mounts one file at terminationMessagePath; here paths naming it move.
     pairs = [(container.get("terminationMessagePath", DEFAULT_TERMINATION_PATH), termination_log),
-             *mounts(container, volume_dirs(pod, root))]
+             *mounts(container, volume_dirs(pod, root, placement.claims))]
 
     def local(value: str) -> str:
-        return map_hosts(localize(value, pairs), meta["namespace"], services)
+        return map_hosts(localize(value, pairs), meta["namespace"], services, placement.resolve)
 
     image_env = (images or {}).get(container.get("image", ""))
     env = base_env(environ, image_env)
     env["HOSTNAME"] = spec.get("hostname") or meta["name"]
+    env.update(placement.env)
     for entry in container.get("env") or []:
-        if "valueFrom" in entry:
-            raise UnsupportedPodError(f"env {entry['name']} uses valueFrom; the sandbox node takes literal values only")
-        env[entry["name"]] = local(entry.get("value") or "")
+        source = entry.get("valueFrom")
+        if source is None:
+            env[entry["name"]] = local(entry.get("value") or "")
+        elif set(source) == {"fieldRef"}:
+            env[entry["name"]] = field_ref(pod, source["fieldRef"]["fieldPath"], placement)
+        else:
+            raise UnsupportedPodError(f"env {entry['name']} uses valueFrom {', '.join(source)}; the sandbox node "
+                                      "takes literal values and fieldRef only")
     command = list(container.get("command") or [])
     if not command:
         raise UnsupportedPodError("container has no command; the sandbox node has no image entrypoint to fall back on")

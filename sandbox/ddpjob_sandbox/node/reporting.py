@@ -1,13 +1,23 @@
 """The API side of the node agent: what a kubelet writes about the pods it runs.
 
-A finalizer held while a pod's processes run (so a deletion waits for them, as a kubelet
-makes it graceful), the binding to a Node of its own, the Node's Ready condition, and status
-writes that never land on a replacement pod of the same name and keep the conditions others
-set (DisruptionTarget).
+Status writes that never land on a replacement pod of the same name and keep the conditions
+others set (DisruptionTarget), the binding to a Node of its own and the Node's Ready condition
+(the emulator's opt-in node faults), and the one seam between the two APIs the agent serves
+(:class:`NamespacePods`, :class:`NodePods`): which pods are its own and how a deletion ends.
+
+* On the emulator the agent serves one namespace and holds a finalizer while a pod's
+  processes run: the emulator knows no node, so nothing else would make it wait for them.
+* On a real API server the agent is the kubelet of one Node: it serves the pods bound to that
+  Node in every namespace. The API server itself makes a deletion of a bound pod graceful
+  (it sets deletionTimestamp and waits); the kubelet, once the containers stopped, deletes
+  the pod with grace 0 and a uid precondition, which Node authorization and NodeRestriction
+  allow a node for its own pods. No finalizer.
 """
+
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 from ddpjob_sandbox.client import ApiError, KubeClient
@@ -17,7 +27,7 @@ FINALIZER = "sandbox.ddpjob.io/node-agent"  # held while the pod's processes run
 
 
 class PodReporter:
-    """Writes pod and Node objects for the node agent, through ``client``'s namespace."""
+    """Writes pod and Node objects for the node agent; a pod's namespace where given, else ``client``'s."""
 
     def __init__(self, client: KubeClient):
         self.client = client
@@ -55,25 +65,97 @@ class PodReporter:
         self.client.patch("nodes", name, {"status": {"conditions": [node_ready_condition(ready)]}},
                           subresource="status")
 
-    def patch_status(self, name: str, body: dict, uid: str | None = None) -> None:
+    def patch_status(self, name: str, body: dict, uid: str | None = None, namespace: str | None = None) -> None:
         """Writes a pod's status unless the pod is gone or was replaced by another of that name."""
         if uid is not None:
-            current = self.client.find("pods", name)
+            current = self.client.find("pods", name, namespace)
             if current is None or current["metadata"]["uid"] != uid:
                 return
             body = keep_foreign_conditions(body, current)
         with contextlib.suppress(ApiError):
-            self.client.patch("pods", name, body, subresource="status")
+            self.client.patch("pods", name, body, namespace, subresource="status")
 
     def report_unschedulable(self, pod: dict, message: str) -> None:
         """PodScheduled False with the scheduler's reason and message, written once per pod."""
         scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or []
                           if c.get("type") == "PodScheduled"), {})
         if (scheduled.get("status"), scheduled.get("message")) != ("False", message):
-            self.patch_status(pod["metadata"]["name"], unschedulable_status(message), uid=pod["metadata"]["uid"])
+            self.patch_status(pod["metadata"]["name"], unschedulable_status(message), uid=pod["metadata"]["uid"],
+                              namespace=pod["metadata"].get("namespace"))
 
-    def service_names(self) -> list[str]:
-        """Service names of the namespace (for ``<pod>.<service>`` DNS names), [] if unreadable."""
+    def services(self, namespace: str | None = None) -> list[dict]:
+        """The Services of the namespace (cluster DNS names), [] if unreadable."""
         with contextlib.suppress(ApiError):
-            return [s["metadata"]["name"] for s in self.client.list("services")]
+            return self.client.list("services", namespace)
         return []
+
+    def service_names(self, namespace: str | None = None) -> list[str]:
+        """Service names of the namespace (for ``<pod>.<service>`` DNS names), [] if unreadable."""
+        return [s["metadata"]["name"] for s in self.services(namespace)]
+
+    def delete_now(self, pod: dict) -> None:
+        """Ends a deletion as a kubelet does once the containers stopped: grace 0, this uid only."""
+        meta = pod["metadata"]
+        try:
+            self.client.delete("pods", meta["name"], meta["namespace"], gracePeriodSeconds=0,
+                               preconditions={"uid": meta["uid"]})
+        except ApiError as e:
+            if e.status not in (404, 409):  # gone already, or a replacement of that name: not ours
+                raise
+
+    def claim_dirs(self, pod: dict) -> dict[str, Path]:
+        """Claim name -> hostPath of the PersistentVolume it is bound to, for the pod's claims
+        that are bound to a hostPath volume (others keep the node's own shared directory)."""
+        dirs = {}
+        namespace = pod["metadata"]["namespace"]
+        for volume in pod["spec"].get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if not claim:
+                continue
+            bound = (self.client.get("persistentvolumeclaims", claim, namespace).get("spec") or {}).get("volumeName")
+            if bound:
+                host_path = (self.client.get("persistentvolumes", bound)["spec"].get("hostPath") or {}).get("path")
+                if host_path:
+                    dirs[claim] = Path(host_path)
+        return dirs
+
+
+class NamespacePods:
+    """The emulator's pods: every pod of the client's namespace, a finalizer held while it runs."""
+
+    def __init__(self, reporter: PodReporter):
+        self.reporter = reporter
+
+    def list(self) -> list[dict]:
+        return self.reporter.client.list("pods")
+
+    def admit(self, meta: dict, node: str | None) -> bool:
+        """Holds the pod for its processes (False: it went away meanwhile)."""
+        return self.reporter.hold(meta, node)
+
+    def finish_deletion(self, pod: dict) -> None:
+        """The processes stopped: the finalizer goes and the emulator removes the pod."""
+        self.reporter.release(pod)
+
+    def forget(self, pod: dict) -> None:
+        """A pod deleted before it started: it holds nothing of ours, the emulator removes it."""
+
+
+class NodePods:
+    """A kubelet's pods on a real API server: those bound to ``node`` in every namespace."""
+
+    def __init__(self, reporter: PodReporter, node: str):
+        self.reporter = reporter
+        self.node = node
+
+    def list(self) -> list[dict]:
+        return self.reporter.client.request("GET", "/api/v1/pods",
+                                            params={"fieldSelector": f"spec.nodeName={self.node}"})["items"]
+
+    def admit(self, meta: dict, node: str | None) -> bool:
+        return True  # the scheduler bound it here; the API server waits for us on deletion
+
+    def finish_deletion(self, pod: dict) -> None:
+        self.reporter.delete_now(pod)
+
+    forget = finish_deletion  # never started: nothing to stop, the deletion ends at once
