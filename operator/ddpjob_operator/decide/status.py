@@ -95,7 +95,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
         verdict = _Verdict(prev["phase"], "", "")  # finished jobs never change phase
     elif spec.run_policy.suspend:
         status["startTime"] = None  # like a Job: the deadline clock restarts on resume
-        verdict = _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED)
+        verdict = _suspended(spec, groups, status, now)
     else:
         status["startTime"] = status.get("startTime") or format_time(now)
         verdict, groups = _active_pass(ref, spec, observed, status, now, prev.get("phase"))
@@ -336,14 +336,29 @@ def _with_events(source: _Verdict, target: _Verdict) -> _Verdict:
     return target
 
 
+def _suspended(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any], now: datetime) -> _Verdict:
+    """Suspended; a node pod that failed on its own before this pass saw the suspension is still
+    listed and counted (and fails the job when permanent or over the budget), as the pass before
+    the suspension would have: what is counted must not depend on how soon the operator looked.
+    The pods the suspension deletes are being deleted, and so are never counted."""
+    failed = [p for p in groups.current + groups.extra if p.phase == "Failed"]
+    noted = _note_failures(spec, failed, status, now)
+    failure = _record_failures(spec, groups, status, now)
+    if failure.phase == C.PHASE_FAILED:
+        return _with_events(_Verdict("", "", "", noted), failure)
+    return _Verdict(C.PHASE_SUSPENDED, C.REASON_SUSPENDED, C.MSG_SUSPENDED, noted + failure.events)
+
+
 def _record_failures(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any],
                      now: datetime) -> _Verdict:
-    """Count failed pods not seen before; Failed when one is permanent or the budget is spent."""
+    """Count failed pods not seen before; Failed when one is permanent or the budget is spent.
+    Pods above spec.replicas count too: one that failed before a scale-down was seen failed
+    while it was wanted."""
     observed = {p.uid for p in groups.live}
     handled = [uid for uid in status["handledFailures"] if uid in observed]
     verdict = _Verdict("", "", "")
     fp = spec.failure_policy
-    for pod in groups.current:
+    for pod in groups.current + groups.extra:
         uid = pod.uid
         outcome = classify_pod(pod, fp.permanent_exit_codes)
         if outcome in (None, Outcome.SUCCEEDED) or uid in handled:

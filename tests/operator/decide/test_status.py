@@ -263,3 +263,44 @@ def test_a_finish_time_ahead_of_the_operator_clock_is_taken_as_now():
     job = make_ddpjob(replicas=1)
     update = step(job, [make_pod(job, 0, phase="Failed", finished_at=at(500))], 10)
     assert update.status["lastFailureTime"] == "2026-01-01T12:00:10Z"
+
+
+# A node pod that failed on its own is counted however late the operator looks: the user's
+# suspension or scale-down that came after it (and removes the pod) must not hide it.
+
+def test_a_node_that_failed_before_the_suspension_was_seen_is_still_counted():
+    job = make_ddpjob(replicas=2)
+    step(job, running_pods(job), 0)
+    job["spec"]["runPolicy"] = {"suspend": True}
+    update = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=137, finished_at=at(20))], 21)
+    assert (update.status["phase"], update.status["restarts"]) == ("Suspended", 1)
+    assert update.status["handledFailures"] == ["mlp-node-1-uid"]
+    assert [f["pod"] for f in update.status["failures"]] == ["mlp-node-1"]
+    assert reasons(update)[:1] == ["NodeFailed"]
+    assert step(job, [], 30).status["restarts"] == 1  # counted once, though the pod is gone
+
+
+def test_a_node_the_suspension_is_deleting_is_not_counted():
+    job = make_ddpjob(replicas=2)
+    step(job, running_pods(job), 0)
+    job["spec"]["runPolicy"] = {"suspend": True}
+    update = step(job, [make_pod(job, 0, phase="Failed", exit_code=143, deleting=True)], 10)
+    assert (update.status["phase"], update.status["restarts"]) == ("Suspended", 0)
+    assert "NodeFailed" not in reasons(update)
+
+
+def test_a_permanent_failure_seen_with_the_suspension_fails_the_job():
+    job = make_ddpjob(replicas=2)
+    step(job, running_pods(job), 0)
+    job["spec"]["runPolicy"] = {"suspend": True}
+    update = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=127)], 10)
+    assert (update.status["phase"], condition(update.status, "Failed")["reason"]) == ("Failed", "PermanentExitCode")
+
+
+def test_a_node_that_failed_before_a_scale_down_was_seen_is_still_counted():
+    job = make_ddpjob(replicas=2, min_replicas=1, max_replicas=2)
+    step(job, running_pods(job), 0)
+    job["spec"]["replicas"] = 1
+    update = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=1, finished_at=at(20))], 21)
+    assert (update.status["restarts"], update.status["handledFailures"]) == (1, ["mlp-node-1-uid"])
+    assert "NodeFailed" in reasons(update)
