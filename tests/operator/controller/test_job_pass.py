@@ -158,3 +158,24 @@ def test_routine_progress_is_kept_between_writes_and_written_once_the_interval_i
 
     ctx.settings = PassSettings(progress_poll=30.0, status_write_interval=0.0)
     assert a_poll(660, 62) == 3, "interval 0: every change, as before"
+
+
+def test_one_pass_parses_the_spec_once(monkeypatch):
+    """The spec is parsed once per pass and handed on (validation included), not re-read by each
+    step; a counter on the one parse entry point, pydantic's model_validate, proves it."""
+    from ddpjob_operator.api.spec import DDPJobSpec
+
+    parse, parses = DDPJobSpec.model_validate.__func__, []
+
+    def counted(cls, *args, **kwargs):
+        parses.append(1)
+        return parse(cls, *args, **kwargs)
+
+    monkeypatch.setattr(DDPJobSpec, "model_validate", classmethod(counted))
+    for job in (make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"}, status={"phase": C.PHASE_RUNNING}),
+                make_ddpjob(replicas=2, elasticPolicy=V3, status={"phase": C.PHASE_RUNNING})):
+        for phase in ("Running", "Succeeded"):  # a training pass, and a finishing one (keys planned too)
+            pods = [make_pod(job, i, phase=phase) for i in range(2)]  # the builder parses: before counting
+            parses.clear()
+            a_pass(job, pods)
+            assert len(parses) == 1, f"{len(parses)} parses in one {phase} pass"
