@@ -28,6 +28,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec, FailurePolicy
 from ddpjob_operator.decide.budget import ledger_fields, ledger_of, open_incident
+from ddpjob_operator.decide.failure import failure_entry
 from ddpjob_operator.decide.observed import Liveness, NodeBeat, PodView
 
 STALE_HEARTBEAT_SECONDS = 10.0  # a node whose heartbeat trails the newest by this much has stopped beating
@@ -147,8 +148,5 @@ def _failure(hang: Hang, pods: tuple[PodView, ...], now: datetime) -> dict[str, 
     message = f"no training step for {hang.seconds:.0f}s (hang timeout {hang.timeout:.0f}s)"
     by_index = {str(p.index): p for p in pods if p.index is not None}
     pod = next((by_index[n] for n in hang.nodes if n in by_index), None)
-    entry = {"index": pod.index if pod else None, "pod": pod.name if pod else None, "podUID": pod.uid if pod else None,
-             "node": pod.node_name if pod and pod.node_name else None, "cause": C.CAUSE_HANG,
-             "reason": C.REASON_HANG, "step": hang.step, "stalledNodes": list(hang.nodes),
-             "message": message, "time": format_time(now)}
-    return {k: v for k, v in entry.items() if v is not None}
+    return failure_entry(pod, C.CAUSE_HANG, C.REASON_HANG, message, now, step=hang.step,
+                         stalledNodes=list(hang.nodes))
