@@ -5,7 +5,9 @@ node's heartbeat (step, phase, step time; ddpjob_trainer/progress_report.py). Fr
 keeps ``status.progress``: the highest step, the median step time, and ``advancedTime``, when the
 operator (on its own clock: the pods' clocks may be skewed) saw the step change or a new run
 start. The hang clock runs only once the current run has taken a step, so a slow start (loading
-a snapshot, the first batch) is never a hang.
+a snapshot, the first batch) is never a hang. A pass reads the previous progress from the status
+the operator kept, written or not (decide/writes.py: routine progress is written at most once per
+--status-write-interval-seconds), so the clock moves at every poll while the stored status lags.
 
 When the step has not advanced for the hang timeout while every node pod of the current group
 runs, the job has hung: the group restarts from the last snapshot (a new rendezvous generation,
