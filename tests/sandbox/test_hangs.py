@@ -63,7 +63,7 @@ def test_a_worker_that_blocks_forever_restarts_the_group_from_the_last_snapshot(
 
 
 @pytest.mark.slow  # ~60 s: pods importing torch, the straggler window, a replacement
-@pytest.mark.operator_args("--progress-poll-seconds", str(POLL_SECONDS))
+@pytest.mark.operator_args("--progress-poll-seconds", str(POLL_SECONDS), "--status-write-interval-seconds", "2")
 def test_a_slow_node_is_reported_and_replaced_under_replace(k8s, operator, node_agent, tmp_path):
     window = 5
 

@@ -44,7 +44,7 @@ def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progr
 
 
 @pytest.mark.slow  # ~50 s of real training on two shared cores
-@pytest.mark.operator_args("--progress-poll-seconds", "1")
+@pytest.mark.operator_args("--progress-poll-seconds", "1", "--status-write-interval-seconds", "2")
 def test_the_status_follows_the_snapshots_of_a_job_that_never_fails(k8s, operator, node_agent, tmp_path):
     agent = node_agent
     body = example_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),

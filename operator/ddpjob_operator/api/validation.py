@@ -614,11 +614,17 @@ def validate_job(body: Any) -> list[FieldError]:
     """Every broken rule of a DDPJob object: its size and nesting, apiVersion, kind, metadata
     (the job name) and spec. A document too large or too deep is reported alone: the other
     rules would walk (or, for a YAML alias bomb, expand) all of it."""
+    return checked_job(body)[0]
+
+
+def checked_job(body: Any) -> tuple[list[FieldError], DDPJobSpec | None]:
+    """validate_job's errors, and the typed spec when there are none (else None): the spec is
+    parsed once, for the check and for the caller (a reconcile pass)."""
     if not isinstance(body, Mapping):
-        return [FieldError("DDPJob", body, "must be a mapping (an object) with apiVersion, kind, metadata and spec")]
+        return [FieldError("DDPJob", body, "must be a mapping (an object) with apiVersion, kind, metadata and spec")], None
     shape = document_errors(body)
     if shape:
-        return shape
+        return shape, None
     errors = _identity_errors(body)
     spec_errors, spec, invalid = _checked_spec(body.get("spec"))
     if not any(e.path.startswith("metadata") for e in errors):
@@ -628,7 +634,8 @@ def validate_job(body: Any) -> list[FieldError]:
         problem = name_too_long(name, spec.max_replicas if known else 1)
         if problem:
             errors.append(FieldError("metadata.name", name, problem))
-    return errors + spec_errors
+    errors += spec_errors
+    return errors, spec if not errors else None
 
 
 def _identity_errors(body: Mapping[str, Any]) -> list[FieldError]:

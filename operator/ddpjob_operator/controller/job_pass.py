@@ -2,7 +2,9 @@
 
 A pass reads what decide/observation.py asks for (observe.py), hands it to the pure
 decide.reconcile (status, Events, actions: every requeue included), and carries the result
-out (apply.py: status, then actions, then Events). A DeleteRendezvousKeys action is started
+out (apply.py: status, then actions, then Events). A status that differs from the stored one
+in routine progress only is kept in memory instead, and written at most once per
+--status-write-interval-seconds (decide/writes.py, memory.StatusMemory). A DeleteRendezvousKeys action is started
 here, not awaited: the user's etcd must not hold the pass's concurrency slot (etcd_cleanup.py).
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ddpjob_operator.controller.state import PassContext
 from ddpjob_operator.decide.actions import DeleteRendezvousKeys
 from ddpjob_operator.decide.observation import what_to_observe
 from ddpjob_operator.decide.reconcile import reconcile
+from ddpjob_operator.decide.writes import write_due
 
 
 async def run_pass(ctx: PassContext, key: JobKey) -> PassOutcome:
@@ -30,13 +33,21 @@ async def run_pass(ctx: PassContext, key: JobKey) -> PassOutcome:
             metrics.observe_job(namespace, name, None)
             ctx.creates.forget(key)
             ctx.memory.forget((namespace, network_policy_name(name)))
+            ctx.statuses.forget(key)
             return PassOutcome(gone=True)
-        settings = ctx.settings
-        observed = await observe(ctx.api, ctx.cache, job, what_to_observe(job, settings.progress_poll), ctx.memory)
+        settings, uid, stored = ctx.settings, job["metadata"].get("uid", ""), job.get("status") or {}
+        # The status computed but not yet written, while nobody wrote over it (decide/writes.py).
+        previous = ctx.statuses.previous(key, uid, stored)
+        body = job if previous is stored else {**job, "status": previous}
+        observed = await observe(ctx.api, ctx.cache, body, what_to_observe(body, settings.progress_poll), ctx.memory)
         now = datetime.datetime.now(datetime.timezone.utc)
-        result = reconcile(job, observed, now, operator=settings.operator, create_failure=ctx.creates.last(key),
+        result = reconcile(body, observed, now, operator=settings.operator, create_failure=ctx.creates.last(key),
                            max_replicas=settings.max_replicas, progress_poll=settings.progress_poll)
-        await apply.write_status(ctx.api, ctx.cache, job, result.status)
+        if write_due(stored, result.status, ctx.statuses.since_write(key), settings.status_write_interval):
+            await apply.write_status(ctx.api, ctx.cache, job, result.status)
+            ctx.statuses.wrote(key, uid)
+        else:
+            ctx.statuses.keep(key, result.status)
         requeue = await apply.apply(ctx.api, job, observed.pods, result.actions, ctx.creates, ctx.memory)
         await post_events(ctx.api, job, result.events)
     metrics.observe_job(namespace, name, result.status.get("phase"))

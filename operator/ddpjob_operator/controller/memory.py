@@ -60,3 +60,59 @@ class ApiMemory:
         if (kind, namespace) not in self.warned:
             self.warned.add((kind, namespace))
             logger.warning(message, *args)
+
+
+@dataclasses.dataclass
+class _Kept:
+    uid: str
+    stored: dict  # the stored status the kept one was computed over
+    kept: dict | None  # the status computed but not written yet (None: nothing pending)
+    written_at: float  # when the status was last written, or the job first seen
+
+
+@dataclasses.dataclass
+class StatusMemory:
+    """The statuses computed but not yet written (decide/writes.py), per job; ``clock`` is
+    monotonic seconds (a test passes its own).
+
+    A pass takes the kept status as its previous one while the stored status is still the one
+    it was computed over, so the hang clock (progress.step and advancedTime) and the straggler
+    spell run on every poll, written or not. An operator restart loses what was kept: the next
+    passes start from the stored status, at most one write interval old. A step that moved
+    since then restarts the hang clock at the restart, so a hang that began within one interval
+    before it is noticed at most one interval late (an older one is in the stored status, and
+    noticed on time); a straggler's slow spell restarts with it; the step column and
+    lastSnapshot go back by at most one interval until the job's next write.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    jobs: dict[ObjectKey, _Kept] = dataclasses.field(default_factory=dict)
+
+    def previous(self, key: ObjectKey, uid: str, stored: dict) -> dict:
+        """The status a pass over job ``key`` (``uid``, whose stored status is ``stored``) computes
+        from: the kept one, unless someone wrote the status since (then the stored one wins)."""
+        entry = self.jobs.get(key)
+        if entry is None or entry.uid != uid:
+            self.jobs[key] = _Kept(uid, stored, None, self.clock())
+            return stored
+        if entry.kept is None or entry.stored != stored:
+            entry.stored, entry.kept = stored, None
+            return stored
+        return entry.kept
+
+    def since_write(self, key: ObjectKey) -> float:
+        entry = self.jobs.get(key)
+        return 0.0 if entry is None else self.clock() - entry.written_at
+
+    def wrote(self, key: ObjectKey, uid: str) -> None:
+        """The pass wrote its status: nothing is kept, and the interval starts again."""
+        self.jobs[key] = _Kept(uid, {}, None, self.clock())
+
+    def keep(self, key: ObjectKey, computed: dict) -> None:
+        """``computed`` was not written: the next pass starts from it."""
+        entry = self.jobs.get(key)
+        if entry is not None:
+            entry.kept = computed
+
+    def forget(self, key: ObjectKey) -> None:
+        self.jobs.pop(key, None)

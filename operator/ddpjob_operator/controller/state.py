@@ -1,6 +1,6 @@
 """The operator process's state, built once at start-up: the API client, the cache, the pass
 scheduler, and everything kept from pass to pass (refused creates, the API's answers that no
-watch shows, the cleanups started). handlers.py keeps one in kopf's memo and hands every
+watch shows, statuses computed but not yet written, the cleanups started). handlers.py keeps one in kopf's memo and hands every
 event to it; nothing of it is module-global.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from ddpjob_operator.controller import kube
 from ddpjob_operator.controller.backoff import CreateRetries
 from ddpjob_operator.controller.cache import ClusterCache
 from ddpjob_operator.controller.etcd_cleanup import RendezvousCleaner
-from ddpjob_operator.controller.memory import ApiMemory
+from ddpjob_operator.controller.memory import ApiMemory, StatusMemory
 from ddpjob_operator.controller.passes import JobKey, JobPasses, PassOutcome
+from ddpjob_operator.decide import writes
 from ddpjob_operator.render.network_policy import OperatorPeer
 
 
@@ -28,6 +29,7 @@ class PassSettings:
     progress_poll: float = C.PROGRESS_POLL_SECONDS  # --progress-poll-seconds (0: never)
     operator: OperatorPeer = OperatorPeer()  # --operator-pod-selector/-namespace
     max_replicas: int | None = C.DEFAULT_MAX_REPLICAS  # --max-replicas (None: no cap)
+    status_write_interval: float = writes.DEFAULT_INTERVAL_SECONDS  # --status-write-interval-seconds (0: every change)
 
 
 @dataclasses.dataclass
@@ -41,6 +43,7 @@ class PassContext:
     settings: PassSettings = PassSettings()
     creates: CreateRetries = dataclasses.field(default_factory=CreateRetries)
     memory: ApiMemory = dataclasses.field(default_factory=ApiMemory)
+    statuses: StatusMemory = dataclasses.field(default_factory=StatusMemory)  # computed, not yet written
 
 
 Pass = Callable[[PassContext, JobKey], Awaitable[PassOutcome]]  # job_pass.run_pass
@@ -66,7 +69,8 @@ class OperatorState:
                                              flags.get("kube_api_burst", kube.DEFAULT_BURST)))
         settings = PassSettings(flags.get("progress_poll_seconds", C.PROGRESS_POLL_SECONDS),
                                 flags.get("operator_peer", OperatorPeer()),
-                                flags.get("max_replicas", C.DEFAULT_MAX_REPLICAS))
+                                flags.get("max_replicas", C.DEFAULT_MAX_REPLICAS),
+                                flags.get("status_write_interval_seconds", writes.DEFAULT_INTERVAL_SECONDS))
         passes = JobPasses(lambda key: run_pass(context, key),  # context is bound below, before any pass
                            limit=flags.get("max_concurrent_passes", kube.DEFAULT_CONCURRENT_PASSES))
         # Pod, Service and NetworkPolicy events reach the job's passes through the cache's watches.

@@ -3,7 +3,7 @@
 A node that lost a pod to a node-caused failure is listed in ``status.avoidedNodes``
 [{node, cause, since}] and every node pod created afterwards carries a required node
 anti-affinity to it (render/node_pod.py: ``kubernetes.io/hostname NotIn [...]``), for the rest
-of the job. Node-caused, from the entries of ``status.failures`` (progress.failure_entry
+of the job. Node-caused, from the entries of ``status.failures`` (failure.failure_entry
 records the pod's node):
 
   * ``NodeLost``: the pod went with its node (shutdown, taint manager, pod GC);

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.api.validation import FieldError, validate_job
+from ddpjob_operator.api.spec import DDPJobSpec
+from ddpjob_operator.api.validation import FieldError, checked_job
 from ddpjob_operator.decide.actions import Event
 
 # Creates per pass. Like the ReplicaSet controller's burstReplicas, a cap keeps one pass's
@@ -110,11 +111,17 @@ def job_errors(body: Any, limit: int | None) -> list[FieldError]:
     """Every broken rule of a DDPJob for an operator capped at `limit` replicas (None: no cap):
     validate_job's, then the cap on each replica field those left unreported. What the operator
     reports as InvalidSpec and `ddpjob validate --max-replicas` prints."""
-    errors = validate_job(body)
+    return checked(body, limit)[0]
+
+
+def checked(body: Any, limit: int | None) -> tuple[list[FieldError], DDPJobSpec | None]:
+    """job_errors, and the typed spec when there are none (else None), parsed once for both."""
+    errors, spec = checked_job(body)
     if not isinstance(body, Mapping) or not isinstance(body.get("spec"), Mapping):
-        return errors  # no replica fields to read (validate_job said why)
+        return errors, spec  # no replica fields to read (validate_job said why)
     reported = {e.path for e in errors}
-    return errors + [e for e in replica_limit_errors(body.get("spec"), limit) if e.path not in reported]
+    errors = errors + [e for e in replica_limit_errors(body.get("spec"), limit) if e.path not in reported]
+    return errors, spec if not errors else None
 
 
 def replica_limit_errors(body_spec: Mapping[str, Any] | None, limit: int | None) -> list[FieldError]:

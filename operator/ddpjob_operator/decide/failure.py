@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 from ddpjob_rdzv import BACKEND_NAME, C10D_BACKEND_NAME
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.api.clock import format_time
 from ddpjob_operator.decide.observed import PodView
 
 
@@ -224,3 +225,16 @@ def image_pull_check_in(pods: Iterable[PodView], now: datetime, timeout_seconds:
         if pod.waiting.get("reason") in IMAGE_PULL_REASONS and pod.created_at is not None:
             waits.append(max(timeout_seconds - (now - pod.created_at).total_seconds(), 0.0))
     return min(waits) if waits else None
+
+
+def failure_entry(pod: PodView | None, cause: str, reason: str | None, message: str | None, when: datetime,
+                  **details: Any) -> dict[str, Any]:
+    """One status.failures entry, whoever found the failure (a failed pod, a hang, a straggler):
+    the pod (index, name, uid, and its node, which avoided_nodes.py keeps bad ones out by),
+    the cause, the reason and message, when, and the cause's own ``details`` (exitCode, step,
+    stalledNodes); empty values are left out."""
+    entry = {"index": pod.index if pod else None, "pod": pod.name if pod else None,
+             "podUID": pod.uid if pod else None, "node": (pod.node_name or None) if pod else None,
+             "cause": cause, **details, "reason": reason or None, "message": message or None,
+             "time": format_time(when)}
+    return {k: v for k, v in entry.items() if v is not None}

@@ -5,7 +5,9 @@ node's heartbeat (step, phase, step time; ddpjob_trainer/progress_report.py). Fr
 keeps ``status.progress``: the highest step, the median step time, and ``advancedTime``, when the
 operator (on its own clock: the pods' clocks may be skewed) saw the step change or a new run
 start. The hang clock runs only once the current run has taken a step, so a slow start (loading
-a snapshot, the first batch) is never a hang.
+a snapshot, the first batch) is never a hang. A pass reads the previous progress from the status
+the operator kept, written or not (decide/writes.py: routine progress is written at most once per
+--status-write-interval-seconds), so the clock moves at every poll while the stored status lags.
 
 When the step has not advanced for the hang timeout while every node pod of the current group
 runs, the job has hung: the group restarts from the last snapshot (a new rendezvous generation,
@@ -28,6 +30,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import DDPJobSpec, FailurePolicy
 from ddpjob_operator.decide.budget import ledger_fields, ledger_of, open_incident
+from ddpjob_operator.decide.failure import failure_entry
 from ddpjob_operator.decide.observed import Liveness, NodeBeat, PodView
 
 STALE_HEARTBEAT_SECONDS = 10.0  # a node whose heartbeat trails the newest by this much has stopped beating
@@ -147,8 +150,5 @@ def _failure(hang: Hang, pods: tuple[PodView, ...], now: datetime) -> dict[str, 
     message = f"no training step for {hang.seconds:.0f}s (hang timeout {hang.timeout:.0f}s)"
     by_index = {str(p.index): p for p in pods if p.index is not None}
     pod = next((by_index[n] for n in hang.nodes if n in by_index), None)
-    entry = {"index": pod.index if pod else None, "pod": pod.name if pod else None, "podUID": pod.uid if pod else None,
-             "node": pod.node_name if pod and pod.node_name else None, "cause": C.CAUSE_HANG,
-             "reason": C.REASON_HANG, "step": hang.step, "stalledNodes": list(hang.nodes),
-             "message": message, "time": format_time(now)}
-    return {k: v for k, v in entry.items() if v is not None}
+    return failure_entry(pod, C.CAUSE_HANG, C.REASON_HANG, message, now, step=hang.step,
+                         stalledNodes=list(hang.nodes))

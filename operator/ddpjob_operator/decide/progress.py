@@ -35,6 +35,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.decide.actions import Event
 from ddpjob_operator.decide.budget import newer_snapshot
+from ddpjob_operator.decide import failure
 from ddpjob_operator.decide.failure import Diagnosis, diagnose_deleted, diagnose_pod
 from ddpjob_operator.decide.observed import PodView, RecordProblem
 
@@ -244,9 +245,6 @@ def with_failure(failures: Iterable[Mapping[str, Any]] | None, pod: PodView, dia
 
 
 def failure_entry(pod: PodView, diagnosis: Diagnosis, now: datetime) -> dict[str, Any]:
-    # The node (spec.nodeName; absent when never scheduled): avoided_nodes.py keeps bad ones out.
-    entry = {"index": pod.index, "pod": pod.name, "podUID": pod.uid, "node": pod.node_name or None,
-             "cause": diagnosis.cause,
-             "exitCode": diagnosis.exit_code, "reason": diagnosis.reason or None,
-             "message": diagnosis.message or None, "time": format_time(pod.finished_at or now)}
-    return {k: v for k, v in entry.items() if v is not None}
+    """The entry of a failed or disrupted pod: when it finished (else now), and its exit code."""
+    return failure.failure_entry(pod, diagnosis.cause, diagnosis.reason, diagnosis.message, pod.finished_at or now,
+                                 exitCode=diagnosis.exit_code)

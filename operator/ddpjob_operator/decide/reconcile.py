@@ -18,7 +18,7 @@ from ddpjob_operator.api.spec import DDPJobSpec
 from ddpjob_operator.api.validation import FieldError
 from ddpjob_operator.decide.actions import Action, Event, with_one_requeue
 from ddpjob_operator.decide import bounds, isolation, last_valid, phases, rendezvous_keys
-from ddpjob_operator.decide.creation import CreateFailure, job_errors
+from ddpjob_operator.decide.creation import CreateFailure, checked
 from ddpjob_operator.decide.failure import image_pull_check_in
 from ddpjob_operator.decide.managed_etcd import plan_managed_etcd
 from ddpjob_operator.decide.observed import Observed
@@ -55,8 +55,8 @@ def reconcile(body: Mapping[str, Any], observed: Observed, now: datetime, *,
             looked at again this often, to read its progress.
     """
     ref = JobRef.from_body(body)
-    errors = job_errors(body, max_replicas)
-    spec = last_valid.kept_spec(body, max_replicas) if errors else DDPJobSpec.model_validate(body.get("spec") or {})
+    errors, parsed = checked(body, max_replicas)  # the pass's one parse of the spec
+    spec = last_valid.kept_spec(body, max_replicas) if errors else parsed
     kept = bool(errors) and spec is not None
     update = compute_status(ref, spec, observed, body.get("status"), now, errors=[] if kept else errors,
                             create_failure=create_failure)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from ddpjob_operator.api.job_ref import JobRef
 from ddpjob_operator.api.spec import DDPJobSpec
-from ddpjob_operator.api.validation import validate_job
+from ddpjob_operator.api.validation import checked_job
 from ddpjob_operator.decide import phases
 from ddpjob_operator.decide.actions import DeleteRendezvousKeys
 from ddpjob_operator.decide.observed import PodView
@@ -43,9 +43,10 @@ def keys_of(ref: JobRef, spec: DDPJobSpec, status: Mapping[str, Any] | None) -> 
 def of_body(body: Mapping[str, Any]) -> DeleteRendezvousKeys | None:
     """The keys of a DDPJob object as the API holds it (the deletion finalizer's view); None
     also for an invalid spec, where nothing is assumed."""
-    if not (body.get("metadata") or {}).get("uid") or validate_job(body):
+    if not (body.get("metadata") or {}).get("uid"):
         return None
-    return keys_of(JobRef.from_body(body), DDPJobSpec.model_validate(body.get("spec") or {}), body.get("status"))
+    errors, spec = checked_job(body)  # parsed once
+    return None if errors or spec is None else keys_of(JobRef.from_body(body), spec, body.get("status"))
 
 
 def due_on_finish(status: Mapping[str, Any], pods: Iterable[PodView]) -> bool:

@@ -28,6 +28,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between
 from ddpjob_operator.api.spec import StragglerPolicy
 from ddpjob_operator.decide.actions import Event
+from ddpjob_operator.decide.failure import failure_entry
 from ddpjob_operator.decide.observed import Liveness, PodView
 
 MIN_REST_FRACTION = 0.01  # the step time without the slow node's excess is at least this much of it (no /0)
@@ -94,13 +95,10 @@ def judge(policy: StragglerPolicy, progress: Mapping[str, Any], live: Liveness |
     if not replace:
         return Verdict({**result, "reportedStraggler": found.node}, events)
     # The replacement starts a new spell: if it is slow too, it is judged afresh.
-    return Verdict({**result, "slowSince": None}, events, _failure(pod, message, now))
+    return Verdict({**result, "slowSince": None}, events,
+                   failure_entry(pod, C.CAUSE_STRAGGLER, C.REASON_STRAGGLER, message, now))
 
 
-def _failure(pod: PodView, message: str, now: datetime) -> dict[str, Any]:
-    entry = {"index": pod.index, "pod": pod.name, "podUID": pod.uid, "node": pod.node_name or None,
-             "cause": C.CAUSE_STRAGGLER, "reason": C.REASON_STRAGGLER, "message": message, "time": format_time(now)}
-    return {k: v for k, v in entry.items() if v is not None}
 
 
 def to_replace(failures: Iterable[Mapping[str, Any]] | None) -> set[str]:

@@ -1,7 +1,7 @@
 """One pass executes what decide/ returned and nothing of its own (controller/job_pass.py): the
 progress poll comes back as the pass's requeue, a finished etcd-v3 job's keys are handed to the
-cleaner (not dialled in the pass), and every Event goes through the one poster. A fake cache and
-API stand in for the cluster."""
+cleaner (not dialled in the pass), every Event goes through the one poster, and routine progress
+is kept between status writes (decide/writes.py). A fake cache and API stand in for the cluster."""
 from __future__ import annotations
 
 import asyncio
@@ -97,3 +97,85 @@ def test_a_finished_etcd_v3_jobs_keys_go_to_the_cleaner_and_its_events_through_t
     assert cleaner.started[0].run_ids == ("uid-mlp",)
     assert C.REASON_SUCCEEDED in api.events
     assert outcome.requeue is None  # finished: no progress to poll
+
+
+class StatusApi(Api):
+    """Applies status patches to the job, as the API server answers them."""
+
+    def __init__(self, job: dict):
+        super().__init__()
+        self.job, self.patches = job, []
+
+    async def patch_job_status(self, namespace, name, patch):
+        self.patches.append(patch)
+        self.job = {**self.job, "status": _merged(self.job.get("status") or {}, patch)}
+        return self.job
+
+
+def _merged(old: dict, patch: dict) -> dict:
+    """``patch`` applied to ``old`` as RFC 7386 says (null removes)."""
+    out = dict(old)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_routine_progress_is_kept_between_writes_and_written_once_the_interval_is_over(monkeypatch):
+    from ddpjob_operator.controller import live_progress
+    from ddpjob_operator.controller.memory import StatusMemory
+    from tests.operator.decide.test_hang import record
+
+    job = make_ddpjob(replicas=3, elasticPolicy={"rdzvStore": "node"}, status={"phase": C.PHASE_RUNNING})
+    pods = [make_pod(job, i) for i in range(3)]
+    step = [40]
+
+    async def live(pods, deadline=None):
+        return [record(step[0])]
+
+    monkeypatch.setattr(live_progress, "read_live_progress", live)
+    clock = [0.0]
+    api = StatusApi(job)
+    cache = Cache(job, pods)
+    ctx = PassContext(api, cache, Cleaner(), PassSettings(progress_poll=30.0, status_write_interval=600.0),
+                      statuses=StatusMemory(clock=lambda: clock[0]))
+
+    def a_poll(at: float, to_step: int):
+        clock[0], step[0] = at, to_step
+        asyncio.run(run_pass(ctx, ("default", "mlp")))
+        return len(api.patches)
+
+    assert a_poll(0, 40) == 1  # the first pass: counts, conditions, the first progress (news)
+    assert [a_poll(t, 40 + t // 30) for t in (30, 60, 570)] == [1, 1, 1], "the step moved: kept, not written"
+    assert ctx.statuses.jobs[("default", "mlp")].kept["progress"]["step"] == 59
+    assert cache.held["status"]["progress"]["step"] == 40
+    assert a_poll(600, 60) == 2 and api.patches[-1]["progress"]["step"] == 60, "the interval is over: one write"
+    assert a_poll(630, 61) == 2
+
+    ctx.settings = PassSettings(progress_poll=30.0, status_write_interval=0.0)
+    assert a_poll(660, 62) == 3, "interval 0: every change, as before"
+
+
+def test_one_pass_parses_the_spec_once(monkeypatch):
+    """The spec is parsed once per pass and handed on (validation included), not re-read by each
+    step; a counter on the one parse entry point, pydantic's model_validate, proves it."""
+    from ddpjob_operator.api.spec import DDPJobSpec
+
+    parse, parses = DDPJobSpec.model_validate.__func__, []
+
+    def counted(cls, *args, **kwargs):
+        parses.append(1)
+        return parse(cls, *args, **kwargs)
+
+    monkeypatch.setattr(DDPJobSpec, "model_validate", classmethod(counted))
+    for job in (make_ddpjob(replicas=2, elasticPolicy={"rdzvStore": "node"}, status={"phase": C.PHASE_RUNNING}),
+                make_ddpjob(replicas=2, elasticPolicy=V3, status={"phase": C.PHASE_RUNNING})):
+        for phase in ("Running", "Succeeded"):  # a training pass, and a finishing one (keys planned too)
+            pods = [make_pod(job, i, phase=phase) for i in range(2)]  # the builder parses: before counting
+            parses.clear()
+            a_pass(job, pods)
+            assert len(parses) == 1, f"{len(parses)} parses in one {phase} pass"

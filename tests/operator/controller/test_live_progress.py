@@ -58,7 +58,8 @@ def at_step(step, time):
 
 
 def test_a_running_job_that_never_fails_shows_each_new_snapshot(cluster, k8s, tmp_path):
-    command = operator_command(k8s.namespace, "--progress-poll-seconds", "0.5")
+    # A new snapshot is routine progress: written within one --status-write-interval-seconds.
+    command = operator_command(k8s.namespace, "--progress-poll-seconds", "0.5", "--status-write-interval-seconds", "2")
     with FakePod(at_step(40, "2026-11-23T01:00:40Z")) as fake, \
             OperatorProcess(cluster, command, tmp_path / "operator.log") as process:
         k8s.create("ddpjobs", make_manifest(replicas=1))
