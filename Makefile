@@ -66,3 +66,4 @@ manifests: crd
 crd: $(STAMP)
 	$(PY) -m ddpjob_operator.api.crd
 	$(PY) -m ddpjob_operator.api.crd --reference > docs/reference.md
+	$(PY) -m ddpjob_operator.api.crd --status-reference > docs/status.md
