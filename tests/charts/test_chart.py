@@ -89,7 +89,8 @@ def test_default_install_runs_standalone_cluster_wide_without_metrics():
     assert main["args"] == ["--standalone", "--liveness-port=8080", f"--operator-namespace={NAMESPACE}",
                             f"--operator-pod-selector=app.kubernetes.io/name=ddpjob-operator,"
                             f"app.kubernetes.io/instance={RELEASE}", "--metrics-port=0", "--max-replicas=500",
-                            "--progress-poll-seconds=30", "--kube-api-qps=20", "--kube-api-burst=30",
+                            "--progress-poll-seconds=30", "--status-write-interval-seconds=600",
+                            "--kube-api-qps=20", "--kube-api-burst=30",
                             "--max-concurrent-passes=16"]
     assert main["image"] == "ghcr.io/ddpjob/operator:0.1.0"
 
@@ -235,6 +236,10 @@ def test_max_replicas_reaches_the_operator():
 
 def test_the_progress_poll_interval_reaches_the_operator():
     assert "--progress-poll-seconds=5" in container(render({"progressPollSeconds": 5}))["args"]
+
+
+def test_the_status_write_interval_reaches_the_operator():
+    assert "--status-write-interval-seconds=0" in container(render({"statusWriteIntervalSeconds": 0}))["args"]
 
 
 def test_extra_args_env_and_verbose_reach_the_container():

@@ -91,6 +91,7 @@ Operator command-line flags, one list item per line. Mirrors
 - --metrics-port={{ ternary .Values.metrics.port 0 .Values.metrics.enabled }}
 - --max-replicas={{ .Values.maxReplicas }}
 - --progress-poll-seconds={{ .Values.progressPollSeconds }}
+- --status-write-interval-seconds={{ .Values.statusWriteIntervalSeconds }}
 - --kube-api-qps={{ .Values.kubeApi.qps }}
 - --kube-api-burst={{ .Values.kubeApi.burst }}
 - --max-concurrent-passes={{ .Values.maxConcurrentPasses }}

@@ -343,7 +343,7 @@ def test_the_checked_in_field_reference_matches_the_model():
 
 
 def test_status_reference_documents_every_field_of_the_status():
-    from ddpjob_operator.api.spec import DDPJobStatus
+    from ddpjob_operator.api.status import DDPJobStatus
 
     fields = crd.status_reference().split("## Condition types")[0]
     documented = {line.split("`")[1] for line in fields.splitlines() if line.startswith("| `")}
