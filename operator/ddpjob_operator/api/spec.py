@@ -406,8 +406,8 @@ class ElasticPolicy(ApiModel):
     # (the project's trainer image has it; a bring-your-own image with plain torch does not).
     fast_restart: bool = Field(False, description=(
         "Restart workers faster after a failure or a membership change (docs/recovery.md). Needs "
-        "ddpjob-trainer installed in the image (ghcr.io/ddpjob/trainer has it; pip install "
-        "ddpjob-trainer otherwise): without it the job fails at once (reason TrainerNotInImage). rdzvBackend c10d runs as "
+        "ddpjob-trainer installed in the image (the Dockerfile's trainer target has it, docs/install.md; "
+        "pip install ddpjob-trainer otherwise): without it the job fails at once (reason TrainerNotInImage). rdzvBackend c10d runs as "
         "ddpjob-c10d (torch's c10d rendezvous whose re-rendezvous completes once every node with a "
         "live heartbeat has joined, instead of waiting out lastCallSeconds, and drops a node whose "
         "agent is provably gone without waiting out its keep-alive; etcd-v3 does both anyway), and "

@@ -26,7 +26,7 @@ class Condition(ApiModel):
     """A Kubernetes-style condition."""
 
     type: Word = Field(description=("Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, "
-                                   "NodesUnschedulable or PodCreateFailed."))
+                                   "NodesUnschedulable, PodCreateFailed or NetworkPolicyReady."))
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: Word = Field("", description="CamelCase reason of the last transition.")
     message: str = Field("", max_length=C.MAX_CONDITION_MESSAGE_CHARS, description="Human-readable details.")
