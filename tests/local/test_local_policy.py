@@ -84,6 +84,18 @@ def test_a_failure_after_training_finished_is_not_replaced_nor_counted():
     assert decision.action == Action.NONE and b.restarts == 0
 
 
+def test_a_late_replacement_on_the_closed_rendezvous_cannot_fail_a_finished_run():
+    """torch's agent ends a node that reaches a rendezvous closed on success with exit 1; even a
+    code listed as permanent, or one over a spent budget, leaves the finished nodes' verdict."""
+    b = budget(permanent_exit_codes=[1], max_restarts=0)
+    decision = b.node_exited(1, 1, started_at=at(90), failed_at=at(100), finished=True)
+    assert (decision.action, b.restarts, b.charged) == (Action.NONE, 0, 0)
+    assert decision.message == ("node 1 failed (exit code 1) after training finished; not counted: "
+                                "the nodes that finished decide the job's result")
+    assert b.store_exited(1, started_at=at(0), failed_at=at(100), finished=True).action == Action.NONE
+    assert b.node_exited(1, 1, started_at=at(0), failed_at=at(100)).action == Action.FAIL, "before: permanent"
+
+
 def test_any_exit_of_the_rendezvous_store_is_a_failure_that_restarts_the_group():
     b = budget(backoff_seconds=10)
     decision = b.store_exited(0, started_at=at(0), failed_at=at(50))

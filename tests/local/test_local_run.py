@@ -25,12 +25,15 @@ from ddpjob_sandbox.metrics import read_events
 DDPJOB = Path(sys.executable).parent / "ddpjob"
 
 
+RUN_ARGS = ["--epochs", "4", "--samples", "2048", "--batch-size", "32", "--snapshot-every-epochs", "1",
+            "--snapshot-every-steps", "10", "--step-sleep", "0.03"]
+
+
 def job_file(tmp_path, *, args=None, replicas=None, failure_policy=None, elastic=None):
     """The example job with test-speed changes (fewer epochs, a short backoff)."""
     job = load_example()
     spec = job["spec"]
-    spec["args"] = args or ["--epochs", "4", "--samples", "2048", "--batch-size", "32", "--snapshot-every-epochs", "1",
-                            "--snapshot-every-steps", "10", "--step-sleep", "0.03"]
+    spec["args"] = args or RUN_ARGS
     spec["failurePolicy"].update({"backoffSeconds": 2, **(failure_policy or {})})
     spec["elasticPolicy"].update(elastic or {})
     if replicas is not None:
@@ -52,10 +55,16 @@ def logs(run_dir):
     return "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*.log")))
 
 
+# The default arguments, and a survivor alone that holds after its first step until the replacement
+# joins (the example's --wait-for-world-size): the replacement then joins mid-training however
+# slow the machine, instead of after training finished alone.
+JOINS_MID_TRAINING = RUN_ARGS + ["--wait-for-world-size", "2"]
+
+
 def test_a_killed_node_is_replaced_and_training_resumes_from_its_snapshot(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    code = cli.main(["run", job_file(tmp_path), "--workdir", str(run_dir), "--port", "0", "--plain",
-                     "--kill-node-after", "2"])
+    code = cli.main(["run", job_file(tmp_path, args=JOINS_MID_TRAINING), "--workdir", str(run_dir), "--port", "0",
+                     "--plain", "--kill-node-after", "2"])
     out = capsys.readouterr().out
     assert code == 0, out + logs(run_dir)
 

@@ -41,6 +41,19 @@ def test_the_test_flags_are_an_on_step_hook_not_trainer_config(monkeypatch):
     fault_injection(0.0, 3, restart_count=1)(3)  # a restart passes
 
 
+def test_a_smaller_group_holds_after_its_first_step_until_torchrun_stops_it(monkeypatch):
+    """--wait-for-world-size: the hold ends on the stop torchrun's re-forming sends, not on a timer."""
+    args = parse_args(["--epochs", "1", "--wait-for-world-size", "2"])
+    assert fault_injection(0.0, None, 0, args, world_size=2) is None, "a full group never holds"
+    polls, stop_after = [], 3
+    monkeypatch.setattr(time, "sleep", polls.append)
+    hook = fault_injection(0.0, None, 0, args, world_size=1, stopped=lambda: len(polls) >= stop_after)
+    hook(7)
+    assert len(polls) == stop_after, "held until stopped() said torchrun is re-forming the group"
+    hook(8)
+    assert len(polls) == stop_after, "only the first step of a worker holds"
+
+
 def test_the_dataset_is_the_same_for_the_same_seed_and_differs_between_splits():
     first, again, validation = make_dataset(8, seed=1), make_dataset(8, seed=1), make_dataset(8, seed=1, split=1)
     assert all((a == b).all() for a, b in zip(first.tensors, again.tensors))

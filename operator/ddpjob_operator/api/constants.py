@@ -140,6 +140,12 @@ FINISH_GRACE_SECONDS = 15.0
 REASON_FINISHING = "WaitingForNodesToFinish"  # training finished; some node pods still run
 MSG_FINISHING_WAIT = ("waiting for {count} node pod(s) after training finished: {pods}; those still "  # REASON_FINISHING
                       "running {grace:.0f}s after the first node pod exited 0 are stopped")
+# A node that exits non-zero after another exited 0 (a replacement that reached the rendezvous
+# after torchrun closed it on success exits 1 with RendezvousClosedError) changes nothing: the
+# nodes that finished decide the job's result (decide/failure.py after_finish).
+REASON_EXITED_AFTER_FINISH = "ExitedAfterFinish"  # a node exited non-zero after training finished; not counted
+MSG_EXITED_AFTER_FINISH = ("{what} after training finished; not counted: the nodes that "  # REASON_EXITED_AFTER_FINISH
+                           "finished decide the job's result")
 REASON_FINISH_STOPPED = "StoppedAfterFinish"  # node pods still running past FINISH_GRACE_SECONDS were deleted
 MSG_FINISH_STOPPED = ("stopped {count} node pod(s) still running {grace:.0f}s after training "  # REASON_FINISH_STOPPED
                       "finished: {pods}")

@@ -51,6 +51,21 @@ def classify(exit_code: int | None, reason: str | None = None, *, disrupted: boo
     return Outcome.RETRYABLE  # OOMKilled included: a spike may not repeat, the budget bounds it
 
 
+def after_finish(outcome: Outcome | None, *, training_over: bool) -> bool:
+    """Whether a failed node changes nothing because training already finished.
+
+    A node exits 0 only when torchrun saw all of its group's workers finish every step, and
+    torchrun then closes the rendezvous: a node still outside the group (a replacement that
+    reached the rendezvous late, which torch's agent ends with RendezvousClosedError, exit 1)
+    or one that fails on its way out cannot add or undo training. The nodes that finished
+    decide the job's result, so such an exit is neither charged nor permanent, and nothing
+    replaces it. One rule for the operator (status.py, training_over: a node pod of the
+    current group had exited 0 when this one failed, NodeGroups.finished_by) and `ddpjob run`
+    (local/policy.py: a node exited 0 before this exit was reaped).
+    """
+    return training_over and outcome not in (None, Outcome.SUCCEEDED)
+
+
 def describe_exit(who: str, exit_code: int | None, reason: str | None = None) -> str:
     """'node pod mlp-node-1 failed (exit code 137, OOMKilled)': the one wording of a failed node,
     store or pod, used by the operator (reason from the pod) and `ddpjob run` (the signal)."""

@@ -430,3 +430,10 @@ class NodeGroups:
     def training_over(self) -> bool:
         """A node succeeded: training is done and torchrun cannot rejoin a closed rendezvous."""
         return bool(self.succeeded)
+
+    def finished_by(self, when: datetime | None) -> bool:
+        """Training was over at `when`: a node pod of the group had exited 0 by then. A failure
+        before it was one of training (the others re-formed and finished without the node), one
+        at or after it is not (decide/failure.py after_finish). finishedAt has whole seconds, so
+        a tie counts as after: the nodes that finished decide. An unknown time: over if any did."""
+        return any(when is None or p.finished_at is None or p.finished_at <= when for p in self.succeeded)

@@ -37,7 +37,7 @@ from ddpjob_operator.decide.budget import (
     failure_message, judge, ledger_fields, ledger_of, limit_verdict, open_incident, replacement_delay
 )
 from ddpjob_operator.decide.failure import (
-    INVALID_IMAGE_REASONS, Outcome, classify_pod, describe_exit, diagnose_deleted_by_someone, diagnose_image_pull,
+    INVALID_IMAGE_REASONS, Outcome, after_finish, classify_pod, describe_exit, diagnose_deleted_by_someone, diagnose_image_pull,
     diagnose_pod, permanent_failure
 )
 from ddpjob_operator.decide import hang as hang_policy, straggler as straggler_policy
@@ -364,12 +364,16 @@ def _record_failures(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any
         if outcome in (None, Outcome.SUCCEEDED) or uid in handled:
             continue
         handled.append(uid)
+        if after_finish(outcome, training_over=groups.finished_by(pod.finished_at)):  # listed in status.failures
+            verdict.events.append(Event(C.EVENT_NORMAL, C.REASON_EXITED_AFTER_FINISH,
+                                        C.MSG_EXITED_AFTER_FINISH.format(what=_describe(pod, spec))))
+            continue
         _apply_failure(spec, pod, outcome, status, now, verdict)
     status["handledFailures"] = sorted(handled)
     status.update(ledger_fields(judge(ledger_of(status), status.get("lastSnapshot")), status))  # a group restart's too
     if verdict.phase != C.PHASE_FAILED:
         _check_budget(spec, status, verdict)
-    if verdict.phase != C.PHASE_FAILED:
+    if verdict.phase != C.PHASE_FAILED and not groups.training_over:  # a late pod's pull cannot undo training
         _check_image_pull(spec, groups, status, now, verdict)
     return verdict
 

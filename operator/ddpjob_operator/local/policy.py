@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.failure import Outcome, classify, describe_exit, signal_name
+from ddpjob_operator.decide.failure import Outcome, after_finish, classify, describe_exit, signal_name
 from ddpjob_operator.decide.budget import Ledger, backoff_left, failure_message, judge, limit_verdict, open_incident
 from ddpjob_operator.api.spec import FailurePolicy
 
@@ -96,13 +96,17 @@ class FailureBudget:
         Args:
             started_at: when this incarnation of the node was started.
             failed_at: when it exited.
-            finished: another node already exited 0 (training is over; nothing is replaced).
+            finished: another node already exited 0: training is over, and no exit counts
+                (decide/failure.py after_finish; the finished nodes decide the result).
             snapshot: the newest complete snapshot so far ({step, epoch, time}), None if none.
         """
         outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
         if outcome == Outcome.SUCCEEDED:
             return Decision(Action.FINISHED, f"node {index} finished (exit code 0)")
-        return self._failed(describe_exit(f"node {index}", code, signal_name(code)), outcome, started_at, failed_at, finished, snapshot)
+        what = describe_exit(f"node {index}", code, signal_name(code))
+        if after_finish(outcome, training_over=finished):
+            return Decision(Action.NONE, C.MSG_EXITED_AFTER_FINISH.format(what=what), what=what)
+        return self._failed(what, outcome, started_at, failed_at, snapshot)
 
     def store_exited(self, code: int, *, started_at: datetime, failed_at: datetime,
                      finished: bool = False, snapshot: dict | None = None) -> Decision:
@@ -110,15 +114,15 @@ class FailureBudget:
         outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
         if outcome == Outcome.SUCCEEDED:
             outcome = Outcome.RETRYABLE  # a store never finishes while nodes train
-        return self._failed(describe_exit("the rendezvous store", code, signal_name(code)), outcome, started_at, failed_at,
-                            finished, snapshot)
+        what = describe_exit("the rendezvous store", code, signal_name(code))
+        if after_finish(outcome, training_over=finished):
+            return Decision(Action.NONE, C.MSG_EXITED_AFTER_FINISH.format(what=what), what=what)
+        return self._failed(what, outcome, started_at, failed_at, snapshot)
 
     def _failed(self, what: str, outcome: Outcome, started_at: datetime, failed_at: datetime,
-                finished: bool, snapshot: dict | None) -> Decision:
+                snapshot: dict | None) -> Decision:
         if outcome == Outcome.PERMANENT:
             return Decision(Action.FAIL, C.MSG_PERMANENT_ERROR.format(what=what), what=what)
-        if finished:
-            return Decision(Action.NONE, f"{what} after training finished; not replaced", what=what)
         self.snapshot = snapshot or self.snapshot
         opened, free = open_incident(self.ledger, failed_at, started_at), False
         if opened is not None:

@@ -115,7 +115,9 @@ def test_suspending_deletes_every_pod_and_creates_nothing():
 ])
 def test_a_finished_job_cleans_pods_per_clean_pod_policy(policy, deleted_pods):
     job = make_ddpjob(replicas=3, runPolicy={"cleanPodPolicy": policy})
-    pods = [make_pod(job, 0, phase="Failed", exit_code=127), make_pod(job, 1), make_pod(job, 2, phase="Succeeded")]
+    # Node 0 failed during training (before node 2 finished): that failure decides.
+    pods = [make_pod(job, 0, phase="Failed", exit_code=127, finished_at=at(-30)), make_pod(job, 1),
+            make_pod(job, 2, phase="Succeeded")]
     actions = actions_at(job, pods, 0)
     assert job["status"]["phase"] == "Failed"
     assert deleted(actions) == deleted_pods and created(actions) == []

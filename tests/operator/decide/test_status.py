@@ -161,6 +161,49 @@ def test_a_job_is_not_done_while_a_node_still_runs():
     assert step(job, [make_pod(job, 0, phase="Succeeded"), make_pod(job, 1)], 0).status["phase"] == "Running"
 
 
+def test_a_replacement_failing_on_the_closed_rendezvous_after_a_node_finished_changes_nothing():
+    """The operator's side of decide/failure.py after_finish, as `ddpjob run` applies it: node 1's
+    replacement reached the rendezvous after node 0 finished training and torch ended it with exit
+    1. Even with 1 listed as permanent and no restart left, the finished node decides: Succeeded,
+    nothing charged, one Normal Event, and the pod stays listed in status.failures."""
+    job = make_ddpjob(replicas=2, failurePolicy={"permanentExitCodes": [1], "maxRestarts": 0})
+    step(job, running_pods(job), 0)
+    update = step(job, [make_pod(job, 0, phase="Succeeded"), make_pod(job, 1, phase="Failed", exit_code=1)], 30)
+    assert update.status["phase"] == "Succeeded"
+    assert (update.status["restarts"], update.status.get("lastFailureTime")) == (0, None)
+    assert [(e.type, e.reason, e.message) for e in update.events if e.reason == C.REASON_EXITED_AFTER_FINISH] == [
+        ("Normal", "ExitedAfterFinish", "node pod mlp-node-1 failed (exit code 1) after training finished; not "
+                                        "counted: the nodes that finished decide the job's result")]
+    assert C.REASON_PERMANENT_ERROR not in reasons(update) and C.REASON_NODE_FAILED not in reasons(update)
+    assert [f["pod"] for f in update.status["failures"]] == ["mlp-node-1"]
+
+
+def test_a_permanent_failure_before_the_others_finished_fails_the_job_whenever_the_pass_sees_it():
+    """The order of the exits decides, not the pass that sees them: node 1 failed during training
+    (the others re-formed and finished without it), so the job fails even seen in one pass."""
+    job = make_ddpjob(replicas=2, min_replicas=1, max_replicas=2, failurePolicy={"permanentExitCodes": [1]})
+    step(job, running_pods(job), 0)
+    pods = [make_pod(job, 0, phase="Succeeded", finished_at=at(60)), make_pod(job, 1, phase="Failed", finished_at=at(20))]
+    update = step(job, pods, 61)
+    assert (update.status["phase"], condition(update.status, "Failed")["reason"]) == ("Failed", C.REASON_PERMANENT_ERROR)
+    job = make_ddpjob(replicas=2, min_replicas=1, max_replicas=2, failurePolicy={"permanentExitCodes": [1]})
+    step(job, running_pods(job), 0)
+    pods[1] = make_pod(job, 1, phase="Failed", finished_at=at(60))  # the same second: after the finish
+    assert step(job, pods, 61).status["phase"] == "Succeeded"
+
+
+def test_a_node_failing_while_another_finishes_is_counted_once_and_the_job_still_succeeds():
+    """Node 1 still runs when node 0 exits 0, then fails: reported once, while the job waits."""
+    job = make_ddpjob(replicas=3, min_replicas=1, max_replicas=3)
+    step(job, running_pods(job), 0)
+    finishing = [make_pod(job, 0, phase="Succeeded"), make_pod(job, 1, phase="Failed"), make_pod(job, 2)]
+    first = step(job, finishing, 5)
+    assert first.status["phase"] == "Running" and reasons(first).count(C.REASON_EXITED_AFTER_FINISH) == 1
+    assert C.REASON_EXITED_AFTER_FINISH not in reasons(step(job, finishing, 6)), "one Event per pod"
+    done = step(job, finishing[:2] + [make_pod(job, 2, phase="Succeeded")], 7)
+    assert done.status["phase"] == "Succeeded" and done.status["restarts"] == 0
+
+
 def test_suspending_clears_start_time_and_resuming_says_resumed():
     job = make_ddpjob(replicas=2)
     step(job, running_pods(job), 0)

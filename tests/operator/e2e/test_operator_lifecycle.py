@@ -67,6 +67,15 @@ def test_the_job_runs_when_its_pods_run_and_succeeds_when_all_exit_zero(k8s, ope
 def test_succeeded_pods_are_kept_with_the_default_clean_pod_policy(k8s, operator):
     k8s.create("ddpjobs", make_manifest(replicas=2))
     k8s.wait_for(lambda: len(pod_names(k8s)) == 2, what="two node pods")
+    # Both run before either exits, as a kubelet reports them, and the operator has seen both run
+    # (readyReplicas 2: its cache holds them Running; pods' events reach it per object, not in one
+    # order). Ended straight from Pending, a pass between the two patches sees node 0 Succeeded
+    # beside a node 1 that never ran: by design that finishes the job (a Pending pod cannot join
+    # the closed rendezvous) and cleanPodPolicy Running deletes it. Now such a pass sees node 1
+    # Running: training finishing, nothing to clean.
+    for name in pod_names(k8s):
+        set_running(k8s, name)
+    k8s.wait_for(lambda: status(k8s).get("readyReplicas") == 2, timeout=20, what="both nodes seen running")
     for name in pod_names(k8s):
         set_terminated(k8s, name, 0)
     k8s.wait_for(lambda: status(k8s).get("phase") == C.PHASE_SUCCEEDED, timeout=20, what="phase Succeeded")

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="testing: the fault node raises DoNotRetry (reason InjectedFault) after this step")
     parser.add_argument("--slow-seconds", type=float, default=0.0,
                         help="testing: the fault node sleeps this long more after every step (a straggler)")
+    parser.add_argument("--wait-for-world-size", type=int, default=None,
+                        help="testing: a worker in a group of fewer ranks holds after its first step until torchrun "
+                             "re-forms the group with a joining node (at most WAIT_FOR_WORLD_SECONDS)")
     parser.add_argument("--tensorboard-dir", default=None)
     parser.add_argument("--wandb-project", default=None)
     parser.add_argument("--no-progress-bar", action="store_true")
@@ -117,23 +120,36 @@ def config_from(args: argparse.Namespace) -> TrainerConfig:
 
 
 HANG_MARKER = "hang-injected"  # --hang-at-step: written in the snapshot directory before blocking
+# --wait-for-world-size holds at most this long, then trains on: a test whose joining node never
+# came then fails on the group sizes it reads from the metrics instead of hanging.
+WAIT_FOR_WORLD_SECONDS = 240.0
 
 
 def fault_injection(step_sleep: float, fail_at_step: int | None, restart_count: int,
-                    args: argparse.Namespace | None = None) -> Callable[[int], None] | None:
+                    args: argparse.Namespace | None = None, world_size: int = 1,
+                    stopped: Callable[[], bool] = lambda: False) -> Callable[[int], None] | None:
     """The Trainer's on_step hook for the example's test flags: --step-sleep slows every step (so
     tests can kill a node mid-epoch), --fail-at-step raises after that step on the first attempt
     (TORCHELASTIC_RESTART_COUNT 0) to exercise the restart path; on the --fault-node only,
     --hang-at-step blocks forever once (a hang) and --slow-seconds slows every step (a
-    straggler). None when no flag is set."""
+    straggler). --wait-for-world-size makes a worker of a group smaller than that hold after its
+    first step (once the step is in the metrics) until `stopped()`: torchrun re-forms the group
+    when a node joins, and SIGTERMs the workers, which the Trainer turns into a flag (stop.py),
+    so the group finishes only in its full size whatever the machine's speed. None when no flag is set."""
     here = args is not None and os.environ.get("DDPJOB_NODE_INDEX", "0") == args.fault_node
     hang_at = args.hang_at_step if here else None
     fatal_at = args.do_not_retry_at_step if here else None
     slow = args.slow_seconds if here else 0.0
-    if not step_sleep and fail_at_step is None and hang_at is None and fatal_at is None and not slow:
+    wanted = getattr(args, "wait_for_world_size", None)
+    hold = wanted is not None and world_size < wanted
+    if not step_sleep and fail_at_step is None and hang_at is None and fatal_at is None and not slow and not hold:
         return None
+    first = [True]
 
     def on_step(step: int) -> None:
+        if hold and first[0]:
+            first[0] = False
+            _wait_for_world(world_size, wanted, stopped)
         if fail_at_step == step and restart_count == 0:
             raise RuntimeError(f"fail_at_step={step}: failing on purpose on the first attempt (debugging flag)")
         if fatal_at == step:
@@ -144,6 +160,15 @@ def fault_injection(step_sleep: float, fail_at_step: int | None, restart_count: 
             time.sleep(step_sleep + slow)
 
     return on_step
+
+
+def _wait_for_world(world_size: int, wanted: int, stopped: Callable[[], bool]) -> None:
+    """Holds a worker of a `world_size` group until torchrun stops it to re-form a bigger one."""
+    logging.getLogger(__name__).warning("wait_for_world_size=%d: %d rank(s) hold until a node joins (testing flag)",
+                                        wanted, world_size)
+    deadline = time.monotonic() + WAIT_FOR_WORLD_SECONDS
+    while not stopped() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _hang_once(snapshot_dir: str | None, step: int) -> None:
@@ -180,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         trainer = Trainer(
             model, optimizer, make_dataset(args.samples, args.seed), config,
             loss_fn=mse, scheduler=scheduler, val_data=val_data, env=env,
-            on_step=fault_injection(args.step_sleep, args.fail_at_step, env.restart_count, args),
+            on_step=fault_injection(args.step_sleep, args.fail_at_step, env.restart_count, args, env.world_size,
+                                    stopped=lambda: trainer.stop.requested),
         )
         result = trainer.train()
         if env.is_rank0:
