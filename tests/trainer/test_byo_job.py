@@ -13,9 +13,9 @@ import torch
 from ddpjob_rdzv import progress_record
 from ddpjob_trainer import DoNotRetry, Job
 from ddpjob_trainer.job import SNAPSHOT_DIR_ENV, resolve_snapshot_dir
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.progress_report import ENV_PATH
-from ddpjob_trainer.snapshot import SnapshotError, SnapshotStore
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_trainer.report.record import ENV_PATH
+from ddpjob_trainer.snapshots.store import SnapshotError, SnapshotStore
 from ddpjob_trainer.stop import GracefulStop, PeerStopped
 
 

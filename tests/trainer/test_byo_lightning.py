@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from ddpjob_trainer.integrations.lightning import DDPJobCallback  # noqa: E402
 from ddpjob_trainer.job import SNAPSHOT_DIR_ENV  # noqa: E402
-from ddpjob_trainer.metrics import read_metrics  # noqa: E402
-from ddpjob_trainer.snapshot import SnapshotStore  # noqa: E402
+from ddpjob_trainer.report.metrics import read_metrics  # noqa: E402
+from ddpjob_trainer.snapshots.store import SnapshotStore  # noqa: E402
 
 BATCHES = 4  # per epoch
 

@@ -8,8 +8,8 @@ import signal
 import time
 
 from ddpjob_rdzv import progress_record
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.progress_report import ENV_PATH
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_trainer.report.record import ENV_PATH
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, example_target
 
 

@@ -1,4 +1,4 @@
-"""Per-rank liveness (ddpjob_trainer/progress_report.py): every rank beats into the process group's
+"""Per-rank liveness (ddpjob_trainer/report/record.py): every rank beats into the process group's
 store from a thread of its own, and a node's reporter folds all the ranks into the record's
 ``nodes``, so the one record the operator polls shows a rank stuck outside a collective."""
 import json
@@ -17,9 +17,9 @@ from ddpjob_rdzv import progress_record
 from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig, do_not_retry
 from ddpjob_trainer.dist import TIMEOUT_ENV, collective_timeout
 from ddpjob_trainer.examples.mlp import make_dataset, mse
-from ddpjob_trainer.progress_report import (
-    ENV_PATH, HEARTBEAT_PREFIX, HEARTBEAT_SECONDS, Heartbeats, ProgressReport, StepClock, fold, stop_agent,
-)
+from ddpjob_trainer.report.give_up import stop_agent
+from ddpjob_trainer.report.heartbeats import HEARTBEAT_PREFIX, HEARTBEAT_SECONDS, Heartbeats, StepClock, fold
+from ddpjob_trainer.report.record import ENV_PATH, ProgressReport
 from ddpjob_sandbox.procs import free_port
 
 
@@ -179,7 +179,7 @@ def test_the_reporting_rank_keeps_a_fatal_another_local_rank_wrote(tmp_path):
 
 AGENT = """
 import os, subprocess, sys, time
-child = subprocess.run([sys.executable, "-c", "from ddpjob_trainer.progress_report import stop_agent; "
+child = subprocess.run([sys.executable, "-c", "from ddpjob_trainer.report.give_up import stop_agent; "
                         "print(stop_agent(), flush=True)"], env=dict(os.environ, TORCHELASTIC_RUN_ID=sys.argv[2]))
 time.sleep(30)  # a real agent would restart its workers here
 """
@@ -213,7 +213,7 @@ def test_the_agent_is_stopped_only_when_the_parent_is_torchrun_under_a_job(tmp_p
 # the worker's parent is not torchrun, and only the agent's pid in its environment leads to the agent.
 ZYGOTE_AGENT = """
 import os, subprocess, sys, time
-worker = "from ddpjob_trainer.progress_report import stop_agent; print(stop_agent(), flush=True)"
+worker = "from ddpjob_trainer.report.give_up import stop_agent; print(stop_agent(), flush=True)"
 server = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {worker!r}])"
 named = {"DDPJOB_AGENT_PID": str(os.getpid())} if sys.argv[2] == "named" else {}
 subprocess.run([sys.executable, "-c", server], env=dict(os.environ, TORCHELASTIC_RUN_ID="job-1", **named))

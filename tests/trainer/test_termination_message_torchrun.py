@@ -7,9 +7,9 @@ import json
 import time
 
 from ddpjob_rdzv import progress_record
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.progress_report import ENV_PATH, POLL_SECONDS
-from ddpjob_trainer.snapshot import PROGRESS_FILE
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_trainer.report.record import ENV_PATH, POLL_SECONDS
+from ddpjob_trainer.snapshots.store import PROGRESS_FILE
 from ddpjob_sandbox.torchrun import example_target
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event

@@ -16,7 +16,7 @@ Usage::
         print(f"{env.world_size} workers, restart {env.restart_count}")
 
 It also reads how snapshots are trusted and what to do when none can be read
-(``DDPJOB_TRUST_SNAPSHOTS``, ``DDPJOB_SNAPSHOT_ON_UNREADABLE``; see snapshot.py).
+(``DDPJOB_TRUST_SNAPSHOTS``, ``DDPJOB_SNAPSHOT_ON_UNREADABLE``; see snapshots/store.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Termination messages (failure.pod_progress) tell the operator where training stood only
 when a container exits. While a job runs, the local-rank-0 worker of each node also serves
 its progress record at ``GET /progress`` on the pod's ``progress`` port
-(ddpjob_trainer/progress_report.py), and each pass of a running job reads it from one node,
+(ddpjob_trainer/report/record.py), and each pass of a running job reads it from one node,
 so ``status.lastSnapshot``, the STEP column and the recovery figures follow training.
 
 The operator reaches pods the way Prometheus does (pod IP and port); where a NetworkPolicy

@@ -1,7 +1,7 @@
 """What the trainer's progress records and the failed pods tell the status (pure).
 
 The trainer's local-rank-0 worker on every node keeps a progress record in its termination
-message (ddpjob_trainer/progress_report.py); the kubelet publishes it in the pod status when
+message (ddpjob_trainer/report/record.py); the kubelet publishes it in the pod status when
 the container exits. From the records of all observed pods this module keeps:
 
   * ``status.lastSnapshot`` {epoch, step, time, path}: the newest complete snapshot;

@@ -1,6 +1,6 @@
 """The fast snapshot tier: every rank's state copied to node-local shared memory every few steps.
 
-The volume snapshot (snapshot.py) is durable but costs a serialization, a sha256 and an
+The volume snapshot (store.py) is durable but costs a serialization, a sha256 and an
 fsync, so it is taken every few hundred steps, and a SIGKILL loses the steps since. This tier
 keeps a copy that survives a *worker* restart (torchrun restarts every worker on any failure or
 membership change) at almost no cost to throughput:
@@ -54,8 +54,8 @@ from typing import Any
 
 import torch
 
-from .background import BackgroundJob
-from .errors import DoNotRetry
+from ddpjob_trainer.errors import DoNotRetry
+from ddpjob_trainer.snapshots.background import BackgroundJob
 
 log = logging.getLogger(__name__)
 
