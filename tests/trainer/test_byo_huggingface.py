@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from ddpjob_trainer.integrations.huggingface import CheckpointSetupError, DDPJobCallback  # noqa: E402
-from ddpjob_trainer.job import SNAPSHOT_DIR_ENV  # noqa: E402
+from ddpjob_rdzv.contract import SNAPSHOT_DIR_ENV  # noqa: E402
 from ddpjob_trainer.report.metrics import read_metrics, read_raw_metrics  # noqa: E402
 from ddpjob_trainer.snapshots.store import SnapshotStore  # noqa: E402
 from ddpjob_trainer.stop import GRACEFUL_EXIT_CODE, GracefulStop  # noqa: E402

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from ddpjob_sandbox.procs import free_port
-from ddpjob_trainer.job import SNAPSHOT_DIR_ENV
+from ddpjob_rdzv.contract import SNAPSHOT_DIR_ENV
 from ddpjob_trainer.report.metrics import read_metrics
 from ddpjob_trainer.snapshots.store import SnapshotStore
 from ddpjob_trainer.stop import GRACEFUL_EXIT_CODE

@@ -17,11 +17,11 @@ import urllib.request
 import pytest
 import torch
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 from ddpjob_trainer import DoNotRetry, Job, Trainer, TrainerConfig
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
-from ddpjob_trainer.report.record import DEFAULT_PATH, ENV_PATH, PORT_ENV, RECORD_BYTES, ProgressReport, default_path, \
-    progress_port
+from ddpjob_rdzv.contract import PROGRESS_PORT_ENV, TERMINATION_LOG_ENV
+from ddpjob_trainer.report.record import DEFAULT_PATH, RECORD_BYTES, ProgressReport, default_path, progress_port
 from ddpjob_trainer.report.server import MAX_CONNECTIONS, READ_TIMEOUT_SECONDS
 from ddpjob_sandbox.procs import free_port
 from tests.support.listeners import listeners
@@ -127,7 +127,7 @@ def test_a_missing_file_is_never_created_only_a_kubelet_makes_it(tmp_path):
 
 
 def test_the_env_variable_names_the_path_and_the_default_is_used_only_when_the_kubelet_made_it(tmp_path):
-    assert default_path({ENV_PATH: str(tmp_path / "t")}) == str(tmp_path / "t")
+    assert default_path({TERMINATION_LOG_ENV: str(tmp_path / "t")}) == str(tmp_path / "t")
     expected = DEFAULT_PATH if os.path.isfile(DEFAULT_PATH) else None
     assert default_path({}) == expected
 
@@ -254,14 +254,14 @@ def test_a_taken_port_turns_the_endpoint_off_with_a_warning_and_reporting_goes_o
 
 @pytest.mark.parametrize(("value", "port"), [("", None), ("29410", 29410), ("http", None), ("70000", None)])
 def test_the_port_comes_from_the_environment_and_nonsense_turns_it_off(value, port):
-    assert progress_port({PORT_ENV: value}) == port
+    assert progress_port({PROGRESS_PORT_ENV: value}) == port
 
 
 # --- the Trainer writes it ---------------------------------------------------------------
 
 
 def train(env, directory, message, monkeypatch, restart_count=0, fail_at_step=None, loss_fn=mse, **overrides):
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     overrides.setdefault("epochs", 2)
@@ -316,7 +316,7 @@ def test_only_local_rank_0_reports(env, tmp_path, monkeypatch):
     assert record_in(message)["snapshot"] is not None
     other = tmp_path / "other-log"
     other.touch()
-    monkeypatch.setenv(ENV_PATH, str(other))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(other))
     # A second local rank needs a second process; the choice itself is made by the Job every loop
     # (the Trainer included) runs on.
     job = Job.for_loop(rank=1, local_rank=1, world_size=2, restart_count=0, directory=str(tmp_path),
@@ -329,7 +329,7 @@ def test_only_local_rank_0_reports(env, tmp_path, monkeypatch):
 
 def test_the_trainer_serves_its_progress_while_training_and_stops_at_the_end(env, tmp_path, monkeypatch):
     port = free_port()
-    monkeypatch.setenv(PORT_ENV, str(port))
+    monkeypatch.setenv(PROGRESS_PORT_ENV, str(port))
     seen = []
 
     class Probe(torch.utils.data.Dataset):  # asks the endpoint mid-training, from the data loader
@@ -342,7 +342,7 @@ def test_the_trainer_serves_its_progress_while_training_and_stops_at_the_end(env
             return DATA[index]
 
     message = kubelet_file(tmp_path)
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     config = TrainerConfig(batch_size=8, epochs=3, snapshot_dir=str(tmp_path), snapshot_every_epochs=1,
                            metrics_file=str(tmp_path / "metrics.jsonl"), progress_bar=False)

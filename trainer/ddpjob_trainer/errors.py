@@ -5,7 +5,7 @@ report (report/) records a DoNotRetry and gives up on it; this module imports no
 """
 from __future__ import annotations
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 
 class DoNotRetry(Exception):

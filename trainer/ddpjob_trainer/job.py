@@ -52,6 +52,7 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as torch_dist
+from ddpjob_rdzv.contract import METRICS_FILE_ENV, NODE_INDEX_ENV, SNAPSHOT_DIR_ENV
 
 from ddpjob_trainer.errors import DoNotRetry
 from ddpjob_trainer.report.give_up import give_up
@@ -63,9 +64,6 @@ from ddpjob_trainer.stop import GracefulStop, PeerStopped, StopSignal
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_DIR_ENV = "DDPJOB_SNAPSHOT_DIR"  # set by the operator and `ddpjob run` (ddpjob_operator.api.constants)
-METRICS_FILE_ENV = "DDPJOB_METRICS_FILE"  # where `ddpjob run` reads metrics (default <snapshot dir>/metrics.jsonl)
-NODE_INDEX_ENV = "DDPJOB_NODE_INDEX"
 METRICS_NAME = "metrics.jsonl"
 
 def resolve_snapshot_dir(default: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str:

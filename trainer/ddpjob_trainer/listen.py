@@ -19,7 +19,8 @@ import os
 import socket
 from collections.abc import Mapping
 
-LISTEN_HOST_ENV = "DDPJOB_LISTEN_HOST"  # "" or unset: every interface; ddpjob run: 127.0.0.1
+from ddpjob_rdzv.contract import LISTEN_HOST_ENV
+
 # Hosts that mean "every interface": IPv4 and IPv6 where the machine has both, as torch's
 # TCPStore listens by itself (a store pod's clients may reach it over either family).
 EVERY_INTERFACE = ("", "0.0.0.0", "::", "*")

@@ -43,9 +43,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from ddpjob_rdzv.contract import NODE_INDEX_ENV
+
 from ddpjob_trainer.dist import device_for
 from ddpjob_trainer.env import DistEnv, dist_env
-from ddpjob_trainer.job import NODE_INDEX_ENV, Job
+from ddpjob_trainer.job import Job
 from ddpjob_trainer.loop.config import TrainerConfig
 from ddpjob_trainer.loop.rng import gather_rng_states, restore_rng, rng_state, seed_everything
 from ddpjob_trainer.loop.sampler import ResumableSampler

@@ -11,6 +11,7 @@ import os
 import signal
 from pathlib import Path
 
+from ddpjob_rdzv.contract import NODE_INDEX_ENV
 from ddpjob_trainer import zygote
 from ddpjob_trainer.errors import DoNotRetry
 from ddpjob_trainer.report.record import ProgressReport, default_path
@@ -45,7 +46,7 @@ def give_up(error: DoNotRetry, *, written: bool = False, environ: dict[str, str]
     message with its full record and keeps ``fatal``), then the torchrun agent is stopped
     (stop_agent)."""
     if not written:
-        ProgressReport(default_path(environ), None, node=environ.get("DDPJOB_NODE_INDEX", "")).failed(error)
+        ProgressReport(default_path(environ), None, node=environ.get(NODE_INDEX_ENV, "")).failed(error)
     stop_agent(environ)
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 log = logging.getLogger(__name__)
 

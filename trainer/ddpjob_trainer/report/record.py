@@ -1,6 +1,6 @@
 """A node's progress record for the operator: written to the termination message and served at GET /progress.
 
-The record (layout and rules: ``ddpjob_rdzv/progress_record.py``, shared with the operator)
+The record (layout and rules: ``ddpjob_rdzv/contract/progress_record.py``, shared with the operator)
 says where training stands: the newest complete snapshot, when this run of the workers
 started and took its first step, and why training raised. Each node's local-rank-0 worker
 keeps it current and publishes it two ways, neither of which gives training pods API rights
@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpjob_rdzv import progress_record
-from ddpjob_rdzv.progress_record import MAX_ERROR_CHARS, TERMINATION_MESSAGE_BYTES
+from ddpjob_rdzv.contract import JOB_UID_ENV, POD_NAME_ENV, PROGRESS_PORT_ENV, TERMINATION_LOG_ENV, progress_record
+from ddpjob_rdzv.contract.progress_record import MAX_ERROR_CHARS, TERMINATION_MESSAGE_BYTES
 
 from ddpjob_trainer.errors import DoNotRetry
 from ddpjob_trainer.report.heartbeats import Heartbeats
@@ -51,14 +51,12 @@ from ddpjob_trainer.report.server import serve
 
 log = logging.getLogger(__name__)
 
-ENV_PATH = "DDPJOB_TERMINATION_LOG"  # where to write; rendered into pods with terminationMessagePath
 DEFAULT_PATH = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 RECORD_BYTES = 1024  # minimum padded size of the message (the kubelet keeps up to 4096 bytes)
 POLL_SECONDS = 5.0  # how often nodes other than rank 0's copy progress.json from the shared volume
-PORT_ENV = "DDPJOB_PROGRESS_PORT"  # serve the record at GET /progress on this port (rendered pods set it)
 # Whose record it is (rendered pods set both; ddpjob run the uid): the operator refuses a record
 # that names another job or pod (decide/progress.py), e.g. one read at a pod IP another pod reused.
-IDENTITY_ENV = {"jobUID": "DDPJOB_JOB_UID", "pod": "DDPJOB_POD_NAME"}
+IDENTITY_ENV = {"jobUID": JOB_UID_ENV, "pod": POD_NAME_ENV}
 
 
 def default_path(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
@@ -67,7 +65,7 @@ def default_path(environ: dict[str, str] | os._Environ = os.environ) -> str | No
     Records are only ever written into an existing file (the kubelet creates it), never a
     new one, so a local run or a sandbox without a kubelet writes nothing.
     """
-    explicit = environ.get(ENV_PATH)
+    explicit = environ.get(TERMINATION_LOG_ENV)
     if explicit:
         return explicit
     return DEFAULT_PATH if os.path.isfile(DEFAULT_PATH) else None
@@ -75,11 +73,11 @@ def default_path(environ: dict[str, str] | os._Environ = os.environ) -> str | No
 
 def progress_port(environ: dict[str, str] | os._Environ = os.environ) -> int | None:
     """The port from $DDPJOB_PROGRESS_PORT; None when unset (no endpoint) or not a port number."""
-    text = environ.get(PORT_ENV, "")
+    text = environ.get(PROGRESS_PORT_ENV, "")
     if not text:
         return None
     if not text.isdigit() or not 0 <= int(text) <= 65535:
-        log.warning("ignoring %s=%r: not a port number 0..65535; progress is not served", PORT_ENV, text)
+        log.warning("ignoring %s=%r: not a port number 0..65535; progress is not served", PROGRESS_PORT_ENV, text)
         return None
     return int(text)
 
