@@ -34,7 +34,9 @@ What it does with the rules the operator and ``ddpjob run`` already apply to the
 * **failure**: an exception leaving the ``with`` block is recorded in the progress record;
   a :class:`~ddpjob_trainer.errors.DoNotRetry` fails the job at once instead of retrying.
 
-The same object is the lifecycle under the framework integrations (integrations/): Lightning
+The same object is the lifecycle under every loop: the Trainer (trainer.py) builds its Job from
+TrainerConfig (:meth:`Job.for_loop`) and adds only what its loop owns, and under the framework
+integrations (integrations/): Lightning
 saves its checkpoint dict with :meth:`Job.save`; Hugging Face, whose checkpoint is a directory
 it resumes from itself, stores it with :meth:`Job.save_directory` and finds it with
 :meth:`Job.latest`, and stops gracefully on SIGTERM with :meth:`Job.watch_stop`,
