@@ -18,7 +18,7 @@ Figures, with one definition each, reused rather than restated here:
     or the job's start, to its first step; goodput = 1 - lost / wall, metrics.goodput),
     fed from the trainer's metrics file instead of pod termination messages;
   * redone steps: steps in the raw metrics minus steps in the effective history
-    (ddpjob_trainer.metrics.read_metrics / read_raw_metrics).
+    (ddpjob_trainer.report.metrics.read_metrics / read_raw_metrics).
 Wall time is the local run's own clock: its first events.jsonl record to `phase Succeeded`.
 
 Next to the clean and the 1-kill run, the same job runs as two bare torchrun agents (the local
@@ -58,7 +58,7 @@ from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import metrics as operator_metrics
 from ddpjob_operator.decide import progress
 from ddpjob_operator.decide.observed import view_pods
-from ddpjob_trainer.metrics import read_metrics, read_raw_metrics
+from ddpjob_trainer.report.metrics import read_metrics, read_raw_metrics
 
 KILL_AFTER = 5.0  # seconds after the first step (and after full size again, for the second kill)
 RUN_TIMEOUT = 400.0  # one run, kills and recoveries included
@@ -220,7 +220,7 @@ def _pauses(raw: list[dict], since: float) -> list[float]:
 
 def _reports(raw: list[dict]) -> list[dict]:
     """Each trainer start as the progress record its node would report in a pod's termination
-    message (ddpjob_trainer/progress_report.py), wrapped as a pod so progress.ingest reads it."""
+    message (ddpjob_trainer/report/record.py), wrapped as a pod so progress.ingest reads it."""
     pods = []
     for i, start in enumerate(e for e in raw if e["event"] == "start"):
         later = [e for e in raw if event_time(e) >= event_time(start)]

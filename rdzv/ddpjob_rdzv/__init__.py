@@ -3,8 +3,10 @@
 One definition of what both sides must agree on, in a distribution that depends on
 neither torch nor pydantic, so the operator image never pulls torch:
 
-* :mod:`.progress_record`: the progress record a trainer publishes (termination message
-  and ``GET /progress``) and the operator reads: its layout, size cap and validation;
+* :mod:`.contract`: the contract between operator and trainer: every ``DDPJOB_*`` variable
+  the operator renders and the trainer reads, and :mod:`.contract.progress_record`, the
+  record a trainer publishes (termination message and ``GET /progress``) and the operator
+  reads: its layout, size cap and validation;
 * the torch-free half of the etcd v3 rendezvous: :mod:`.keys` (the etcd key layout of a
   run), :mod:`.settings` (the ``--rdzv_conf`` connection keys and the credentials
   directory a mounted Secret provides), :mod:`.client` (endpoint fail-over, TLS, auth) and
@@ -12,7 +14,10 @@ neither torch nor pydantic, so the operator image never pulls torch:
   is deleted). The torch side (the ``RendezvousBackend`` and the c10d store) lives in
   ``ddpjob_trainer.rendezvous``.
 
-The distribution keeps its name, ``ddpjob-rdzv``; its one dependency is etcd3.
+The distribution keeps its name, ``ddpjob-rdzv``: renaming it would change the install
+requirement of both images and of every user's ``pip install ddpjob-trainer`` resolution for
+no gain in what the code says (the module name, ``contract``, says it); its one dependency is
+etcd3.
 """
 from __future__ import annotations
 

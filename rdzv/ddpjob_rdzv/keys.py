@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ddpjob_rdzv.contract import NAMESPACE_ENV
+
 ROOT = "/ddpjob/rdzv"
-NAMESPACE_ENV = "DDPJOB_NAMESPACE"  # the job's namespace, set by the operator (render/launch.py)
 # Prefix segment of runs outside a cluster (`ddpjob run`, a bare torchrun): a Kubernetes
 # namespace is a DNS label, which never contains '_', so local runs never share a tenant's prefix.
 LOCAL_NAMESPACE = "_local"

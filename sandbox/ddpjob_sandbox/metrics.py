@@ -1,7 +1,7 @@
 """Following a training job through the trainer's JSON-lines metrics file.
 
 Progress is observed only through that file (the metrics contract in
-``ddpjob_trainer.metrics``): tests and benchmarks wait for events with generous
+``ddpjob_trainer.report.metrics``): tests and benchmarks wait for events with generous
 timeouts instead of sleeping fixed times, which keeps them stable on a loaded
 two-core machine. Each follower's ``wait`` returns the first matching event
 after the previous match, so a scenario reads top to bottom: wait for A, inject

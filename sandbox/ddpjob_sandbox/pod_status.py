@@ -98,7 +98,7 @@ def observed_pod(name: str, body: Mapping[str, Any], uid: str | None = None) -> 
 
 def progress_message(step: int | None, snapshot_time: str | None = None, epoch: int = 0, error: str | None = None,
                      resume: dict | None = None, node: str = "") -> str:
-    """The trainer's progress record (ddpjob_rdzv/progress_record.py) with its last snapshot at
+    """The trainer's progress record (ddpjob_rdzv/contract/progress_record.py) with its last snapshot at
     ``step`` (None: no snapshot yet), as its container leaves it in ``terminated.message``."""
     snapshot = None if step is None else {
         "epoch": epoch, "step": step, "time": snapshot_time or now_rfc3339(),

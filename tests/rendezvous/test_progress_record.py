@@ -1,4 +1,4 @@
-"""The progress record contract (ddpjob_rdzv.progress_record): what passes, what is refused
+"""The progress record contract (ddpjob_rdzv.contract.progress_record): what passes, what is refused
 and why, and that nothing a pod sends can make it raise. Torch-free, like the module."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ddpjob_rdzv import progress_record as P
+from ddpjob_rdzv.contract import progress_record as P
 
 T = "2026-11-23T01:02:03.456Z"
 
@@ -201,7 +201,7 @@ def test_progress_json_and_reasons_are_checked_on_their_own():
 
 
 def test_the_contract_imports_neither_torch_nor_pydantic():
-    code = "import sys, ddpjob_rdzv.progress_record; print(sorted({'torch', 'pydantic'} & set(sys.modules)))"
+    code = "import sys, ddpjob_rdzv.contract.progress_record; print(sorted({'torch', 'pydantic'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

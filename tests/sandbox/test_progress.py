@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_trainer.progress_report import POLL_SECONDS
+from ddpjob_trainer.report.record import POLL_SECONDS
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.metrics import JobProgress, is_event
 from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpjob_trainer.metrics import read_metrics
+from ddpjob_trainer.report.metrics import read_metrics
 from ddpjob_sandbox.metrics import effective_history, read_events
 
 

@@ -1,7 +1,7 @@
-"""A background job's error reaches the thread that waits for it, once (ddpjob_trainer.background)."""
+"""A background job's error reaches the thread that waits for it, once (ddpjob_trainer.snapshots.background)."""
 import threading
 
-from ddpjob_trainer.background import BackgroundJob
+from ddpjob_trainer.snapshots.background import BackgroundJob
 
 
 def test_wait_returns_what_the_job_raised_once_and_none_after_a_clean_job():

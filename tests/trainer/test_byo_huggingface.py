@@ -17,9 +17,9 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from ddpjob_trainer.integrations.huggingface import CheckpointSetupError, DDPJobCallback  # noqa: E402
-from ddpjob_trainer.job import SNAPSHOT_DIR_ENV  # noqa: E402
-from ddpjob_trainer.metrics import read_metrics, read_raw_metrics  # noqa: E402
-from ddpjob_trainer.snapshot import SnapshotStore  # noqa: E402
+from ddpjob_rdzv.contract import SNAPSHOT_DIR_ENV  # noqa: E402
+from ddpjob_trainer.report.metrics import read_metrics, read_raw_metrics  # noqa: E402
+from ddpjob_trainer.snapshots.store import SnapshotStore  # noqa: E402
 from ddpjob_trainer.stop import GRACEFUL_EXIT_CODE, GracefulStop  # noqa: E402
 
 SEQUENCES, BATCH, EPOCHS, SAVE_STEPS = 24, 4, 2, 4
@@ -100,7 +100,7 @@ def uninterrupted(tmp_path_factory):
 SCRIPT = '''
 import os, signal, sys
 from test_byo_huggingface import Fault, run
-from ddpjob_trainer import snapshot
+from ddpjob_trainer.snapshots import store as snapshot
 
 action, at = sys.argv[1], int(sys.argv[2])
 if action == "kill-before-manifest":  # the checkpoint's directory is in place, its manifest not yet

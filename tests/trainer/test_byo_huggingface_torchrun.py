@@ -14,9 +14,9 @@ pytest.importorskip("transformers")  # the optional extra ddpjob-trainer[hugging
 
 from ddpjob_sandbox.procs import kill_marked_until_gone, start_in_own_group  # noqa: E402
 from ddpjob_sandbox.torchrun import BASE_ENV, MARKER_ENV  # noqa: E402
-from ddpjob_trainer.job import SNAPSHOT_DIR_ENV  # noqa: E402
-from ddpjob_trainer.metrics import read_metrics  # noqa: E402
-from ddpjob_trainer.snapshot import SnapshotStore  # noqa: E402
+from ddpjob_rdzv.contract import SNAPSHOT_DIR_ENV  # noqa: E402
+from ddpjob_trainer.report.metrics import read_metrics  # noqa: E402
+from ddpjob_trainer.snapshots.store import SnapshotStore  # noqa: E402
 from test_byo_huggingface import assert_same_weights, final_weights, steps  # noqa: E402
 
 # Four torchrun launches of two workers that each import transformers: ~15 s each unloaded,

@@ -10,12 +10,13 @@ import json
 import pytest
 import torch
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 from ddpjob_trainer import DoNotRetry, Job
-from ddpjob_trainer.job import SNAPSHOT_DIR_ENV, resolve_snapshot_dir
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.progress_report import ENV_PATH
-from ddpjob_trainer.snapshot import SnapshotError, SnapshotStore
+from ddpjob_rdzv.contract import SNAPSHOT_DIR_ENV
+from ddpjob_trainer.job import resolve_snapshot_dir
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_rdzv.contract import TERMINATION_LOG_ENV
+from ddpjob_trainer.snapshots.store import SnapshotError, SnapshotStore
 from ddpjob_trainer.stop import GracefulStop, PeerStopped
 
 
@@ -74,7 +75,7 @@ def test_other_ranks_write_no_snapshot_and_no_metrics(tmp_path):
 def test_the_node_record_reports_the_snapshot_and_a_do_not_retry(tmp_path, monkeypatch):
     message = tmp_path / "termination-log"
     message.touch()  # the kubelet creates it before the container starts
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     with pytest.raises(DoNotRetry):
         with Job(environ=env(tmp_path)) as job:
             job.load()
@@ -91,7 +92,7 @@ def test_the_node_record_reports_the_snapshot_and_a_do_not_retry(tmp_path, monke
 def test_a_graceful_stop_leaving_the_job_is_no_failure(tmp_path, monkeypatch, stop):
     message = tmp_path / "termination-log"
     message.touch()
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     with pytest.raises(type(stop)):
         with Job(environ=env(tmp_path)) as job:
             job.load()
@@ -104,7 +105,7 @@ def test_a_graceful_stop_leaving_the_job_is_no_failure(tmp_path, monkeypatch, st
 def test_the_record_is_written_where_the_pod_says(tmp_path, monkeypatch):
     message = tmp_path / "termination-log"
     message.touch()
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     with Job(environ=env(tmp_path)) as job:
         job.load()
         job.step()

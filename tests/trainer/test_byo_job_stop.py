@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 from ddpjob_sandbox.procs import free_port
-from ddpjob_trainer.job import SNAPSHOT_DIR_ENV
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.snapshot import SnapshotStore
+from ddpjob_rdzv.contract import SNAPSHOT_DIR_ENV
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_trainer.snapshots.store import SnapshotStore
 from ddpjob_trainer.stop import GRACEFUL_EXIT_CODE
 
 WORKER = '''

@@ -14,9 +14,9 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from ddpjob_trainer.integrations.lightning import DDPJobCallback  # noqa: E402
-from ddpjob_trainer.job import SNAPSHOT_DIR_ENV  # noqa: E402
-from ddpjob_trainer.metrics import read_metrics  # noqa: E402
-from ddpjob_trainer.snapshot import SnapshotStore  # noqa: E402
+from ddpjob_rdzv.contract import SNAPSHOT_DIR_ENV  # noqa: E402
+from ddpjob_trainer.report.metrics import read_metrics  # noqa: E402
+from ddpjob_trainer.snapshots.store import SnapshotStore  # noqa: E402
 
 BATCHES = 4  # per epoch
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import signal
 import time
 
-from ddpjob_rdzv import progress_record
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.progress_report import ENV_PATH
+from ddpjob_rdzv.contract import progress_record
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_rdzv.contract import TERMINATION_LOG_ENV
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, example_target
 
 
@@ -17,7 +17,7 @@ def test_do_not_retry_stops_torchrun_instead_of_letting_it_restart_the_workers(t
     message = tmp_path / "termination-log"
     message.touch()  # the kubelet creates the file before the container starts
     target = example_target(tmp_path, epochs=1, samples=512, step_sleep=0.0) + ["--do-not-retry-at-step", "2"]
-    env = {ENV_PATH: str(message), "DDPJOB_NODE_INDEX": "0"}
+    env = {TERMINATION_LOG_ENV: str(message), "DDPJOB_NODE_INDEX": "0"}
     with AgentGroup(tmp_path, Rendezvous.c10d(nnodes="1"), target, env=env, max_restarts=3) as group:
         group.start("node0", rdzv_conf_extra={"is_host": True})
         started = time.monotonic()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.snapshot import PROGRESS_FILE, SnapshotStore
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_trainer.snapshots.store import PROGRESS_FILE, SnapshotStore
 from ddpjob_sandbox.torchrun import example_target, AgentGroup, Rendezvous
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event, read_events
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddpjob_trainer import SnapshotStore, read_metrics
-from ddpjob_trainer.metrics import read_raw_metrics
+from ddpjob_trainer.report.metrics import read_raw_metrics
 from ddpjob_sandbox.procs import start_in_own_group, stop_process_group
 
 EPOCHS = 3

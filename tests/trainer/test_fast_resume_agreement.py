@@ -8,8 +8,8 @@ import torch
 import torch.distributed as torch_dist
 import torch.multiprocessing as mp
 
-from ddpjob_trainer import fast_resume
-from ddpjob_trainer.fast_snapshot import FastSnapshot
+from ddpjob_trainer.snapshots import fast_resume
+from ddpjob_trainer.snapshots.fast import FastSnapshot
 from ddpjob_sandbox.procs import free_port
 
 

@@ -9,8 +9,8 @@ import torch
 
 from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, read_metrics
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
-from ddpjob_trainer.fast_snapshot import FastSnapshot, UnsafeDirectory, fast_root, flatten, unflatten
-from ddpjob_trainer.metrics import read_raw_metrics
+from ddpjob_trainer.snapshots.fast import FastSnapshot, UnsafeDirectory, fast_root, flatten, unflatten
+from ddpjob_trainer.report.metrics import read_raw_metrics
 
 DATA = make_dataset(200, seed=3)
 STEPS = 26

@@ -1,4 +1,4 @@
-"""Per-rank liveness (ddpjob_trainer/progress_report.py): every rank beats into the process group's
+"""Per-rank liveness (ddpjob_trainer/report/record.py): every rank beats into the process group's
 store from a thread of its own, and a node's reporter folds all the ranks into the record's
 ``nodes``, so the one record the operator polls shows a rank stuck outside a collective."""
 import json
@@ -13,13 +13,15 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig, do_not_retry
-from ddpjob_trainer.dist import TIMEOUT_ENV, collective_timeout
+from ddpjob_rdzv.contract import COLLECTIVE_TIMEOUT_ENV
+from ddpjob_trainer.dist import collective_timeout
 from ddpjob_trainer.examples.mlp import make_dataset, mse
-from ddpjob_trainer.progress_report import (
-    ENV_PATH, HEARTBEAT_PREFIX, HEARTBEAT_SECONDS, Heartbeats, ProgressReport, StepClock, fold, stop_agent,
-)
+from ddpjob_trainer.report.give_up import stop_agent
+from ddpjob_trainer.report.heartbeats import HEARTBEAT_PREFIX, HEARTBEAT_SECONDS, Heartbeats, StepClock, fold
+from ddpjob_rdzv.contract import TERMINATION_LOG_ENV
+from ddpjob_trainer.report.record import ProgressReport
 from ddpjob_sandbox.procs import free_port
 
 
@@ -146,20 +148,20 @@ def test_the_trainer_beats_its_steps_into_the_group_store(env, tmp_path, monkeyp
 
 @pytest.mark.parametrize(("value", "seconds"), [("", 600.0), ("45", 45.0), ("2.5", 2.5)])
 def test_the_collective_timeout_comes_from_the_environment(value, seconds):
-    assert collective_timeout({TIMEOUT_ENV: value}).total_seconds() == seconds
+    assert collective_timeout({COLLECTIVE_TIMEOUT_ENV: value}).total_seconds() == seconds
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf"])
 def test_a_nonsense_collective_timeout_is_refused_with_its_rule(value):
     with pytest.raises(ValueError) as raised:
-        collective_timeout({TIMEOUT_ENV: value})
+        collective_timeout({COLLECTIVE_TIMEOUT_ENV: value})
     assert str(raised.value) == f"DDPJOB_COLLECTIVE_TIMEOUT_SECONDS ({value!r}) must be a number of seconds above 0"
 
 
 def test_do_not_retry_writes_fatal_and_raises(tmp_path, monkeypatch):
     message = tmp_path / "termination-log"
     message.touch()
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)  # not under torchrun: nothing to stop
     with pytest.raises(DoNotRetry) as raised:
         do_not_retry("the loss is NaN since step 400", reason="NanLoss")
@@ -179,7 +181,7 @@ def test_the_reporting_rank_keeps_a_fatal_another_local_rank_wrote(tmp_path):
 
 AGENT = """
 import os, subprocess, sys, time
-child = subprocess.run([sys.executable, "-c", "from ddpjob_trainer.progress_report import stop_agent; "
+child = subprocess.run([sys.executable, "-c", "from ddpjob_trainer.report.give_up import stop_agent; "
                         "print(stop_agent(), flush=True)"], env=dict(os.environ, TORCHELASTIC_RUN_ID=sys.argv[2]))
 time.sleep(30)  # a real agent would restart its workers here
 """
@@ -191,7 +193,7 @@ def assert_agent_stopped(tmp_path, script: str, *args: str, stopped: bool) -> No
     message = tmp_path / "termination-log"
     message.touch()
     agent = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
-                             env=dict(os.environ, **{ENV_PATH: str(message)}))
+                             env=dict(os.environ, **{TERMINATION_LOG_ENV: str(message)}))
     try:
         said = agent.stdout.readline().strip()
         code = agent.wait(timeout=10) if stopped else None
@@ -213,7 +215,7 @@ def test_the_agent_is_stopped_only_when_the_parent_is_torchrun_under_a_job(tmp_p
 # the worker's parent is not torchrun, and only the agent's pid in its environment leads to the agent.
 ZYGOTE_AGENT = """
 import os, subprocess, sys, time
-worker = "from ddpjob_trainer.progress_report import stop_agent; print(stop_agent(), flush=True)"
+worker = "from ddpjob_trainer.report.give_up import stop_agent; print(stop_agent(), flush=True)"
 server = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {worker!r}])"
 named = {"DDPJOB_AGENT_PID": str(os.getpid())} if sys.argv[2] == "named" else {}
 subprocess.run([sys.executable, "-c", server], env=dict(os.environ, TORCHELASTIC_RUN_ID="job-1", **named))

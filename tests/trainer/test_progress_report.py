@@ -1,4 +1,4 @@
-"""The node's progress record (ddpjob_trainer/progress_report.py): written to the termination
+"""The node's progress record (ddpjob_trainer/report/record.py): written to the termination
 message after each snapshot and never torn, served at GET /progress, built through the contract.
 
 The kubelet reads the file when the container exits, so what matters is that at every
@@ -17,20 +17,12 @@ import urllib.request
 import pytest
 import torch
 
-from ddpjob_rdzv import progress_record
-from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig
+from ddpjob_rdzv.contract import progress_record
+from ddpjob_trainer import DoNotRetry, Job, Trainer, TrainerConfig
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
-from ddpjob_trainer.progress_report import (
-    DEFAULT_PATH,
-    ENV_PATH,
-    MAX_CONNECTIONS,
-    PORT_ENV,
-    READ_TIMEOUT_SECONDS,
-    RECORD_BYTES,
-    ProgressReport,
-    default_path,
-    progress_port,
-)
+from ddpjob_rdzv.contract import PROGRESS_PORT_ENV, TERMINATION_LOG_ENV
+from ddpjob_trainer.report.record import DEFAULT_PATH, RECORD_BYTES, ProgressReport, default_path, progress_port
+from ddpjob_trainer.report.server import MAX_CONNECTIONS, READ_TIMEOUT_SECONDS
 from ddpjob_sandbox.procs import free_port
 from tests.support.listeners import listeners
 
@@ -135,7 +127,7 @@ def test_a_missing_file_is_never_created_only_a_kubelet_makes_it(tmp_path):
 
 
 def test_the_env_variable_names_the_path_and_the_default_is_used_only_when_the_kubelet_made_it(tmp_path):
-    assert default_path({ENV_PATH: str(tmp_path / "t")}) == str(tmp_path / "t")
+    assert default_path({TERMINATION_LOG_ENV: str(tmp_path / "t")}) == str(tmp_path / "t")
     expected = DEFAULT_PATH if os.path.isfile(DEFAULT_PATH) else None
     assert default_path({}) == expected
 
@@ -147,7 +139,7 @@ def test_a_progress_json_the_contract_refuses_is_not_copied_and_the_last_good_sn
     report.resumed(None, None)
     (tmp_path / "progress.json").write_text(json.dumps({**good, "step": "8a"}))
     os.utime(tmp_path / "progress.json", ns=(9 * 10**9, 9 * 10**9))
-    with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.progress_report"):
+    with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.report.record"):
         report.refresh(force=True)
     assert record_in(message)["snapshot"] == good
     assert f'not reporting {tmp_path / "progress.json"}: snapshot.step ("8a") must be an integer from 0 to ' \
@@ -252,7 +244,7 @@ def test_a_taken_port_turns_the_endpoint_off_with_a_warning_and_reporting_goes_o
     with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen()
-        with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.progress_report"):
+        with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.report.server"):
             report = ProgressReport(message, tmp_path / "progress.json", port=taken.getsockname()[1])
         report.resumed(None, None)
     assert report.port is None
@@ -262,14 +254,14 @@ def test_a_taken_port_turns_the_endpoint_off_with_a_warning_and_reporting_goes_o
 
 @pytest.mark.parametrize(("value", "port"), [("", None), ("29410", 29410), ("http", None), ("70000", None)])
 def test_the_port_comes_from_the_environment_and_nonsense_turns_it_off(value, port):
-    assert progress_port({PORT_ENV: value}) == port
+    assert progress_port({PROGRESS_PORT_ENV: value}) == port
 
 
 # --- the Trainer writes it ---------------------------------------------------------------
 
 
 def train(env, directory, message, monkeypatch, restart_count=0, fail_at_step=None, loss_fn=mse, **overrides):
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     overrides.setdefault("epochs", 2)
@@ -324,18 +316,20 @@ def test_only_local_rank_0_reports(env, tmp_path, monkeypatch):
     assert record_in(message)["snapshot"] is not None
     other = tmp_path / "other-log"
     other.touch()
-    monkeypatch.setenv(ENV_PATH, str(other))
-    # A second local rank needs a second process; the choice itself is made in _make_report.
-    fake = dataclasses.replace(env, local_rank=1, local_world_size=2)
-    trainer = object.__new__(Trainer)
-    trainer.env, trainer.config, trainer.resumed_from = fake, TrainerConfig(epochs=1, snapshot_dir=str(tmp_path)), None
-    trainer._make_report().stepped()
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(other))
+    # A second local rank needs a second process; the choice itself is made by the Job every loop
+    # (the Trainer included) runs on.
+    job = Job.for_loop(rank=1, local_rank=1, world_size=2, restart_count=0, directory=str(tmp_path),
+                       metrics_file=None)
+    job.resume_at(None)
+    job.report.stepped()
+    job.close()
     assert other.read_bytes() == b""
 
 
 def test_the_trainer_serves_its_progress_while_training_and_stops_at_the_end(env, tmp_path, monkeypatch):
     port = free_port()
-    monkeypatch.setenv(PORT_ENV, str(port))
+    monkeypatch.setenv(PROGRESS_PORT_ENV, str(port))
     seen = []
 
     class Probe(torch.utils.data.Dataset):  # asks the endpoint mid-training, from the data loader
@@ -348,7 +342,7 @@ def test_the_trainer_serves_its_progress_while_training_and_stops_at_the_end(env
             return DATA[index]
 
     message = kubelet_file(tmp_path)
-    monkeypatch.setenv(ENV_PATH, str(message))
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     config = TrainerConfig(batch_size=8, epochs=3, snapshot_dir=str(tmp_path), snapshot_every_epochs=1,
                            metrics_file=str(tmp_path / "metrics.jsonl"), progress_bar=False)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from ddpjob_trainer import snapshot as snapshot_module
-from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError, SnapshotStore, snapshot_stem
-from ddpjob_trainer.trainer import rng_state, set_rng_state
+from ddpjob_trainer.snapshots import store as snapshot_module
+from ddpjob_trainer.snapshots.store import SnapshotError, SnapshotsUnreadableError, SnapshotStore, snapshot_stem
+from ddpjob_trainer.loop.rng import rng_state, set_rng_state
 
 
 def state_at(step, size=64):

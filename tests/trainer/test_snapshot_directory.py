@@ -1,5 +1,5 @@
 """SnapshotStore.save_directory: a framework's checkpoint directory held as one atomic, verified
-snapshot (snapshot_tree.py). A directory torn at any point of its save, or changed after it,
+snapshot (snapshots/tree.py). A directory torn at any point of its save, or changed after it,
 is never chosen; the previous complete snapshot is."""
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError, SnapshotStore
+from ddpjob_trainer.snapshots.store import SnapshotError, SnapshotsUnreadableError, SnapshotStore
 
 
 def checkpoint(root, step, files=None):

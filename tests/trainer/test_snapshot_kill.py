@@ -12,14 +12,14 @@ import textwrap
 
 import pytest
 
-from ddpjob_trainer.snapshot import SnapshotStore, snapshot_stem
+from ddpjob_trainer.snapshots.store import SnapshotStore, snapshot_stem
 from ddpjob_sandbox.procs import kill_process_group, start_in_own_group, stop_process_group
 
 WRITER = textwrap.dedent(
     """
     import os, sys, time
     import torch
-    from ddpjob_trainer.snapshot import SnapshotStore
+    from ddpjob_trainer.snapshots.store import SnapshotStore
 
     directory, block_at = sys.argv[1], int(sys.argv[2])
     store = SnapshotStore(directory, keep=2)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ddpjob_trainer.env import snapshot_on_unreadable, trust_snapshots
-from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError, SnapshotStore, snapshot_stem
-from ddpjob_trainer.trainer import rng_state, set_rng_state
+from ddpjob_trainer.snapshots.store import SnapshotError, SnapshotsUnreadableError, SnapshotStore, snapshot_stem
+from ddpjob_trainer.loop.rng import rng_state, set_rng_state
 
 
 class CreatesFile:

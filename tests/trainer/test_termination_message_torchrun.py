@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import time
 
-from ddpjob_rdzv import progress_record
-from ddpjob_trainer.metrics import read_metrics
-from ddpjob_trainer.progress_report import ENV_PATH, POLL_SECONDS
-from ddpjob_trainer.snapshot import PROGRESS_FILE
+from ddpjob_rdzv.contract import progress_record
+from ddpjob_trainer.report.metrics import read_metrics
+from ddpjob_rdzv.contract import TERMINATION_LOG_ENV
+from ddpjob_trainer.report.record import POLL_SECONDS
+from ddpjob_trainer.snapshots.store import PROGRESS_FILE
 from ddpjob_sandbox.torchrun import example_target
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event
@@ -25,7 +26,7 @@ def test_every_node_reports_the_last_snapshot_when_the_store_host_dies(tmp_path)
     with AgentGroup(tmp_path, Rendezvous.c10d(), target) as group:
         agents = {}
         for node, is_host in (("0", True), ("1", False)):
-            group.env.update({ENV_PATH: str(messages[node]), "DDPJOB_NODE_INDEX": node})  # per agent
+            group.env.update({TERMINATION_LOG_ENV: str(messages[node]), "DDPJOB_NODE_INDEX": node})  # per agent
             agents[node] = group.start(f"node{node}", rdzv_conf_extra={"is_host": is_host})
         watcher = MetricsWatcher(tmp_path / "metrics.jsonl", group)
         watcher.wait(is_event("snapshot", step=lambda s: s > 0), EVENT_TIMEOUT, "the first snapshot")

@@ -13,9 +13,9 @@ import torch.distributed as torch_dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, read_metrics
-from ddpjob_trainer.snapshot import SnapshotError, SnapshotsUnreadableError
+from ddpjob_trainer.snapshots.store import SnapshotError, SnapshotsUnreadableError
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
-from ddpjob_trainer.metrics import read_raw_metrics
+from ddpjob_trainer.report.metrics import read_raw_metrics
 
 DATA = make_dataset(200, seed=3)
 

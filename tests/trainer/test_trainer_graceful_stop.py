@@ -13,7 +13,7 @@ import torch
 
 from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, read_metrics
 from ddpjob_trainer.examples.mlp import make_dataset, mse
-from ddpjob_trainer.metrics import read_raw_metrics
+from ddpjob_trainer.report.metrics import read_raw_metrics
 from ddpjob_trainer.stop import GRACEFUL_EXIT_CODE, GracefulStop, StopSignal
 
 DATA = make_dataset(200, seed=3)

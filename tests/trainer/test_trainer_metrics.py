@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from ddpjob_trainer.metrics import MetricsWriter, TensorBoardSink, WandbSink, read_metrics, read_raw_metrics
+from ddpjob_trainer.report.metrics import MetricsWriter, TensorBoardSink, WandbSink, read_metrics, read_raw_metrics
 
 
 def write_events(path, *events):

@@ -3,7 +3,7 @@ import collections
 
 import pytest
 
-from ddpjob_trainer.sampler import ResumableSampler
+from ddpjob_trainer.loop.sampler import ResumableSampler
 
 
 def shards(size, world, seed=0, epoch=0, consumed=0):

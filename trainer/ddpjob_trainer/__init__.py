@@ -30,10 +30,21 @@ Public API:
     distributed()            process-group context manager (dist.py)
     Trainer, TrainerConfig   the training loop (trainer.py)
     Job                      resume + progress for a loop of your own (job.py, docs/byo.md)
-    SnapshotStore            atomic, verified snapshots (snapshot.py)
-    ResumableSampler         mid-epoch resume at any world size (sampler.py)
-    MetricsWriter, read_metrics   JSON-lines metrics with rollback (metrics.py)
-    DoNotRetry               raise it to fail the job at once, without retries (errors.py)
+    SnapshotStore            atomic, verified snapshots (snapshots/store.py)
+    ResumableSampler         mid-epoch resume at any world size (loop/sampler.py)
+    MetricsWriter, read_metrics   JSON-lines metrics with rollback (report/metrics.py)
+    DoNotRetry, do_not_retry fail the job at once, without retries (errors.py, report/give_up.py)
+
+Rooms, lowest first (each imports only rooms below it; tests/trainer/test_import_layers.py):
+
+    env, errors, listen, marks, stop, zygote_checks   the process and its settings
+    dist, zygote, store_server, rdzv_store, rendezvous/   a worker's process group and launch
+    snapshots/   store, directory snapshots, fast tier, agreeing on the snapshot to load, writer
+    loop/        the Trainer's configuration, RNG streams and resumable sampler
+    report/      the node's progress record, its HTTP server, heartbeats, giving up, metrics
+    job.py       the one lifecycle: snapshots + report + metrics, wired once for every loop
+    trainer.py   the Trainer: the Job plus a DDP loop
+    integrations/  Lightning and Hugging Face on the Job
 
 Heavy modules (torch) are imported on first use, so ``from ddpjob_trainer
 import dist_env`` stays cheap.
@@ -44,34 +55,37 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .env import DistEnv, TorchrunEnvError, dist_env
-from .errors import DoNotRetry, do_not_retry
+from .errors import DoNotRetry
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "distributed": "dist",
     "Trainer": "trainer",
-    "TrainerConfig": "trainer",
+    "TrainerConfig": "loop.config",
     "TrainResult": "trainer",
     "Job": "job",
-    "SnapshotStore": "snapshot",
-    "SnapshotInfo": "snapshot",
-    "SnapshotError": "snapshot",
-    "SnapshotsUnreadableError": "snapshot",
-    "ResumableSampler": "sampler",
-    "MetricsWriter": "metrics",
-    "read_metrics": "metrics",
+    "SnapshotStore": "snapshots.store",
+    "SnapshotInfo": "snapshots.store",
+    "SnapshotError": "snapshots.store",
+    "SnapshotsUnreadableError": "snapshots.store",
+    "ResumableSampler": "loop.sampler",
+    "MetricsWriter": "report.metrics",
+    "read_metrics": "report.metrics",
+    "do_not_retry": "report.give_up",
 }
 
-__all__ = ["DistEnv", "DoNotRetry", "TorchrunEnvError", "dist_env", "do_not_retry", *_LAZY]
+__all__ = ["DistEnv", "DoNotRetry", "TorchrunEnvError", "dist_env", *_LAZY]
 
 if TYPE_CHECKING:
     from .dist import distributed
     from .job import Job
-    from .metrics import MetricsWriter, read_metrics
-    from .sampler import ResumableSampler
-    from .snapshot import SnapshotError, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
-    from .trainer import Trainer, TrainerConfig, TrainResult
+    from .loop.config import TrainerConfig
+    from .loop.sampler import ResumableSampler
+    from .report.give_up import do_not_retry
+    from .report.metrics import MetricsWriter, read_metrics
+    from .snapshots.store import SnapshotError, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
+    from .trainer import Trainer, TrainResult
 
 
 def __getattr__(name: str):

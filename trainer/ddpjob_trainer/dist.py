@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.distributed as torch_dist
 
+from ddpjob_rdzv.contract import COLLECTIVE_TIMEOUT_ENV
+
 from . import marks
 from .env import DistEnv, dist_env
 from .listen import EVERY_INTERFACE, listen_host, tcp_store_server
@@ -35,7 +37,6 @@ marks.mark_imports_done()  # a worker imports this module right after torch (ben
 # blocking until torchrun's own timeouts.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
 # A DDPJob's pods set this from spec.failurePolicy.collectiveTimeoutSeconds (render/launch.py).
-TIMEOUT_ENV = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"
 
 
 def collective_timeout(environ: Mapping[str, str] = os.environ) -> datetime.timedelta:
@@ -44,7 +45,7 @@ def collective_timeout(environ: Mapping[str, str] = os.environ) -> datetime.time
     Raises:
         ValueError: the variable is set but not a number of seconds above 0.
     """
-    text = environ.get(TIMEOUT_ENV, "")
+    text = environ.get(COLLECTIVE_TIMEOUT_ENV, "")
     if not text:
         return DEFAULT_TIMEOUT
     try:
@@ -52,7 +53,7 @@ def collective_timeout(environ: Mapping[str, str] = os.environ) -> datetime.time
     except ValueError:
         seconds = -1.0
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
-        raise ValueError(f"{TIMEOUT_ENV} ({text!r}) must be a number of seconds above 0")
+        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV} ({text!r}) must be a number of seconds above 0")
     return datetime.timedelta(seconds=seconds)
 
 

@@ -16,7 +16,7 @@ Usage::
         print(f"{env.world_size} workers, restart {env.restart_count}")
 
 It also reads how snapshots are trusted and what to do when none can be read
-(``DDPJOB_TRUST_SNAPSHOTS``, ``DDPJOB_SNAPSHOT_ON_UNREADABLE``; see snapshot.py).
+(``DDPJOB_TRUST_SNAPSHOTS``, ``DDPJOB_SNAPSHOT_ON_UNREADABLE``; see snapshots/store.py).
 """
 from __future__ import annotations
 
@@ -25,15 +25,16 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddpjob_rdzv.contract import SNAPSHOT_ON_UNREADABLE_ENV
+
 # Variables torchrun always sets; without any of them the process was not
 # started by torchrun and cannot join a process group.
 REQUIRED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 # 1: load snapshots with torch.load(weights_only=False), which runs any code a snapshot holds.
 TRUST_SNAPSHOTS_ENV = "DDPJOB_TRUST_SNAPSHOTS"
-# Fail or StartOver when snapshots exist but none can be read; the operator renders it from
-# spec.snapshot.onUnreadable (the same name as ddpjob_operator.api.constants.ENV_SNAPSHOT_ON_UNREADABLE).
-SNAPSHOT_ON_UNREADABLE_ENV = "DDPJOB_SNAPSHOT_ON_UNREADABLE"
+# SNAPSHOT_ON_UNREADABLE_ENV (the contract): Fail or StartOver when snapshots exist but none can be
+# read; the operator renders it from spec.snapshot.onUnreadable.
 ON_UNREADABLE_CHOICES = ("Fail", "StartOver")
 _FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
 

@@ -1,10 +1,11 @@
 """Exceptions a training script raises to tell the operator what a failure means.
 
-Torch-free, so a script can import it before anything heavy.
+Torch-free, so a script can import it before anything heavy. It sits below every room: the
+report (report/) records a DoNotRetry and gives up on it; this module imports nothing of ours.
 """
 from __future__ import annotations
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 
 class DoNotRetry(Exception):
@@ -25,7 +26,7 @@ class DoNotRetry(Exception):
     gets ``fatal`` and the worker stops its torchrun agent, so the pod fails at once instead of
     torchrun restarting the workers elasticPolicy.maxRestarts times first; the operator also
     fails the job as soon as it reads ``fatal`` from a running node's progress endpoint. A
-    script with its own loop calls :func:`do_not_retry` (docs/hangs.md).
+    script with its own loop calls :func:`~ddpjob_trainer.report.give_up.do_not_retry` (docs/hangs.md).
 
     Args:
         message: what went wrong; its first progress_record.MAX_ERROR_CHARS characters are kept.
@@ -46,20 +47,3 @@ class DoNotRetry(Exception):
         if problem is not None:
             raise ValueError(f"DoNotRetry: {problem.message}")
 
-
-def do_not_retry(message: str, reason: str = DoNotRetry.reason) -> None:
-    """Fails the job for good with ``reason`` (an UpperCamelCase word) and ``message``, from any
-    training script, inside ``Trainer.train`` or outside it.
-
-    It raises DoNotRetry; outside the Trainer it first writes the record and stops the torchrun
-    agent, as Trainer.train does for a DoNotRetry that escapes it. Import it before anything
-    heavy: this module is torch-free.
-
-    Raises:
-        DoNotRetry: always.
-        ValueError: ``reason`` is not an UpperCamelCase word of at most 64 characters.
-    """
-    error = DoNotRetry(message, reason=reason)
-    from .progress_report import give_up  # the report module writes the record; imported late, like torch
-    give_up(error)
-    raise error

@@ -22,19 +22,21 @@ What it does with the rules the operator and ``ddpjob run`` already apply to the
 
 * **where**: ``$DDPJOB_SNAPSHOT_DIR`` (the snapshot volume the DDPJob mounts, or the run's
   ``snapshots/`` under ``ddpjob run``), else the ``snapshot_dir`` given;
-* **save**: :class:`~ddpjob_trainer.snapshot.SnapshotStore` (temp file, fsync, rename,
+* **save**: :class:`~ddpjob_trainer.snapshots.store.SnapshotStore` (temp file, fsync, rename,
   sha256 manifest, ``progress.json``); only global rank 0 writes, every other rank returns
   at once, so ``job.save`` may be called on every rank (it needs no collective);
 * **load**: the newest snapshot that verifies. With a process group every rank loads the
   one rank 0 chose (one broadcast); without one each rank reads the newest itself;
 * **progress**: each node's local-rank-0 worker keeps the progress record the operator polls
-  (progress_report.py), so failures after progress are not charged to the restart budget;
+  (report/), so failures after progress are not charged to the restart budget;
   rank 0 appends ``start``/``step``/``snapshot``/``done`` lines to the metrics file
   (``$DDPJOB_METRICS_FILE``, else ``<snapshot dir>/metrics.jsonl``) that ``ddpjob run`` follows;
 * **failure**: an exception leaving the ``with`` block is recorded in the progress record;
   a :class:`~ddpjob_trainer.errors.DoNotRetry` fails the job at once instead of retrying.
 
-The same object is the lifecycle under the framework integrations (integrations/): Lightning
+The same object is the lifecycle under every loop: the Trainer (trainer.py) builds its Job from
+TrainerConfig (:meth:`Job.for_loop`) and adds only what its loop owns, and under the framework
+integrations (integrations/): Lightning
 saves its checkpoint dict with :meth:`Job.save`; Hugging Face, whose checkpoint is a directory
 it resumes from itself, stores it with :meth:`Job.save_directory` and finds it with
 :meth:`Job.latest`, and stops gracefully on SIGTERM with :meth:`Job.watch_stop`,
@@ -48,26 +50,23 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any, Callable, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as torch_dist
+from ddpjob_rdzv.contract import METRICS_FILE_ENV, NODE_INDEX_ENV, SNAPSHOT_DIR_ENV
 
-from .metrics import MetricsWriter
-from .errors import DoNotRetry
-from .progress_report import ProgressReport, default_path, give_up, progress_port
-from .snapshot import PROGRESS_FILE, SnapshotInfo, SnapshotsUnreadableError, SnapshotStore
-from .stop import GracefulStop, PeerStopped, StopSignal
+from ddpjob_trainer.errors import DoNotRetry
+from ddpjob_trainer.report.give_up import give_up
+from ddpjob_trainer.report.metrics import MetricsWriter
+from ddpjob_trainer.report.record import ProgressReport, default_path, progress_port
+from ddpjob_trainer.snapshots.agree import in_group_of_many, latest_agreed, load_agreed
+from ddpjob_trainer.snapshots.store import PROGRESS_FILE, SnapshotInfo, SnapshotStore
+from ddpjob_trainer.stop import GracefulStop, PeerStopped, StopSignal
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_DIR_ENV = "DDPJOB_SNAPSHOT_DIR"  # set by the operator and `ddpjob run` (ddpjob_operator.api.constants)
-METRICS_FILE_ENV = "DDPJOB_METRICS_FILE"  # where `ddpjob run` reads metrics (default <snapshot dir>/metrics.jsonl)
-NODE_INDEX_ENV = "DDPJOB_NODE_INDEX"
 METRICS_NAME = "metrics.jsonl"
-
-_Answer = TypeVar("_Answer")
-
 
 def resolve_snapshot_dir(default: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str:
     """Where snapshots go: ``$DDPJOB_SNAPSHOT_DIR``, else ``default``.
@@ -81,82 +80,6 @@ def resolve_snapshot_dir(default: str | os.PathLike | None = None, environ: Mapp
         raise ValueError(f"no snapshot directory: {SNAPSHOT_DIR_ENV} is not set (a DDPJob without spec.snapshot, or "
                          "a script started outside ddpjob); pass Job(snapshot_dir=...)")
     return found
-
-
-def load_agreed(store: SnapshotStore, rank: int, map_location: Any = None
-                ) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:
-    """The newest readable snapshot, as rank 0 chose it, on every rank.
-
-    With a process group rank 0 loads and broadcasts which file, so every rank loads the same
-    one even if a shared volume shows new files late, and rank 0's verdict that none can be
-    read is raised on every rank alike (none waits in a collective). Without a process group
-    (or a world of one) each rank reads the newest itself.
-
-    Raises:
-        SnapshotsUnreadableError: snapshots exist but none can be read (spec.snapshot.onUnreadable: Fail).
-    """
-    found = None
-
-    def choose() -> SnapshotInfo | None:
-        nonlocal found
-        found = store.load_latest(map_location=map_location)
-        return found[0] if found else None
-
-    info = _decided_by_rank0(rank, choose)
-    if info is None:
-        return None, None
-    return info, found[1] if found else store.load(info, map_location=map_location)
-
-
-def latest_agreed(store: SnapshotStore, rank: int) -> SnapshotInfo | None:
-    """The newest snapshot that verifies, as rank 0 chose it, on every rank, not loaded (for a
-    framework that loads its own checkpoint directory); the rule of :func:`load_agreed`.
-
-    Raises:
-        SnapshotsUnreadableError: snapshots exist but none verifies (spec.snapshot.onUnreadable: Fail).
-    """
-    return _decided_by_rank0(rank, store.latest)
-
-
-def _decided_by_rank0(rank: int, decide: Callable[[], _Answer]) -> _Answer:
-    """``decide()`` on rank 0, and its answer, or its SnapshotsUnreadableError, on every rank (one
-    broadcast); without a process group of more than one, each rank decides itself."""
-    if not in_group_of_many():
-        return decide()
-    answer, verdict = None, None
-    if rank == 0:
-        try:
-            answer = decide()
-        except SnapshotsUnreadableError as error:
-            verdict = str(error)
-    chosen = [(answer, verdict)]
-    torch_dist.broadcast_object_list(chosen, src=0)
-    answer, verdict = chosen[0]
-    if verdict is not None:
-        raise SnapshotsUnreadableError(verdict)
-    return answer
-
-
-def in_group_of_many() -> bool:
-    """Whether a process group of more than one rank is running (collectives would wait for peers)."""
-    return torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1
-
-
-def end_graceful_stop(store: SnapshotStore | None, report: ProgressReport, metrics: MetricsWriter, *, step: int,
-                      signalled: bool, rank: int) -> NoReturn:
-    """Ends a graceful stop once every rank took part in the snapshot at ``step`` (stop.py): the
-    snapshot durable, a barrier, every node's record naming it, then :class:`GracefulStop` on the
-    ranks that got SIGTERM and :class:`PeerStopped` on the others. Every rank calls it."""
-    if store is not None:
-        store.wait()  # rank 0: the snapshot is durable before anyone leaves
-    if in_group_of_many():
-        torch_dist.barrier()
-    report.refresh(force=True)  # every node's record names the stop's snapshot
-    metrics.write("stop", step=step, signalled=signalled)
-    if rank == 0:
-        log.info("graceful stop: snapshot at step %d complete; %s", step,
-                 "exiting" if signalled else "a peer got SIGTERM, restarting without it")
-    raise GracefulStop(step) if signalled else PeerStopped(step)
 
 
 class StopVote:
@@ -211,7 +134,10 @@ def node_report(directory: str | None, local_rank: int) -> ProgressReport:
 
 
 class Job:
-    """Snapshots and progress for a training loop of your own (see the module docstring).
+    """The one lifecycle of a training run: snapshots, progress report and metrics, wired once.
+
+    Every loop runs on it: a loop of your own (see the module docstring), the Trainer (trainer.py,
+    through :meth:`for_loop`), Lightning and Hugging Face (integrations/).
 
     Args:
         snapshot_dir: used when ``$DDPJOB_SNAPSHOT_DIR`` is not set (a plain torchrun run).
@@ -227,26 +153,46 @@ class Job:
         epoch: the epoch to start at: the loaded snapshot's ``epoch``, else 0.
         global_step: steps done so far (restored from the snapshot, counted by :meth:`step`).
         resumed_from: the SnapshotInfo loaded, None on a fresh start.
+        store: the SnapshotStore; None only for a Trainer configured without snapshots.
     """
 
     def __init__(self, snapshot_dir: str | os.PathLike | None = None, *, keep: int = 2,
                  metrics_file: str | None = None, environ: Mapping[str, str] | None = None):
         environ = os.environ if environ is None else environ
-        self.rank = int(environ.get("RANK", "0"))
-        self.local_rank = int(environ.get("LOCAL_RANK", "0"))
-        self.world_size = int(environ.get("WORLD_SIZE", "1"))
-        self.restart_count = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        self.directory = resolve_snapshot_dir(snapshot_dir, environ)
-        self.store = SnapshotStore(self.directory, keep=keep, rank=self.rank, on_saved=self._saved)
+        directory = resolve_snapshot_dir(snapshot_dir, environ)
         if metrics_file is None:
-            metrics_file = environ.get(METRICS_FILE_ENV) or os.path.join(self.directory, METRICS_NAME)
-        self.metrics = MetricsWriter(metrics_file if self.rank == 0 and metrics_file else None)
-        self.report = node_report(self.directory, self.local_rank)
+            metrics_file = environ.get(METRICS_FILE_ENV) or os.path.join(directory, METRICS_NAME)
+        self._open(rank=int(environ.get("RANK", "0")), local_rank=int(environ.get("LOCAL_RANK", "0")),
+                   world_size=int(environ.get("WORLD_SIZE", "1")),
+                   restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                   directory=directory, metrics_file=metrics_file, keep=keep)
+
+    @classmethod
+    def for_loop(cls, *, rank: int, local_rank: int, world_size: int, restart_count: int, directory: str | None,
+                 metrics_file: str | None, **store_options: Any) -> Job:
+        """The Job of a loop that settles its own configuration (the Trainer: TrainerConfig and
+        torchrun's DistEnv) instead of reading the environment: ``directory`` None runs without
+        snapshots (a restart trains from scratch), ``metrics_file`` None without metrics, and
+        ``store_options`` go to the SnapshotStore (keep, async_save, trusted, on_unreadable)."""
+        job = cls.__new__(cls)
+        job._open(rank=rank, local_rank=local_rank, world_size=world_size, restart_count=restart_count,
+                  directory=directory, metrics_file=metrics_file, **store_options)
+        return job
+
+    def _open(self, *, rank: int, local_rank: int, world_size: int, restart_count: int, directory: str | None,
+              metrics_file: str | None, **store_options: Any) -> None:
+        self.rank, self.local_rank, self.world_size, self.restart_count = rank, local_rank, world_size, restart_count
+        self.directory = directory
+        self.store = (SnapshotStore(directory, rank=rank, on_saved=self._saved, **store_options)
+                      if directory else None)
+        self.metrics = MetricsWriter(metrics_file if rank == 0 and metrics_file else None)
+        self.report = node_report(directory, local_rank)
         self.epoch = 0
         self.global_step = 0
         self.resumed_from: SnapshotInfo | None = None
-        self.stop = StopSignal()  # installed by watch_stop(), for the loops that stop gracefully
+        self.stop = StopSignal()  # installed by watch_stop() (or the Trainer's loop), for a graceful stop
         self._vote: StopVote | None = None
+        self._reported = False
         self._started = False
 
     def load(self, map_location: Any = None) -> dict[str, Any] | None:
@@ -258,8 +204,10 @@ class Job:
         Raises:
             SnapshotsUnreadableError: snapshots exist but none can be read (a DoNotRetry).
         """
-        info, state = load_agreed(self.store, self.rank, map_location)
-        self._resume_at(info)
+        info, state = load_agreed(self.store, self.rank, map_location) if self.store is not None else (None, None)
+        self.resume_at(info)
+        self._log_resume()
+        self.start()
         return state
 
     def latest(self) -> SnapshotInfo | None:
@@ -271,16 +219,41 @@ class Job:
         Raises:
             SnapshotsUnreadableError: snapshots exist but none verifies (a DoNotRetry).
         """
-        info = latest_agreed(self.store, self.rank)
-        self._resume_at(info)
+        info = latest_agreed(self.store, self.rank) if self.store is not None else None
+        self.resume_at(info)
+        self._log_resume()
+        self.start()
         return info
 
-    def _resume_at(self, info: SnapshotInfo | None) -> None:
+    def resume_at(self, info: SnapshotInfo | None) -> None:
+        """Training resumes at ``info`` (None: from scratch), wherever the loop found it (the volume,
+        or the Trainer's fast tier): sets :attr:`epoch`, :attr:`global_step` and
+        :attr:`resumed_from`, and the node's record says where this run of the workers started."""
         if info is not None:
             self.epoch, self.global_step, self.resumed_from = info.epoch, info.step, info
-            if self.rank == 0:
-                log.info("resuming from %s: epoch %d, step %d", info.path, info.epoch, info.step)
-        self._start()
+        self._report_resume()
+
+    def _log_resume(self) -> None:
+        info = self.resumed_from
+        if info is not None and self.rank == 0:
+            log.info("resuming from %s: epoch %d, step %d", info.path, info.epoch, info.step)
+
+    def start(self) -> None:
+        """Training starts now (once; :meth:`load`, :meth:`latest` and :meth:`step` call it): the
+        ``start`` metrics line, which ``read_metrics`` rolls back to."""
+        self._report_resume()
+        if self._started:
+            return
+        self._started = True
+        self.metrics.write("start", world_size=self.world_size, restart_count=self.restart_count,
+                           resume_epoch=self.epoch, resume_step=self.global_step)
+
+    def _report_resume(self) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        info = self.resumed_from
+        self.report.resumed(info.step if info else None, info.time if info else None, self.restart_count)
 
     def step(self, loss: float | None = None, epoch: int | None = None) -> None:
         """Reports one optimizer step (call it on every rank after ``optimizer.step()``).
@@ -289,7 +262,7 @@ class Job:
             loss: shown by ``ddpjob run``; None when you do not want to sync it.
             epoch: the epoch the step belongs to (default: :attr:`epoch`).
         """
-        self._start()
+        self.start()
         self.global_step += 1
         fields = {"epoch": self.epoch if epoch is None else epoch, "step": self.global_step,
                   "world_size": self.world_size}
@@ -298,19 +271,21 @@ class Job:
         self.metrics.write("step", **fields)
         self.report.stepped()
 
-    def save(self, state: dict[str, Any], *, epoch: int, step: int | None = None) -> None:
+    def save(self, state: dict[str, Any], *, epoch: int, step: int | None = None, samples_consumed: int = 0) -> None:
         """Stores ``state`` atomically as the snapshot to resume at ``epoch`` (rank 0; others return).
 
         Args:
             state: anything ``torch.load(weights_only=True)`` reads back (state dicts, tensors, numbers).
             epoch: the epoch a resume starts at, i.e. epochs completed (``epoch + 1`` after epoch ``epoch``).
             step: the global step (default :attr:`global_step`).
+            samples_consumed: samples of ``epoch`` already trained on (a mid-epoch snapshot).
 
         Raises:
             SnapshotError: the state holds objects a safe load would refuse.
         """
         self.epoch = epoch
-        self.store.save(state, epoch=epoch, step=self.global_step if step is None else step)
+        self.store.save(state, epoch=epoch, step=self.global_step if step is None else step,
+                        samples_consumed=samples_consumed)
 
     def save_directory(self, path: str | os.PathLike, *, epoch: int, step: int | None = None) -> None:
         """Takes the checkpoint directory ``path`` in as the snapshot to resume at ``epoch`` (rank 0
@@ -334,11 +309,27 @@ class Job:
         return self._vote is not None and self._vote.agreed()
 
     def stop_here(self, step: int) -> NoReturn:
-        """After the snapshot at ``step`` that :meth:`stop_agreed` asked for: waits for it, tells
-        every node's record, and raises GracefulStop (this rank got SIGTERM) or PeerStopped."""
+        """After the snapshot at ``step`` that the ranks agreed to stop at (:meth:`stop_agreed`, or
+        the Trainer's flag in its loss all-reduce): waits for it, tells every node's record, and
+        raises GracefulStop (this rank got SIGTERM) or PeerStopped (stop.py). Every rank calls it."""
         self.unwatch_stop()
-        end_graceful_stop(self.store, self.report, self.metrics, step=step, signalled=self.stop.requested,
-                          rank=self.rank)
+        self.end_stop(step)
+
+    def end_stop(self, step: int) -> NoReturn:
+        """:meth:`stop_here` for a loop that keeps SIGTERM turned into a flag to the end (the
+        Trainer's ``with job.stop:``): a second SIGTERM while the snapshot becomes durable is
+        caught, not fatal."""
+        if self.store is not None:
+            self.store.wait()  # rank 0: the snapshot is durable before anyone leaves
+        if in_group_of_many():
+            torch_dist.barrier()
+        self.report.refresh(force=True)  # every node's record names the stop's snapshot
+        signalled = self.stop.requested
+        self.metrics.write("stop", step=step, signalled=signalled)
+        if self.rank == 0:
+            log.info("graceful stop: snapshot at step %d complete; %s", step,
+                     "exiting" if signalled else "a peer got SIGTERM, restarting without it")
+        raise GracefulStop(step) if signalled else PeerStopped(step)
 
     def unwatch_stop(self, wait: bool = True) -> None:
         """Puts SIGTERM's previous handler back (again: harmless); ``wait`` for the vote in flight,
@@ -351,7 +342,8 @@ class Job:
     def close(self) -> None:
         """Waits for the snapshot being written and closes the metrics and the progress endpoint."""
         try:
-            self.store.close()
+            if self.store is not None:
+                self.store.close()
         finally:
             self.metrics.close()
             self.report.close()
@@ -367,7 +359,8 @@ class Job:
 
     def finish(self) -> None:
         """Training is over: waits for the last snapshot, writes ``done`` and closes."""
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
         self.metrics.write("done", epoch=max(self.epoch - 1, 0), step=self.global_step)
         self.close()
 
@@ -376,7 +369,10 @@ class Job:
         A graceful stop (GracefulStop, PeerStopped) is no failure: it only closes."""
         self.unwatch_stop(wait=False)
         if isinstance(error, (GracefulStop, PeerStopped)):
-            self.close()
+            try:
+                self.close()
+            except Exception:  # keep the stop on top
+                log.exception("closing the job after a graceful stop failed")
             return
         self.report.failed(error)
         try:
@@ -385,15 +381,6 @@ class Job:
             log.exception("closing the job after a training error failed")
         if isinstance(error, DoNotRetry):  # fail the pod now, not after torchrun's restarts (docs/hangs.md)
             give_up(error, written=self.report.enabled)
-
-    def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
-        info = self.resumed_from
-        self.report.resumed(info.step if info else None, info.time if info else None, self.restart_count)
-        self.metrics.write("start", world_size=self.world_size, restart_count=self.restart_count,
-                           resume_epoch=self.epoch, resume_step=self.global_step)
 
     def _saved(self, info: SnapshotInfo) -> None:
         self.report.refresh(force=True)  # progress.json is complete now

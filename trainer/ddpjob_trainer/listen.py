@@ -2,7 +2,7 @@
 
 ddpjob opens these: the rendezvous store (store_server.py, or node 0's c10d store under
 ``ddpjob-c10d``), each agent's liveness beacon (rendezvous/liveness.py), the progress
-endpoint (progress_report.py) and rank 0's worker store (dist.py). In a pod each must be
+endpoint (report/server.py) and rank 0's worker store (dist.py). In a pod each must be
 reachable at the pod's IP (the operator polls the progress port, peers probe beacons and
 reach the stores), so there they listen on every interface, as before. ``ddpjob run`` sets
 ``DDPJOB_LISTEN_HOST=127.0.0.1`` (operator/ddpjob_operator/local/plan.py): on a developer's
@@ -20,12 +20,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ddpjob_rdzv.contract import LISTEN_HOST_ENV  # "" or unset: every interface; ddpjob run: 127.0.0.1
 from ddpjob_rdzv.store_program import EVERY_INTERFACE, connect_host, listening_socket, tcp_store_server
 
 __all__ = ["EVERY_INTERFACE", "LISTEN_HOST_ENV", "connect_host", "listen_host", "listening_socket",
            "tcp_store_server"]
-
-LISTEN_HOST_ENV = "DDPJOB_LISTEN_HOST"  # "" or unset: every interface; ddpjob run: 127.0.0.1
 
 
 def listen_host(environ: Mapping[str, str] = os.environ) -> str:

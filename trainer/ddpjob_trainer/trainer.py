@@ -6,7 +6,7 @@ loads the newest complete snapshot *before* wrapping the model in DDP
 (DDP broadcasts rank 0's parameters at construction, so every rank must hold
 the restored weights by then) and continues at the first unfinished step:
 a mid-epoch snapshot resumes inside its epoch, skipping exactly the samples
-already trained on, also when the world size changed (see sampler.py).
+already trained on, also when the world size changed (see loop/sampler.py).
 
 Only rank 0 writes snapshots and metrics; the other ranks do not wait for
 the write to be durable. If rank 0 dies mid-save the group restarts from the
@@ -31,10 +31,9 @@ import datetime
 import logging
 import math
 import os
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,108 +43,24 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from .dist import device_for
-from .env import ON_UNREADABLE_CHOICES, DistEnv, dist_env
-from .errors import DoNotRetry
-from .metrics import MetricsWriter, Sink, TensorBoardSink, WandbSink
-from .sampler import ResumableSampler
-from .job import NODE_INDEX_ENV, end_graceful_stop, load_agreed, node_report
-from .snapshot import SnapshotInfo, SnapshotStore
-from .progress_report import Heartbeats, ProgressReport, give_up
-from .stop import GracefulStop, PeerStopped, StopSignal
-from .fast_snapshot import FastSnapshot, fast_root
-from . import fast_resume
+from ddpjob_rdzv.contract import NODE_INDEX_ENV
+
+from ddpjob_trainer.dist import device_for
+from ddpjob_trainer.env import DistEnv, dist_env
+from ddpjob_trainer.job import Job
+from ddpjob_trainer.loop.config import TrainerConfig
+from ddpjob_trainer.loop.rng import gather_rng_states, restore_rng, rng_state, seed_everything
+from ddpjob_trainer.loop.sampler import ResumableSampler
+from ddpjob_trainer.report.heartbeats import Heartbeats
+from ddpjob_trainer.report.metrics import Sink, TensorBoardSink, WandbSink
+from ddpjob_trainer.snapshots import fast_resume
+from ddpjob_trainer.snapshots.agree import load_agreed
+from ddpjob_trainer.snapshots.fast import FastSnapshot, fast_root
+from ddpjob_trainer.snapshots.store import SnapshotInfo
 
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
-
-
-@dataclass
-class TrainerConfig:
-    """Knobs of the training loop.
-
-    Attributes:
-        epochs: epochs to train in total (across restarts).
-        batch_size: samples per rank per micro-step.
-        accumulation_steps: micro-steps per optimizer step (gradients are
-            all-reduced only on the last one).
-        seed: seed for the data order and the initial RNG state.
-        snapshot_dir: shared snapshot directory; None disables snapshots (a
-            restart then trains from scratch).
-        snapshot_every_epochs: snapshot after every N epochs (0 = off).
-        snapshot_every_steps: snapshot after every M optimizer steps (0 = off).
-        snapshot_keep: complete snapshots to keep.
-        async_snapshot: write snapshots in a background thread.
-        metrics_file: JSON-lines metrics file written by rank 0 (None = off).
-        bucket_cap_mb: DDP gradient bucket size.
-        amp: mixed precision with a GradScaler (CUDA only; ignored on CPU).
-        num_workers: DataLoader worker processes.
-        progress_bar: tqdm bar on rank 0.
-        tensorboard_dir: also log scalars to TensorBoard (needs tensorboard).
-        wandb_project: also log scalars to W&B (needs wandb); the run id is kept in the snapshot.
-        trust_snapshots: load snapshots with ``torch.load(weights_only=False)``,
-            which runs any code a snapshot holds, and save any picklable ``extra``;
-            only for a snapshot directory whose every writer is trusted (e.g. to
-            resume from snapshots of an older ddpjob). None reads
-            ``DDPJOB_TRUST_SNAPSHOTS=1`` (default off: see SnapshotStore for what
-            a state may then hold).
-        snapshot_on_unreadable: ``Fail`` (raise SnapshotsUnreadableError) or
-            ``StartOver`` (train from scratch) when snapshots exist but none can
-            be read; None reads ``DDPJOB_SNAPSHOT_ON_UNREADABLE``, which the
-            operator renders from ``spec.snapshot.onUnreadable`` (default ``Fail``).
-        fast_snapshot_every_steps: also copy every rank's state to node-local shared memory
-            after every N optimizer steps (0 = off; needs snapshot_dir): a worker restart then
-            resumes from there, losing at most the step in flight (fast_snapshot.py).
-        fast_snapshot_root: where those copies live (None: $DDPJOB_FAST_SNAPSHOT_ROOT, else /dev/shm).
-    """
-
-    epochs: int
-    batch_size: int = 32
-    accumulation_steps: int = 1
-    seed: int = 0
-    snapshot_dir: str | None = None
-    snapshot_every_epochs: int = 1
-    snapshot_every_steps: int = 0
-    snapshot_keep: int = 2
-    async_snapshot: bool = False
-    metrics_file: str | None = None
-    bucket_cap_mb: float = 25.0
-    amp: bool = False
-    num_workers: int = 0
-    progress_bar: bool = True
-    tensorboard_dir: str | None = None
-    wandb_project: str | None = None
-    trust_snapshots: bool | None = None
-    snapshot_on_unreadable: str | None = None
-    fast_snapshot_every_steps: int = 0
-    fast_snapshot_root: str | None = None
-
-    def __post_init__(self) -> None:
-        problems = [
-            f"TrainerConfig.{f.name} ({getattr(self, f.name)}) must be {rule}"
-            for f in fields(self)
-            for rule in [_RULES.get(f.name)]
-            if rule is not None and not _RULE_CHECKS[rule](getattr(self, f.name))
-        ]
-        if problems:
-            raise ValueError("; ".join(problems))
-
-
-_RULES = {
-    "epochs": ">= 1",
-    "batch_size": ">= 1",
-    "accumulation_steps": ">= 1",
-    "snapshot_every_epochs": ">= 0",
-    "snapshot_every_steps": ">= 0",
-    "fast_snapshot_every_steps": ">= 0",
-    "snapshot_keep": ">= 1",
-    "bucket_cap_mb": "> 0",
-    "num_workers": ">= 0",
-    "snapshot_on_unreadable": "None, 'Fail' or 'StartOver'",
-}
-_RULE_CHECKS = {">= 1": lambda v: v >= 1, ">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0,
-                "None, 'Fail' or 'StartOver'": lambda v: v is None or v in ON_UNREADABLE_CHOICES}
 
 
 @dataclass
@@ -220,17 +135,23 @@ class Trainer:
         self.on_step = on_step
         self.scaler = torch.amp.GradScaler("cuda") if config.amp and self.device.type == "cuda" else None
         self.position = Position()
-        self.stop = StopSignal()  # installed while train() runs (stop.py)
         self.stop_agreed = False  # some rank was told to stop: this step is the last (every rank agrees)
         # The data order's seed; a resumed job keeps the snapshot's.
         self.sampler_seed = config.seed
-        self.store = self._make_store()
-        self.fast = self._make_fast()
-        self.incarnation = 0  # which resume round writes the fast copies (fast_resume.py)
-        self.resumed_from = self._resume()
-        self.report = self._make_report()
+        # The lifecycle every loop shares (job.py): snapshot store, progress report, metrics.
+        self.job = self._make_job()
+        self.store, self.report, self.metrics = self.job.store, self.job.report, self.job.metrics
+        self.stop = self.job.stop  # installed while train() runs (stop.py)
+        try:
+            self.fast = self._make_fast()
+            self.incarnation = 0  # which resume round writes the fast copies (snapshots/fast_resume.py)
+            self.resumed_from = self._resume()
+        except BaseException:
+            self.job.close()  # no record of a failure here: the worker fails as it always did
+            raise
+        self.job.resume_at(self.resumed_from)
         self.heartbeats = self._make_heartbeats()
-        self.metrics = MetricsWriter(config.metrics_file if self.env.is_rank0 else None, self._make_sinks())
+        self.metrics.sinks.extend(self._make_sinks())  # after the resume: W&B continues the saved run
         self.ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.env.local_rank] if self.device.type == "cuda" else None,
@@ -239,20 +160,14 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------
 
-    def _make_store(self) -> SnapshotStore | None:
-        if not self.config.snapshot_dir:
-            if self.env.is_rank0:
-                log.warning("no snapshot directory: a restart will train from scratch")
-            return None
-        return SnapshotStore(
-            self.config.snapshot_dir,
-            keep=self.config.snapshot_keep,
-            rank=self.env.rank,
-            async_save=self.config.async_snapshot,
-            on_saved=self._on_snapshot_saved,
-            trusted=self.config.trust_snapshots,
-            on_unreadable=self.config.snapshot_on_unreadable,
-        )
+    def _make_job(self) -> Job:
+        cfg, env = self.config, self.env
+        if not cfg.snapshot_dir and env.is_rank0:
+            log.warning("no snapshot directory: a restart will train from scratch")
+        return Job.for_loop(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size,
+                            restart_count=env.restart_count, directory=cfg.snapshot_dir or None,
+                            metrics_file=cfg.metrics_file, keep=cfg.snapshot_keep, async_save=cfg.async_snapshot,
+                            trusted=cfg.trust_snapshots, on_unreadable=cfg.snapshot_on_unreadable)
 
     def _make_fast(self) -> FastSnapshot | None:
         if not self.config.fast_snapshot_every_steps:
@@ -262,12 +177,6 @@ class Trainer:
             return None
         directory = fast_root(self.config.snapshot_dir, self.config.fast_snapshot_root)
         return FastSnapshot(directory, self.env.local_rank)
-
-    def _make_report(self) -> ProgressReport:
-        report = node_report(self.config.snapshot_dir, self.env.local_rank)
-        info = self.resumed_from
-        report.resumed(info.step if info else None, info.time if info else None, self.env.restart_count)
-        return report
 
     def _make_heartbeats(self) -> Heartbeats:
         # Every rank beats into the group's store; each node's reporter gathers them (docs/hangs.md).
@@ -311,7 +220,7 @@ class Trainer:
 
     def _resume_fast(self) -> SnapshotInfo | None:
         """Resumes from the fast tier when the group agrees it holds a newer step than the volume
-        (fast_resume.py; a collective whenever the fast tier is on, so every rank takes part)."""
+        (snapshots/fast_resume.py; a collective whenever the fast tier is on, so every rank takes part)."""
         if self.fast is None:  # the same on every rank: off everywhere
             return None
         complete = self.store.complete() if self.env.is_rank0 else []
@@ -351,10 +260,7 @@ class Trainer:
     def train(self) -> TrainResult:
         """Runs the remaining epochs; returns where training ended."""
         cfg = self.config
-        self.metrics.write(
-            "start", world_size=self.env.world_size, restart_count=self.env.restart_count,
-            resume_epoch=self.position.epoch, resume_step=self.position.step,
-        )
+        self.job.start()
         loss, val_loss = math.nan, None
         try:
             with self.stop:
@@ -365,24 +271,17 @@ class Trainer:
                         if self.stop_agreed and epoch + 1 < cfg.epochs:  # after the last epoch: done anyway
                             self._stop_here(None)  # _end_epoch saved the snapshot already
             if self.store is not None:
-                self.store.wait()  # the final snapshot is complete before "done"
+                self.store.wait()  # the final snapshot is complete (or its failure is training's)
             if self.fast is not None:
                 self.fast.remove()  # finished: nothing will resume from memory
-            self.metrics.write("done", epoch=cfg.epochs - 1, step=self.position.step)
         except BaseException as error:
-            if not isinstance(error, (GracefulStop, PeerStopped)):
-                self.report.failed(error)
-            self._close(quiet=True)
-            if isinstance(error, DoNotRetry):
-                self._give_up(error)
+            self._close_loop(quiet=True)
+            self.job.fail(error)  # the record says why; a DoNotRetry fails the pod now
             raise
-        self._close()
+        self._close_loop()
+        self.job.epoch, self.job.global_step = cfg.epochs, self.position.step
+        self.job.finish()  # the final snapshot complete, then "done"
         return TrainResult(cfg.epochs, self.position.step, loss, self.resumed_from, val_loss, self.extra)
-
-    def _give_up(self, error: DoNotRetry) -> None:
-        """A DoNotRetry fails the pod now: the record in the termination message says why (written
-        here when this is not the node's reporting rank), then torchrun is stopped."""
-        give_up(error, written=self.report.enabled)
 
     def _run_epoch(self, epoch: int) -> float:
         consumed = self.position.consumed if epoch == self.position.epoch else 0
@@ -544,8 +443,8 @@ class Trainer:
         rng_states = gather_rng_states()  # collective: every rank calls _snapshot
         if not self.env.is_rank0:
             return
-        state = self._state(epoch, consumed, rng_states)
-        self.store.save(state, epoch=epoch, step=self.position.step, samples_consumed=consumed)
+        self.job.save(self._state(epoch, consumed, rng_states), epoch=epoch, step=self.position.step,
+                      samples_consumed=consumed)
 
     def _maybe_fast_snapshot(self, epoch: int, consumed: int) -> None:
         if self.position.step % self.config.fast_snapshot_every_steps == 0:
@@ -578,14 +477,7 @@ class Trainer:
         already saved) complete, reported on every node, then GracefulStop or PeerStopped (stop.py)."""
         if position is not None:
             self._snapshot(*position)
-        end_graceful_stop(self.store, self.report, self.metrics, step=self.position.step,
-                          signalled=self.stop.requested, rank=self.env.rank)
-
-    def _on_snapshot_saved(self, info: SnapshotInfo) -> None:
-        self.report.refresh(force=True)  # progress.json is complete now
-        self.metrics.write(
-            "snapshot", epoch=info.epoch, step=info.step, path=info.path, samples_consumed=info.samples_consumed
-        )
+        self.job.end_stop(self.position.step)
 
     def _loader(self, epoch: int, consumed: int) -> DataLoader:
         sampler = ResumableSampler(len(self.train_data), self.env.world_size, self.env.rank, seed=self.sampler_seed)
@@ -610,81 +502,18 @@ class Trainer:
             disable=not (self.env.is_rank0 and self.config.progress_bar),
         )
 
-    def _close(self, quiet: bool = False) -> None:
-        """Waits for a pending snapshot and closes the metrics; ``quiet`` keeps the original error on top."""
+    def _close_loop(self, quiet: bool = False) -> None:
+        """What the loop adds to the Job's lifecycle: waits for the fast copy in flight and stops
+        the heartbeats; ``quiet`` keeps the original error on top. The Job closes the rest."""
         try:
             if self.fast is not None:
                 self.fast.wait()  # the newest copy is what a restart resumes from
-            if self.store is not None:
-                self.store.close()
         except Exception:
             if not quiet:
                 raise
-            log.exception("pending snapshot failed while training was already failing")
+            log.exception("pending fast snapshot failed while training was already failing")
         finally:
-            self.metrics.close()
             self.heartbeats.stop()
-            self.report.close()
-
-
-def seed_everything(seed: int) -> None:
-    """Seeds Python, numpy and torch (CPU and CUDA) RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states (Python, numpy, torch CPU, torch CUDA of the current device).
-
-    Only types that ``torch.load(weights_only=True)`` rebuilds: Python's state is a tuple of
-    ints, torch's are uint8 tensors, and numpy's legacy tuple (which holds an ndarray) is
-    taken apart into a dict of plain values.
-    """
-    return {
-        "python": random.getstate(),
-        "numpy": numpy_rng_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-    }
-
-
-def numpy_rng_state() -> dict[str, Any]:
-    """np.random's global MT19937 state without numpy types: its 624 keys as a list of ints."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    return {"name": str(name), "keys": [int(k) for k in keys], "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
-
-
-def set_numpy_rng_state(state: Any) -> None:
-    """Restores numpy_rng_state(); also numpy's own tuple, as snapshots of older ddpjob versions hold it."""
-    if isinstance(state, dict):
-        state = (state["name"], np.array(state["keys"], dtype=np.uint32), state["pos"], state["has_gauss"],
-                 state["cached_gaussian"])
-    np.random.set_state(state)
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restores what ``rng_state`` returned (tensors may arrive on a GPU through map_location)."""
-    random.setstate(state["python"])
-    set_numpy_rng_state(state["numpy"])
-    torch.set_rng_state(state["torch"].cpu())
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"].cpu())
-
-
-def gather_rng_states() -> list[dict[str, Any]]:
-    """Every rank's RNG state, indexed by rank (a collective call)."""
-    states: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(states, rng_state())
-    return states
-
-
-def restore_rng(states: list[dict[str, Any]], rank: int) -> None:
-    """Restores the saved state of ``rank``; a rank that did not exist at save time, or whose state
-    was lost with its node (fast_resume.py), keeps its fresh seed."""
-    if rank < len(states) and states[rank] is not None:
-        set_rng_state(states[rank])
 
 
 def _now() -> str:

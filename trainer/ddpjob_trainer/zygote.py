@@ -40,13 +40,14 @@ import traceback
 from dataclasses import dataclass
 from typing import TextIO
 
+from ddpjob_rdzv.contract import ZYGOTE_SOCKET_ENV, ZYGOTE_TOKEN_ENV
+
 from . import marks
 from .zygote_checks import (
-    MAX_REQUEST_BYTES, RECEIVE_SECONDS, TOKEN_ENV, RefusedError, RequestReader, agent_token, check_peer,
+    MAX_REQUEST_BYTES, RECEIVE_SECONDS, RefusedError, RequestReader, agent_token, check_peer,
     check_private_dir, make_private_dir, open_dir, parse_request, socket_address,
 )
 
-SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"  # the socket file; its directory is the server's own (mode 0700)
 AGENT_PID_ENV = "DDPJOB_AGENT_PID"  # in a forked worker: the torchrun agent that started its client
 CONNECT_SECONDS = 120.0  # how long a client waits for the server (its first start imports torch)
 MAX_PENDING = 64  # connections whose request is still arriving; more are refused at once
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--serve"]:  # --serve PATH AGENT [READY_FD [LISTEN_FD LOCK_FD]]
         fds = [int(fd) for fd in argv[3:6]] + [None, None, None]
         return serve(argv[1], int(argv[2]), fds[0], Held(fds[1], fds[2]) if fds[1] is not None else None)
-    path = os.environ.get(SOCKET_ENV)
+    path = os.environ.get(ZYGOTE_SOCKET_ENV)
     if not path:
         return run_module(argv[0], argv[1:])
     try:
@@ -76,7 +77,7 @@ def prepare_agent() -> None:
     its --rdzv_backend (torch's etcd too, whose handler does not prestart a server), so this
     runs in every agent of a fastRestart job.
     """
-    if os.environ.get(SOCKET_ENV):
+    if os.environ.get(ZYGOTE_SOCKET_ENV):
         agent_token()
 
 
@@ -128,11 +129,11 @@ def _request_worker(path: str, module: str, args: list[str]) -> tuple[TextIO, in
 
 def _client_token(path: str) -> str:
     if not os.path.isabs(path):
-        raise RefusedError(f"{SOCKET_ENV} ({path!r}) must be the absolute path of a socket file "
+        raise RefusedError(f"{ZYGOTE_SOCKET_ENV} ({path!r}) must be the absolute path of a socket file "
                            "(an abstract name, \"@...\", is open to every local user)")
-    token = os.environ.get(TOKEN_ENV)
+    token = os.environ.get(ZYGOTE_TOKEN_ENV)
     if not token:
-        raise RefusedError(f"{TOKEN_ENV} is not set: the torchrun agent makes it when ddpjob-trainer is "
+        raise RefusedError(f"{ZYGOTE_TOKEN_ENV} is not set: the torchrun agent makes it when ddpjob-trainer is "
                            "installed beside torchrun")
     return token
 
@@ -225,7 +226,7 @@ def prestart() -> Warm | None:
     second server. A node joining a running group waits for ``Warm.wait`` before it joins
     (rendezvous/early.py), so the group's pause does not include these imports either.
     """
-    path = os.environ.get(SOCKET_ENV)
+    path = os.environ.get(ZYGOTE_SOCKET_ENV)
     if not path:
         return None
     token = agent_token()  # in os.environ: the server and the workers torchrun starts inherit it
@@ -261,7 +262,7 @@ def serve(path: str, agent: int, ready_fd: int | None = None, held: Held | None 
     worker reported; writes to ``ready_fd`` once preloaded. ``held``: the socket and lock its
     starter claimed. 1: it cannot serve ``path`` safely."""
     try:
-        token = os.environ.get(TOKEN_ENV, "")
+        token = os.environ.get(ZYGOTE_TOKEN_ENV, "")
         server = Server.claim(path, token) if held is None else Server.adopt(path, held, token)
     except RefusedError as e:
         print(f"ddpjob_trainer.zygote: the fork server does not start: {e}", file=sys.stderr, flush=True)
@@ -311,7 +312,7 @@ class Server:
             RefusedError: no token, an unsafe directory (zygote_checks), or a socket it cannot bind.
         """
         if not token:
-            raise RefusedError(f"{TOKEN_ENV} is not set: the agent that starts the server makes it")
+            raise RefusedError(f"{ZYGOTE_TOKEN_ENV} is not set: the agent that starts the server makes it")
         directory = os.path.dirname(path)
         make_private_dir(directory)
         lock = open_dir(directory)
@@ -330,7 +331,7 @@ class Server:
     def adopt(cls, path: str, held: Held, token: str) -> Server:
         """The server of ``path`` from a socket and lock another process claimed for it."""
         if not token:
-            raise RefusedError(f"{TOKEN_ENV} is not set: the agent that starts the server makes it")
+            raise RefusedError(f"{ZYGOTE_TOKEN_ENV} is not set: the agent that starts the server makes it")
         return cls(path, socket.socket(fileno=held.listen_fd), held.lock_fd, token)
 
     def run(self, agent: int) -> None:

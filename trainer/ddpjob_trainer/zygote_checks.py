@@ -28,7 +28,8 @@ import socket
 import stat
 import struct
 
-TOKEN_ENV = "DDPJOB_ZYGOTE_TOKEN"  # the agent's token: in the agent's, its workers' and its server's environment
+from ddpjob_rdzv.contract import ZYGOTE_TOKEN_ENV
+
 MAX_REQUEST_BYTES = 1 << 20  # a worker's environment is a few KiB; 1 MiB is far above any real one
 RECEIVE_SECONDS = 10.0  # a client sends its request at once; one that does not is dropped after this
 STREAMS = 4  # stdin, stdout, stderr and the client's life pipe, in that order
@@ -43,9 +44,9 @@ class RefusedError(Exception):
 def agent_token() -> str:
     """This agent's token, made once (secrets.token_hex) and put in os.environ, which torchrun
     copies into each worker it starts; a token the agent inherited (the tests' stand-in agents) is kept."""
-    token = os.environ.get(TOKEN_ENV)
+    token = os.environ.get(ZYGOTE_TOKEN_ENV)
     if not token:
-        token = os.environ[TOKEN_ENV] = secrets.token_hex(32)
+        token = os.environ[ZYGOTE_TOKEN_ENV] = secrets.token_hex(32)
     return token
 
 
@@ -164,7 +165,7 @@ def parse_request(line: bytes, fds: list[int], token: str) -> dict:
     given = request.get("token")
     if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
         raise RefusedError(f"the request's token is {'wrong' if given else 'missing'}: only a worker of this "
-                           f"node's agent ({TOKEN_ENV} in its environment) may use the fork server")
+                           f"node's agent ({ZYGOTE_TOKEN_ENV} in its environment) may use the fork server")
     _check_shape(request)
     if len(fds) != STREAMS:
         raise RefusedError(f"the request carries {len(fds)} file descriptors; it must carry exactly {STREAMS}")

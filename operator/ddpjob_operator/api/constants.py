@@ -6,7 +6,8 @@ modules (render, plan, status) and the Kubernetes wiring all import from here.
 
 from __future__ import annotations
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv import contract
+from ddpjob_rdzv.contract import progress_record
 
 # --- API -------------------------------------------------------------------
 GROUP = "ddpjob.io"  # API group of the DDPJob custom resource
@@ -57,22 +58,22 @@ POD_UID = 65532  # runAsUser (Pod Security "restricted" wants non-root)
 POD_GID = 65532  # runAsGroup and fsGroup: volumes become group-writable for the non-root user
 
 # --- Environment of the trainer --------------------------------------------
-ENV_SNAPSHOT_DIR = "DDPJOB_SNAPSHOT_DIR"  # where the trainer reads and writes snapshots
-ENV_JOB_NAME = "DDPJOB_JOB_NAME"  # metadata.name of the job, for logs and metrics
-ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"  # node index of this pod or local agent
-ENV_NAMESPACE = "DDPJOB_NAMESPACE"  # namespace of the job ("" for local runs)
-ENV_JOB_UID = "DDPJOB_JOB_UID"  # metadata.uid of the job (a local run's rendezvous id): the progress record's job
-ENV_POD_NAME = "DDPJOB_POD_NAME"  # the node pod's name (pods only): the progress record's pod
+# Each name is defined once, in the contract both sides import (ddpjob_rdzv/contract/__init__.py).
+ENV_SNAPSHOT_DIR = contract.SNAPSHOT_DIR_ENV  # where the trainer reads and writes snapshots
+ENV_JOB_NAME = contract.JOB_NAME_ENV  # metadata.name of the job, for logs and metrics
+ENV_NODE_INDEX = contract.NODE_INDEX_ENV  # node index of this pod or local agent
+ENV_NAMESPACE = contract.NAMESPACE_ENV  # namespace of the job ("" for local runs)
+ENV_JOB_UID = contract.JOB_UID_ENV  # metadata.uid of the job (a local run's rendezvous id): the progress record's job
+ENV_POD_NAME = contract.POD_NAME_ENV  # the node pod's name (pods only): the progress record's pod
 # Where the trainer's own listeners bind (ddpjob_trainer/listen.py): unset in pods (every interface,
 # reached at the pod IP); ddpjob run sets loopback.
-ENV_LISTEN_HOST = "DDPJOB_LISTEN_HOST"
-ENV_ZYGOTE_SOCKET = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the socket file of the node's worker fork server
+ENV_LISTEN_HOST = contract.LISTEN_HOST_ENV
+ENV_ZYGOTE_SOCKET = contract.ZYGOTE_SOCKET_ENV  # fastRestart: the socket file of the node's worker fork server
 # fastRestart: the secret each node's agent makes and hands its workers (never rendered: a pod's spec is readable)
-ENV_ZYGOTE_TOKEN = "DDPJOB_ZYGOTE_TOKEN"
+ENV_ZYGOTE_TOKEN = contract.ZYGOTE_TOKEN_ENV
 ZYGOTE_MODULE = "ddpjob_trainer.zygote"  # fastRestart: python -m entry point of that server's client (trainer image)
 # spec.snapshot.onUnreadable: what the trainer does when no snapshot can be read (Fail, StartOver);
-# the same name as ddpjob_trainer.env.SNAPSHOT_ON_UNREADABLE_ENV
-ENV_SNAPSHOT_ON_UNREADABLE = "DDPJOB_SNAPSHOT_ON_UNREADABLE"
+ENV_SNAPSHOT_ON_UNREADABLE = contract.SNAPSHOT_ON_UNREADABLE_ENV
 
 # --- Status ----------------------------------------------------------------
 PHASE_PENDING = "Pending"  # accepted; fewer than minReplicas nodes running yet
@@ -192,13 +193,13 @@ MSG_UNSCHEDULABLE = ("{count} node pod(s) not scheduled for over "  # REASON_UNS
 MSG_SCHEDULED = "every node pod is scheduled"  # REASON_SCHEDULED
 
 # --- Progress-aware recovery (failure.py, progress.py) ----------------------------------
-ENV_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"  # where the trainer writes its progress record
+ENV_TERMINATION_LOG = contract.TERMINATION_LOG_ENV  # where the trainer writes its progress record
 TERMINATION_LOG_PATH = "/dev/termination-log"  # the pod's terminationMessagePath (Kubernetes' default)
-ENV_PROGRESS_PORT = "DDPJOB_PROGRESS_PORT"  # the trainer serves its progress record here (GET /progress)
+ENV_PROGRESS_PORT = contract.PROGRESS_PORT_ENV  # the trainer serves its progress record here (GET /progress)
 PROGRESS_PORT = 29410  # next to c10d's 29400; a named containerPort, so the operator reads it from the pod
 PROGRESS_PORT_NAME = "progress"
 PROGRESS_POLL_SECONDS = 30.0  # a running job's progress endpoint is read this often (--progress-poll-seconds)
-PROGRESS_RECORD_KIND = progress_record.KIND  # "kind" of the trainer's record (ddpjob_rdzv/progress_record.py)
+PROGRESS_RECORD_KIND = progress_record.KIND  # "kind" of the trainer's record (ddpjob_rdzv/contract/progress_record.py)
 MAX_FAILURES_KEPT = 10  # status.failures keeps this many newest entries
 # status.invalidProgressRecords keeps this many (pod, field) pairs already reported, newest last;
 # pruned to observed pods. A pod's progress endpoint gets at most one entry (and one Warning
@@ -224,7 +225,7 @@ CAUSE_PREFLIGHT = "PreflightFailed"  # the pre-flight init container failed (ren
 CAUSE_STRAGGLER = "Straggler"  # a slow node replaced under stragglerPolicy.action Replace (free; its node is avoided)
 
 # --- Hangs and stragglers (decide/hang.py, decide/straggler.py, docs/hangs.md) ---------------
-ENV_COLLECTIVE_TIMEOUT = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"  # the process group's timeout (failurePolicy)
+ENV_COLLECTIVE_TIMEOUT = contract.COLLECTIVE_TIMEOUT_ENV  # the process group's timeout (failurePolicy)
 HANG_TIMEOUT_FLOOR_SECONDS = 600.0  # the derived hang timeout is never shorter (a slow first epoch, I/O)
 HANG_STEP_FACTOR = 20.0  # ... and is this many median step times when that is longer
 REASON_HANG = "Hang"  # no node's step advanced for the hang timeout: the group restarts

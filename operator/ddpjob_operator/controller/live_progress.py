@@ -3,7 +3,7 @@
 Termination messages (failure.pod_progress) tell the operator where training stood only
 when a container exits. While a job runs, the local-rank-0 worker of each node also serves
 its progress record at ``GET /progress`` on the pod's ``progress`` port
-(ddpjob_trainer/progress_report.py), and each pass of a running job reads it from one node,
+(ddpjob_trainer/report/record.py), and each pass of a running job reads it from one node,
 so ``status.lastSnapshot``, the STEP column and the recovery figures follow training.
 
 The operator reaches pods the way Prometheus does (pod IP and port); where a NetworkPolicy
@@ -21,7 +21,7 @@ chart limit is 256 Mi) and held a pass 4.8 s despite a 2 s timeout, a 400 MiB bo
   body that passes the cap while it streams in is cut there and its connection closed;
 * one deadline, DEADLINE_SECONDS, covers connect, headers and body together, so a pod that
   trickles its answer cannot hold a pass;
-* the body must pass the record contract (ddpjob_rdzv/progress_record.py) and name the job
+* the body must pass the record contract (ddpjob_rdzv/contract/progress_record.py) and name the job
   and pod it was read from where it names any (decide/progress.identity_problem). A refused
   record, an oversized body or a compressed one comes back as a RecordProblem naming the
   pod, which the pass reports once in a Warning Event; the other refusals are only logged
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.decide.observed import PodView, RecordProblem

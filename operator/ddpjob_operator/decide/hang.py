@@ -1,7 +1,7 @@
 """Hangs: every pod runs, yet no training step advances (pure).
 
 Each pass of a running job reads one node's progress record, whose ``nodes`` list holds every
-node's heartbeat (step, phase, step time; ddpjob_trainer/progress_report.py). From it this module
+node's heartbeat (step, phase, step time; ddpjob_trainer/report/record.py). From it this module
 keeps ``status.progress``: the highest step, the median step time, and ``advancedTime``, when the
 operator (on its own clock: the pods' clocks may be skewed) saw the step change or a new run
 start. The hang clock runs only once the current run has taken a step, so a slow start (loading

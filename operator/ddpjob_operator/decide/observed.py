@@ -14,7 +14,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, Iterable, Mapping
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time
@@ -189,7 +189,7 @@ def _ports(spec: Mapping[str, Any]) -> dict[str, int]:
 
 def _records(container: Mapping[str, Any]) -> dict[str, Any]:
     """The trainer's progress records in the container's current and previous terminations,
-    parsed once through the contract (ddpjob_rdzv/progress_record.py): the valid ones, the
+    parsed once through the contract (ddpjob_rdzv/contract/progress_record.py): the valid ones, the
     refused ones, and the current one."""
     if container.get("name") != C.CONTAINER_NAME:
         return {}
@@ -218,7 +218,7 @@ class RecordProblem:
 
 @dataclass(frozen=True)
 class NodeBeat:
-    """One node's liveness from a progress record's ``nodes`` (ddpjob_rdzv/progress_record.py)."""
+    """One node's liveness from a progress record's ``nodes`` (ddpjob_rdzv/contract/progress_record.py)."""
 
     node: str
     step: int | None = None

@@ -1,7 +1,7 @@
 """What the trainer's progress records and the failed pods tell the status (pure).
 
 The trainer's local-rank-0 worker on every node keeps a progress record in its termination
-message (ddpjob_trainer/progress_report.py); the kubelet publishes it in the pod status when
+message (ddpjob_trainer/report/record.py); the kubelet publishes it in the pod status when
 the container exits. From the records of all observed pods this module keeps:
 
   * ``status.lastSnapshot`` {epoch, step, time, path}: the newest complete snapshot;
@@ -14,7 +14,7 @@ the container exits. From the records of all observed pods this module keeps:
     bookkeeping of the restart budget by progress (budget.py);
   * ``status.failures``: the newest failed or disrupted node pods, explained (failure.diagnose_pod);
   * ``status.invalidProgressRecords`` [{pod, podUID, field, time}]: records the contract refused
-    (ddpjob_rdzv/progress_record.py), each reported once in a Warning Event, at most one per pod
+    (ddpjob_rdzv/contract/progress_record.py), each reported once in a Warning Event, at most one per pod
     per C.INVALID_RECORD_WARNING_SECONDS.
 
 Records arrive when a container exits, and while a job runs from each node's progress
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time, seconds_between

@@ -12,7 +12,7 @@ Node failures go through the operator's failure policy (`ddpjob_operator.decide.
     procs    starting, killing and stopping a node's whole process tree
     journal  events.jsonl (what the runner did), following the metrics file, the timeline files
     runner   the loop that ties them together, and the run directory
-    summary  what the metrics prove at the end (via ddpjob_trainer.metrics.read_metrics)
+    summary  what the metrics prove at the end (via ddpjob_trainer.report.metrics.read_metrics)
     timeline the run on its clock from events.jsonl and the metrics (pure), written by
              journal as timeline.json; timeline_plot draws it (matplotlib, the [plot] extra)
 

@@ -26,7 +26,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Mapping
 
-from ddpjob_rdzv import C10D_BACKEND_NAME
+from ddpjob_rdzv import C10D_BACKEND_NAME, contract
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import WORK_DIR_NAME, launch_plan, merged_env, working_dir, workers_per_node
@@ -42,7 +42,7 @@ LOOPBACK_ENV = {
     "GLOO_SOCKET_IFNAME": LOOPBACK_INTERFACE,  # gloo binds the address of its interface
     "NCCL_SOCKET_IFNAME": LOOPBACK_INTERFACE,  # NCCL's bootstrap and socket transport likewise
 }
-ENV_METRICS_FILE = "DDPJOB_METRICS_FILE"  # the trainer's metrics path (default: <snapshot dir>/metrics.jsonl)
+ENV_METRICS_FILE = contract.METRICS_FILE_ENV  # the trainer's metrics path (default: <snapshot dir>/metrics.jsonl)
 METRICS_NAME = "metrics.jsonl"  # the trainer's default metrics file name in the snapshot dir
 TRAINER_PACKAGE = "ddpjob_trainer"  # a module job under it joins the process group through ddpjob_trainer.dist
 

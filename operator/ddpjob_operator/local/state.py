@@ -1,7 +1,7 @@
 """What the terminal view shows, built from the trainer's metrics and the runner's events.
 
 Pure: `apply_metric` folds one metrics line (the trainer's JSON-lines contract,
-see ddpjob_trainer.metrics) into a RunState, `apply_node_event` one runner
+see ddpjob_trainer.report.metrics) into a RunState, `apply_node_event` one runner
 event; both return the log line worth printing for it, if any.
 """
 

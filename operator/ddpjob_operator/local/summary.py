@@ -1,7 +1,7 @@
 """The end-of-run summary: what the trainer's metrics prove about the run.
 
 The rollback rule (a `start` that resumes from step S discards the logged work
-past S) has one definition, `ddpjob_trainer.metrics.read_metrics`; this module
+past S) has one definition, `ddpjob_trainer.report.metrics.read_metrics`; this module
 only counts what it returns. "No step ran twice" means: in that effective
 history the steps are exactly 1..N, each once, and one `done` closes it. Steps
 that were trained after the last snapshot and lost with a dead node show up
@@ -28,7 +28,7 @@ def summarize(metrics_file: Path) -> Summary:
     if not metrics_file.exists():
         return Summary([f"no metrics at {metrics_file}: the job wrote none, nothing to prove"], False, 0)
     # Imported here: the operator package must not need the trainer (or torch) to load.
-    from ddpjob_trainer.metrics import read_metrics, read_raw_metrics
+    from ddpjob_trainer.report.metrics import read_metrics, read_raw_metrics
 
     raw, effective = read_raw_metrics(metrics_file), read_metrics(metrics_file)
     starts = [e for e in raw if e.get("event") == "start"]

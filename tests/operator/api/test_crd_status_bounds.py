@@ -5,7 +5,7 @@ the one refused (decide/bounds.py cuts to the same schema)."""
 from __future__ import annotations
 
 import pytest
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api import crd

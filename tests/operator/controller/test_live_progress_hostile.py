@@ -11,7 +11,7 @@ import asyncio
 import json
 
 import pytest
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import live_progress

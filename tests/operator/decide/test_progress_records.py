@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import format_time, parse_time

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from ddpjob_rdzv import progress_record
+from ddpjob_rdzv.contract import progress_record
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.status import DDPJobStatus

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import TensorDataset
 
+from ddpjob_rdzv.contract import METRICS_FILE_ENV, NODE_INDEX_ENV, SNAPSHOT_DIR_ENV
 from ddpjob_trainer import DoNotRetry, Trainer, TrainerConfig, distributed
 
 FEATURES = 16
@@ -43,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per micro-step")
     parser.add_argument("--accumulation-steps", type=int, default=1, help="micro-steps per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
-    parser.add_argument("--snapshot-dir", default=os.environ.get("DDPJOB_SNAPSHOT_DIR"),
+    parser.add_argument("--snapshot-dir", default=os.environ.get(SNAPSHOT_DIR_ENV),
                         help="shared snapshot directory (default $DDPJOB_SNAPSHOT_DIR)")
     parser.add_argument("--snapshot-every-epochs", type=int, default=1, help="0 = off")
     parser.add_argument("--snapshot-every-steps", type=int, default=0, help="0 = off")
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also copy the state to /dev/shm every N steps (0 = off): a restart loses at most one step")
     parser.add_argument("--amp", action="store_true", help="mixed precision with a GradScaler (CUDA only)")
     parser.add_argument("--async-snapshot", action="store_true", help="write snapshots in a background thread")
-    parser.add_argument("--metrics-file", default=os.environ.get("DDPJOB_METRICS_FILE"),
+    parser.add_argument("--metrics-file", default=os.environ.get(METRICS_FILE_ENV),
                         help="JSON-lines metrics (default $DDPJOB_METRICS_FILE, else SNAPSHOT_DIR/metrics.jsonl)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="testing: seconds to sleep after each step")
     parser.add_argument("--seed", type=int, default=0)
@@ -136,7 +137,7 @@ def fault_injection(step_sleep: float, fail_at_step: int | None, restart_count: 
     first step (once the step is in the metrics) until `stopped()`: torchrun re-forms the group
     when a node joins, and SIGTERMs the workers, which the Trainer turns into a flag (stop.py),
     so the group finishes only in its full size whatever the machine's speed. None when no flag is set."""
-    here = args is not None and os.environ.get("DDPJOB_NODE_INDEX", "0") == args.fault_node
+    here = args is not None and os.environ.get(NODE_INDEX_ENV, "0") == args.fault_node
     hang_at = args.hang_at_step if here else None
     fatal_at = args.do_not_retry_at_step if here else None
     slow = args.slow_seconds if here else 0.0

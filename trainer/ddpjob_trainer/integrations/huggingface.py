@@ -12,7 +12,7 @@ Hugging Face writes its checkpoint as a directory (weights, optimizer, scheduler
 file per rank, trainer_state.json) in place, and resumes from such a directory itself. The
 callback keeps HF's format and moves each checkpoint, once every rank has written its part,
 into the snapshot store as one directory snapshot: renamed into place with every file's
-sha256 in a manifest written last (snapshot_tree.py). A checkpoint torn by a kill never gets
+sha256 in a manifest written last (snapshots/tree.py). A checkpoint torn by a kill never gets
 a manifest and is never resumed from; ``ddpjob.train`` hands HF the newest snapshot that
 verifies, as rank 0 chose it, so every rank resumes from the same one, at the step after it:
 HF restores the optimizer, scheduler, each rank's RNG state and skips the batches already
@@ -41,7 +41,8 @@ import torch.distributed as torch_dist
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ddpjob_trainer.errors import DoNotRetry
-from ddpjob_trainer.job import Job, in_group_of_many
+from ddpjob_trainer.job import Job
+from ddpjob_trainer.snapshots.agree import in_group_of_many
 
 STAGING_NAME = ".hf-staging"  # where HF writes a checkpoint before it becomes a snapshot
 CHECKPOINT_PREFIX = "checkpoint"  # HF's name for checkpoint-<global step> (transformers.trainer_utils)

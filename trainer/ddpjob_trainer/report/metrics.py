@@ -64,14 +64,17 @@ class MetricsWriter:
         self.sinks = list(sinks)
         self._lock = threading.Lock()
         self._handle = None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = open(self.path, "a", encoding="utf-8")
+        # Opened at the first event, not here: a Job is built before its snapshot is loaded, and a
+        # run that fails there (no snapshot readable) has not started training, so leaves no file.
+        self._closed = False
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         """Records one event; returns it as written."""
         record = {"event": event, "time": _now(), **fields}
         with self._lock:
+            if self._handle is None and self.path is not None and not self._closed:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._handle = open(self.path, "a", encoding="utf-8")
             if self._handle is not None:
                 # One write + flush per line: a crash loses at most the line
                 # being written, which read_metrics skips.
@@ -83,6 +86,7 @@ class MetricsWriter:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._handle is not None:
                 self._handle.close()
                 self._handle = None

@@ -1,6 +1,6 @@
 """The progress record: what a trainer tells the operator, and the rules both sides check.
 
-The local-rank-0 worker of every node keeps one record (ddpjob_trainer/progress_report.py)
+The local-rank-0 worker of every node keeps one record (ddpjob_trainer/report/record.py)
 and publishes it two ways: in the container's termination message, which the kubelet
 copies into the pod status when the container exits, and at ``GET /progress`` while the
 worker runs, which the operator polls (ddpjob_operator/controller/live_progress.py). The
@@ -23,7 +23,7 @@ Version 1 (every key but ``kind`` and ``version`` may be left out; ``null`` wher
                 "dataSeconds": 0.01, "computeSeconds": 0.05, "heartbeat": <t>}, ...]}
 
 ``nodes`` is every node's liveness, gathered by the writer from the ranks' heartbeats in
-the c10d store (ddpjob_trainer/progress_report.py, docs/hangs.md): per node, the lowest step
+the c10d store (ddpjob_trainer/report/record.py, docs/hangs.md): per node, the lowest step
 its ranks finished, the median recent step time of its slowest rank, that rank's time
 waiting for input (``dataSeconds``: from the end of a step to its next batch in hand) and in
 the forward pass (``computeSeconds``: the part of a step before its first collective), and

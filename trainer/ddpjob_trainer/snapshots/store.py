@@ -33,7 +33,7 @@ which rebuilds only tensors, numbers, strings, ``None`` and lists, tuples,
 dicts (and sets, ``OrderedDict``) of them. Anyone who can write the shared
 volume could otherwise plant a pickle that runs code in every rank on the next
 resume. The state must therefore hold only those types (the trainer stores its
-RNG states as tensors, lists and ints, see ``trainer.rng_state``); a save whose
+RNG states as tensors, lists and ints, see ``loop.rng.rng_state``); a save whose
 state holds anything else is refused before it replaces the previous snapshot,
 so the problem shows at the first save, not at the resume after a failure.
 Setting ``DDPJOB_TRUST_SNAPSHOTS=1`` (or ``trusted=True``) turns both checks off
@@ -74,12 +74,12 @@ from typing import Any
 
 import torch
 
-from .background import BackgroundJob
-from .env import (
+from ddpjob_trainer.env import (
     ON_UNREADABLE_CHOICES, SNAPSHOT_ON_UNREADABLE_ENV, TRUST_SNAPSHOTS_ENV, snapshot_on_unreadable, trust_snapshots
 )
-from .errors import DoNotRetry
-from .snapshot_tree import TreeFiles, digest_tree, fsync_directory, hash_file, remove_tree, take_in, tree_digest, \
+from ddpjob_trainer.errors import DoNotRetry
+from ddpjob_trainer.snapshots.background import BackgroundJob
+from ddpjob_trainer.snapshots.tree import TreeFiles, digest_tree, fsync_directory, hash_file, remove_tree, take_in, tree_digest, \
     verify_tree
 
 log = logging.getLogger(__name__)

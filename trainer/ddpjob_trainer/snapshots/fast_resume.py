@@ -1,6 +1,6 @@
 """Resuming from the fast tier: the new group agrees on the newest step every rank can load.
 
-After a restart each rank may hold a copy in its node's shared memory (fast_snapshot.py):
+After a restart each rank may hold a copy in its node's shared memory (fast.py):
 survivors of a worker restart do, the ranks of a replaced node do not, and a rank killed
 mid-copy holds the step before. DDP replicas hold the same model and optimizer state, so one
 copy of the newest step is enough for everyone:
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from .fast_snapshot import FastSnapshot, skeleton_layout, unflatten
+from ddpjob_trainer.snapshots.fast import FastSnapshot, skeleton_layout, unflatten
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The fast snapshot tier: every rank's state copied to node-local shared memory every few steps.
 
-The volume snapshot (snapshot.py) is durable but costs a serialization, a sha256 and an
+The volume snapshot (store.py) is durable but costs a serialization, a sha256 and an
 fsync, so it is taken every few hundred steps, and a SIGKILL loses the steps since. This tier
 keeps a copy that survives a *worker* restart (torchrun restarts every worker on any failure or
 membership change) at almost no cost to throughput:
@@ -53,15 +53,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddpjob_rdzv.contract import NODE_INDEX_ENV
 
-from .background import BackgroundJob
-from .errors import DoNotRetry
+from ddpjob_trainer.errors import DoNotRetry
+from ddpjob_trainer.snapshots.background import BackgroundJob
 
 log = logging.getLogger(__name__)
 
 ROOT_ENV = "DDPJOB_FAST_SNAPSHOT_ROOT"  # where the copies live (default /dev/shm)
 DEFAULT_ROOT = "/dev/shm"
-NODE_ENV = "DDPJOB_NODE_INDEX"  # the operator's node index; several nodes may share a machine's /dev/shm
 SMALL_NUMEL = 1 << 16  # tensors up to this size are copied at once (the forward pass may change buffers)
 ALIGN = 64  # bytes: every tensor's offset in a slot, enough for any dtype's alignment
 _TENSOR = "__fast_tensor__"  # placeholder key in the skeleton: {_TENSOR: index into the slot's tensors}
@@ -127,7 +127,7 @@ def fast_root(snapshot_dir: str | os.PathLike, root: str | os.PathLike | None = 
     """
     base = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
     job = hashlib.sha256(str(Path(snapshot_dir).resolve()).encode()).hexdigest()[:12]
-    node = os.environ.get(NODE_ENV) or f"agent{os.getppid()}"
+    node = os.environ.get(NODE_INDEX_ENV) or f"agent{os.getppid()}"
     return base / f"ddpjob-fast-{job}-{node}"
 
 

@@ -1,0 +1,30 @@
+"""The contract between the operator and the trainer: what one side renders or writes and the other reads.
+
+Both sides import it, so a name or a rule cannot drift apart: the operator renders these
+environment variables into every node pod (render/launch.py, ``ddpjob run``'s local plan) and the
+trainer reads them; the trainer writes the progress record (:mod:`.progress_record`) and the
+operator parses it. Plain Python, torch-free, like the whole distribution.
+
+Environment variables, each rendered by the operator and read by the trainer:
+"""
+from __future__ import annotations
+
+SNAPSHOT_DIR_ENV = "DDPJOB_SNAPSHOT_DIR"  # the snapshot volume's mount: where the trainer reads and writes snapshots
+METRICS_FILE_ENV = "DDPJOB_METRICS_FILE"  # ddpjob run: where rank 0 writes metrics (default <snapshot dir>/metrics.jsonl)
+JOB_NAME_ENV = "DDPJOB_JOB_NAME"  # metadata.name of the job, for logs and metrics
+NODE_INDEX_ENV = "DDPJOB_NODE_INDEX"  # this pod's (or local agent's) node index: the record's ``node``
+NAMESPACE_ENV = "DDPJOB_NAMESPACE"  # the job's namespace ("" for local runs): the rendezvous keys' prefix
+JOB_UID_ENV = "DDPJOB_JOB_UID"  # metadata.uid of the job (a local run's rendezvous id): the record's ``jobUID``
+POD_NAME_ENV = "DDPJOB_POD_NAME"  # the node pod's name (pods only): the record's ``pod``
+# Where the trainer's own listeners bind (ddpjob_trainer/listen.py): unset in pods (every
+# interface, reached at the pod IP); ddpjob run sets loopback.
+LISTEN_HOST_ENV = "DDPJOB_LISTEN_HOST"
+ZYGOTE_SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the socket file of the node's worker fork server
+# fastRestart: the secret each node's agent makes and hands its workers (never rendered: a pod's
+# spec is readable; ddpjob run's local plan sets it per agent)
+ZYGOTE_TOKEN_ENV = "DDPJOB_ZYGOTE_TOKEN"
+# spec.snapshot.onUnreadable: what the trainer does when no snapshot can be read (Fail, StartOver)
+SNAPSHOT_ON_UNREADABLE_ENV = "DDPJOB_SNAPSHOT_ON_UNREADABLE"
+TERMINATION_LOG_ENV = "DDPJOB_TERMINATION_LOG"  # where the trainer writes its progress record (the pod's terminationMessagePath)
+PROGRESS_PORT_ENV = "DDPJOB_PROGRESS_PORT"  # the trainer serves its progress record here (GET /progress)
+COLLECTIVE_TIMEOUT_ENV = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"  # the process group's timeout (spec.failurePolicy)
