@@ -16,6 +16,7 @@ from ddpjob_sandbox.control_plane import (
     BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane, missing_binaries, running_control_plane,
 )
 from ddpjob_sandbox.control_plane.kubelets import Kubelet, running_kubelets
+from tests.cluster.installed_operator import Installed, installed_operator
 
 KUBELET_NAMES = ("kubelet-0", "kubelet-1", "kubelet-2")
 
@@ -49,4 +50,12 @@ def kubelets(control_plane: ControlPlane, tmp_path_factory) -> Iterator[list[Kub
     root = tmp_path_factory.mktemp("kubelets")
     with running_kubelets(control_plane.layout.pki, control_plane.url, root, KUBELET_NAMES, heartbeat_seconds=2.0,
                           poll_seconds=0.2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterator[Installed]:
+    """The operator helm-installed in a `restricted` namespace of its own (installed_operator),
+    once per test module: a module's tests share its install and leave it to the next."""
+    with installed_operator(control_plane, kubelets, tmp_path_factory) as running:
         yield running
