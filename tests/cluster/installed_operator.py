@@ -31,6 +31,7 @@ CHART = REPO / "charts" / "ddpjob-operator"
 RELEASE = "ddpjob"
 OPERATOR_SELECTOR = f"app.kubernetes.io/name=ddpjob-operator,app.kubernetes.io/instance={RELEASE}"
 OPERATOR_READY_SECONDS = 120  # scheduling + the operator importing kopf on a busy 2-core machine
+STATUS_WRITE_INTERVAL_SECONDS = 5
 JOB_SECONDS = 240  # 2 torchrun agents and their workers importing torch, then a short training (~2 min at load 19)
 
 
@@ -65,7 +66,10 @@ def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory) 
     helm(control_plane, "install", RELEASE, str(CHART), "--namespace", kube.namespace, "--wait",
          "--timeout", f"{OPERATOR_READY_SECONDS}s",
          "--set", f"watchNamespaces={{{kube.namespace}}}", "--set", f"livenessPort={free_port()}",
-         "--set", "progressPollSeconds=2", "--set-json", f'nodeSelector={json.dumps({NODE_LABEL: "true"})}')
+         "--set", "progressPollSeconds=2", "--set-json", f'nodeSelector={json.dumps({NODE_LABEL: "true"})}',
+         # Progress and status.lastSnapshot are written at most once per this interval (decide/writes.py;
+         # 600 s by default): the tests wait for a first snapshot to act mid-run.
+         "--set-json", f"extraArgs={json.dumps([f'--status-write-interval-seconds={STATUS_WRITE_INTERVAL_SECONDS}'])}")
     (deployment,) = kube.list("deployments", label_selector=OPERATOR_SELECTOR)
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     try:
@@ -76,21 +80,23 @@ def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory) 
         kube.delete("namespaces", kube.namespace)
 
 
-def wait(installed: Installed, predicate, timeout: float, what: str) -> None:
-    """kube.wait_for, failing with the diagnosis of that moment."""
+def wait(installed: Installed, predicate, timeout: float, what: str):
+    """kube.wait_for (the predicate's truthy value), failing with the diagnosis of that moment."""
     try:
-        installed.kube.wait_for(predicate, timeout=timeout, interval=0.5, what=what)
+        return installed.kube.wait_for(predicate, timeout=timeout, interval=0.5, what=what)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{diagnosis(installed.kube, installed.kubelets)}") from None
 
 
 def diagnosis(kube: KubeClient, kubelets) -> str:
-    """What a failed wait shows: the operator's log, the pods as stored, the kubelets' errors."""
+    """What a failed wait shows: the operator's log, the pods and budgets as stored, the kubelets' errors."""
     done = kube.kubectl("logs", "-l", OPERATOR_SELECTOR, "--tail", "40", check=False)
     pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), (p.get("status") or {}).get("phase"),
              p["metadata"].get("deletionTimestamp")) for p in kube.list("pods")]
     errors = {k.name: k.agent.errors[-3:] for k in kubelets}
-    return f"operator log:\n{done.stdout}{done.stderr}\npods: {pods}\nkubelet errors: {errors}"
+    budgets = [(b["metadata"]["name"], b["spec"], b.get("status")) for b in kube.list("poddisruptionbudgets")]
+    return (f"operator log:\n{done.stdout}{done.stderr}\npods: {pods}\nbudgets: {budgets}\n"
+            f"kubelet errors: {errors}")
 
 
 def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:
@@ -115,15 +121,24 @@ SHORT = trainer_args(epochs=2, samples=512, step_sleep=0.05, snapshot_every_step
 LONGER = trainer_args(epochs=3, samples=2048, step_sleep=0.2, snapshot_every_steps=8)
 
 
-def start_example(installed: Installed, name: str, args: list[str] = SHORT) -> dict:
-    """snapshot-pvc.yaml and the test-speed c10d example (example_job names its overrides)."""
-    kube = installed.kube
-    kube.kubectl("apply", "-f", str(EXAMPLES / "snapshot-pvc.yaml"))
+def example_body(name: str, args: list[str] = SHORT) -> dict:
+    """The test-speed c10d example (example_job names its overrides) as DDPJob ``name``, its node
+    pods on the kubelets' Nodes (not bare ones)."""
     body = example_job(args=args, rdzv_port=free_port())
     body["metadata"]["name"] = name
-    body["spec"]["scheduling"] = {"nodeSelector": {NODE_LABEL: "true"}}  # the kubelets' Nodes, not bare ones
-    kubectl_apply(kube, body, installed.workdir)
+    body["spec"]["scheduling"] = {"nodeSelector": {NODE_LABEL: "true"}}
     return body
+
+
+def submit(installed: Installed, body: dict) -> dict:
+    """snapshot-pvc.yaml and then ``body``, each with `kubectl apply` as a user does."""
+    installed.kube.kubectl("apply", "-f", str(EXAMPLES / "snapshot-pvc.yaml"))
+    kubectl_apply(installed.kube, body, installed.workdir)
+    return body
+
+
+def start_example(installed: Installed, name: str, args: list[str] = SHORT) -> dict:
+    return submit(installed, example_body(name, args))
 
 
 def wait_finished(installed: Installed, name: str) -> dict:
