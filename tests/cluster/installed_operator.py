@@ -89,13 +89,18 @@ def wait(installed: Installed, predicate, timeout: float, what: str):
 
 
 def diagnosis(kube: KubeClient, kubelets) -> str:
-    """What a failed wait shows: the operator's log, the pods and budgets as stored, the kubelets' errors."""
-    done = kube.kubectl("logs", "-l", OPERATOR_SELECTOR, "--tail", "40", check=False)
+    """What a failed wait shows: the operator's log (from its kubelet: the sandbox's Nodes have no
+    address for `kubectl logs`), the jobs' status, the Events, the pods and budgets as stored, the
+    kubelets' errors."""
+    operator_log = "\n".join(c.log(4000) for k in kubelets for c in list(k.agent.pods.values())
+                             if c.name.startswith(f"{RELEASE}-ddpjob-operator-"))
     pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), (p.get("status") or {}).get("phase"),
              p["metadata"].get("deletionTimestamp")) for p in kube.list("pods")]
+    jobs = {j["metadata"]["name"]: j.get("status") for j in kube.list("ddpjobs")}
+    events = [(e["involvedObject"]["name"], e["reason"], e["message"]) for e in kube.list("events")][-15:]
     errors = {k.name: k.agent.errors[-3:] for k in kubelets}
     budgets = [(b["metadata"]["name"], b["spec"], b.get("status")) for b in kube.list("poddisruptionbudgets")]
-    return (f"operator log:\n{done.stdout}{done.stderr}\npods: {pods}\nbudgets: {budgets}\n"
+    return (f"operator log:\n{operator_log}\njobs: {jobs}\nevents: {events}\npods: {pods}\nbudgets: {budgets}\n"
             f"kubelet errors: {errors}")
 
 
