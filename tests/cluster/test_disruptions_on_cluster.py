@@ -137,6 +137,7 @@ def test_a_node_that_stops_renewing_its_lease_is_tainted_and_the_job_recovers_on
         wait(installed, lambda: ((kube.get("ddpjobs", "lost").get("status") or {}).get("lastSnapshot") or {})
              .get("step"), JOB_SECONDS, "a first snapshot")
         set_unschedulable(kube, others, False)
+        assert job_phase(kube, "lost") == C.PHASE_RUNNING, "the Node lost mid-run, not after the end"
         lost.stop()
         stopped = True
 
