@@ -128,6 +128,9 @@ def test_a_node_that_stops_renewing_its_lease_is_tainted_and_the_job_recovers_on
             {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}]
         body["spec"]["failurePolicy"]["forceDeleteTerminatingAfterSeconds"] = FORCE_AFTER_SECONDS
         body["spec"]["snapshot"]["gracefulStopSeconds"] = 3
+        # A claim of its own: the snapshots of one claim are the job's to resume from, so on the
+        # drain test's claim this job would resume from that job's final snapshot and finish at once.
+        body["spec"]["snapshot"]["volume"] = {"persistentVolumeClaim": {"claimName": "mlp-managed-snapshots"}}
         submit(installed, body)
         # The store pod (no nodeSelector: render/common.py) goes there too; the node pods must.
         first = {p: wait(installed, lambda p=p: ready(kube, p) and kube.get("pods", p), JOB_SECONDS,
