@@ -16,8 +16,14 @@ from ddpjob_sandbox.control_plane import (
     BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane, missing_binaries, running_control_plane,
 )
 from ddpjob_sandbox.control_plane.kubelets import Kubelet, running_kubelets
+from tests.cluster.installed_operator import Installed, installed_operator
 
 KUBELET_NAMES = ("kubelet-0", "kubelet-1", "kubelet-2")
+HEARTBEAT_SECONDS = 2.0
+# A Node silent this long is lost (Unknown, tainted unreachable): 8 heartbeats of the kubelets
+# below, so a loaded machine that delays a few does not lose a Node, and a test of a lost Node
+# waits seconds, not the 40 s default.
+NODE_MONITOR_GRACE_SECONDS = 16
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +32,8 @@ def control_plane(tmp_path_factory) -> Iterator[ControlPlane]:
     if missing:
         pytest.fail(f"the cluster tier needs {', '.join(missing)} in {DEFAULT_BIN_DIR}: build them with "
                     f"{BUILD_COMMAND}", pytrace=False)
-    with running_control_plane(tmp_path_factory.mktemp("control-plane")) as running:
+    with running_control_plane(tmp_path_factory.mktemp("control-plane"),
+                               node_monitor_grace_seconds=NODE_MONITOR_GRACE_SECONDS) as running:
         yield running
 
 
@@ -47,6 +54,14 @@ def kubelets(control_plane: ControlPlane, tmp_path_factory) -> Iterator[list[Kub
     """Three Nodes whose kubelets (in this process, so a test reads their agents) run the pods bound
     to them; their Nodes carry control_plane.kubelets.NODE_LABEL."""
     root = tmp_path_factory.mktemp("kubelets")
-    with running_kubelets(control_plane.layout.pki, control_plane.url, root, KUBELET_NAMES, heartbeat_seconds=2.0,
+    with running_kubelets(control_plane.layout.pki, control_plane.url, root, KUBELET_NAMES, heartbeat_seconds=HEARTBEAT_SECONDS,
                           poll_seconds=0.2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterator[Installed]:
+    """The operator helm-installed in a `restricted` namespace of its own (installed_operator),
+    once per test module: a module's tests share its install and leave it to the next."""
+    with installed_operator(control_plane, kubelets, tmp_path_factory) as running:
         yield running

@@ -45,3 +45,10 @@ def test_the_controllers_act_as_their_service_accounts_signed_by_the_api_servers
     assert manager["--use-service-account-credentials"] == "true"
     assert manager["--service-account-private-key-file"] == "/state/pki/sa.key"
     assert flags(ARGVS["kube-apiserver"])["--service-account-key-file"] == "/state/pki/sa.pub"
+
+
+def test_the_node_lifecycle_controller_waits_the_layouts_grace_for_a_silent_node():
+    assert flags(ARGVS["kube-controller-manager"])["--node-monitor-grace-period"] == \
+        f"{comp.NODE_MONITOR_GRACE_SECONDS}s" == "40s"
+    shorter = comp.Layout(root=LAYOUT.root, bin_dir=LAYOUT.bin_dir, ports=LAYOUT.ports, node_monitor_grace_seconds=16)
+    assert flags(comp.controller_manager_argv(shorter))["--node-monitor-grace-period"] == "16s"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ddpjob_sandbox.binaries import DEFAULT_BIN_DIR, REPO
 from ddpjob_sandbox.client import KubeClient
-from ddpjob_sandbox.control_plane.components import Layout
+from ddpjob_sandbox.control_plane.components import NODE_MONITOR_GRACE_SECONDS, Layout
 from ddpjob_sandbox.control_plane.runner import (
     BUILD_COMMAND, ControlPlaneError, admin_client, down, missing_binaries, new_layout, up,
 )
@@ -57,9 +57,11 @@ class ControlPlane:
 
 
 @contextlib.contextmanager
-def running_control_plane(root: Path, bin_dir: Path = DEFAULT_BIN_DIR) -> Iterator[ControlPlane]:
-    """Yields a started control plane with its state in ``root``; stops every process on exit."""
-    layout = new_layout(root, bin_dir)
+def running_control_plane(root: Path, bin_dir: Path = DEFAULT_BIN_DIR, *,
+                          node_monitor_grace_seconds: int = NODE_MONITOR_GRACE_SECONDS) -> Iterator[ControlPlane]:
+    """Yields a started control plane with its state in ``root``; stops every process on exit.
+    ``node_monitor_grace_seconds``: how long a Node may stay silent before it counts as lost."""
+    layout = new_layout(root, bin_dir, node_monitor_grace_seconds)
     up(layout)
     try:
         yield ControlPlane(layout)

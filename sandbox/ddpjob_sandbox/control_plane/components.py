@@ -77,13 +77,21 @@ class Ports:
     scheduler: int
 
 
+# How long the node-lifecycle controller waits for a Node's Lease or status before it marks the
+# Node Unknown and taints it unreachable: a kubelet's default, four of its 10 s heartbeats
+# (control_plane.kubelets.HEARTBEAT_SECONDS), what `make cluster` runs with.
+NODE_MONITOR_GRACE_SECONDS = 40
+
+
 @dataclass(frozen=True)
 class Layout:
-    """Where one control plane keeps its state: binaries, certificates, data, logs."""
+    """Where one control plane keeps its state: binaries, certificates, data, logs; and how soon
+    a silent Node counts as lost (the test tier's kubelets beat faster, so it waits less)."""
 
     root: Path
     bin_dir: Path
     ports: Ports
+    node_monitor_grace_seconds: int = NODE_MONITOR_GRACE_SECONDS
 
     @property
     def pki(self) -> Path:
@@ -169,6 +177,7 @@ def controller_manager_argv(layout: Layout) -> list[str]:
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        f"--node-monitor-grace-period={layout.node_monitor_grace_seconds}s",
     ]
 
 

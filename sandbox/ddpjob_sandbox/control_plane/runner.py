@@ -57,10 +57,12 @@ def require_binaries(bin_dir: Path) -> None:
         raise ControlPlaneError(f"{', '.join(missing)} not found in {bin_dir}: build them with {BUILD_COMMAND}")
 
 
-def new_layout(root: Path, bin_dir: Path) -> comp.Layout:
+def new_layout(root: Path, bin_dir: Path, node_monitor_grace_seconds: int = comp.NODE_MONITOR_GRACE_SECONDS
+               ) -> comp.Layout:
     ports = comp.Ports(etcd=free_port(), etcd_peer=free_port(), apiserver=free_port(),
                        controller_manager=free_port(), scheduler=free_port())
-    return comp.Layout(root=root.resolve(), bin_dir=bin_dir.resolve(), ports=ports)
+    return comp.Layout(root=root.resolve(), bin_dir=bin_dir.resolve(), ports=ports,
+                       node_monitor_grace_seconds=node_monitor_grace_seconds)
 
 
 def admin_ssl_context(layout: comp.Layout) -> ssl.SSLContext:

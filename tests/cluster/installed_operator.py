@@ -1,0 +1,152 @@
+"""The operator installed with the real `helm install` of charts/ddpjob-operator on the test
+control plane, and what the cluster tests of it share: bounded waits that dump the cluster state
+on failure, the test-speed c10d example, the audit log's record of who created a job's pods.
+
+The fixture ``installed`` (tests/cluster/conftest.py) wraps :func:`installed_operator`, one
+install per test module.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpjob_operator.api import constants as C
+from ddpjob_sandbox.client import KubeClient
+from ddpjob_sandbox.control_plane import BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane
+from ddpjob_sandbox.control_plane.cluster import make_volumes
+from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL
+from ddpjob_sandbox.examples import EXAMPLES, example_job, kubectl_apply, trainer_args
+from ddpjob_sandbox.procs import free_port
+from tests.cluster.crds import REPO, chart_crd, install_crd
+
+HELM = DEFAULT_BIN_DIR / "helm"
+CHART = REPO / "charts" / "ddpjob-operator"
+RELEASE = "ddpjob"
+OPERATOR_SELECTOR = f"app.kubernetes.io/name=ddpjob-operator,app.kubernetes.io/instance={RELEASE}"
+OPERATOR_READY_SECONDS = 120  # scheduling + the operator importing kopf on a busy 2-core machine
+STATUS_WRITE_INTERVAL_SECONDS = 5
+JOB_SECONDS = 240  # 2 torchrun agents and their workers importing torch, then a short training (~2 min at load 19)
+
+
+@dataclass(frozen=True)
+class Installed:
+    kube: KubeClient
+    account: str  # the operator's ServiceAccount, as the API server names its user
+    workdir: Path
+    kubelets: list
+
+
+def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), *args],
+                          capture_output=True, text=True, timeout=OPERATOR_READY_SECONDS + 60)
+    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
+    return done
+
+
+@contextlib.contextmanager
+def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterator[Installed]:
+    """The chart installed in a namespace of its own that enforces Pod Security `restricted`, with
+    hostPath volumes for the examples' claims, watching only that namespace."""
+    if not HELM.exists():
+        pytest.fail(f"the operator tier needs {HELM}: build it with {BUILD_COMMAND}", pytrace=False)
+    workdir = tmp_path_factory.mktemp("operator-on-cluster")
+    kube = control_plane.client(namespace=f"ddpjob-{uuid.uuid4().hex[:6]}")
+    kube.create("namespaces", {"metadata": {"name": kube.namespace, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    kube.wait_for(lambda: kube.find("serviceaccounts", "default"), timeout=30, what="the default service account")
+    install_crd(kube, chart_crd())  # the corpus tests may have left a variant of it
+    make_volumes(kube, workdir / "volumes", prefix=f"{kube.namespace}-pv")
+    helm(control_plane, "install", RELEASE, str(CHART), "--namespace", kube.namespace, "--wait",
+         "--timeout", f"{OPERATOR_READY_SECONDS}s",
+         "--set", f"watchNamespaces={{{kube.namespace}}}", "--set", f"livenessPort={free_port()}",
+         "--set", "progressPollSeconds=2", "--set-json", f'nodeSelector={json.dumps({NODE_LABEL: "true"})}',
+         # Progress and status.lastSnapshot are written at most once per this interval (decide/writes.py;
+         # 600 s by default): the tests wait for a first snapshot to act mid-run.
+         "--set-json", f"extraArgs={json.dumps([f'--status-write-interval-seconds={STATUS_WRITE_INTERVAL_SECONDS}'])}")
+    (deployment,) = kube.list("deployments", label_selector=OPERATOR_SELECTOR)
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    try:
+        yield Installed(kube, f"system:serviceaccount:{kube.namespace}:{account}", workdir, kubelets)
+    finally:
+        subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), "uninstall", RELEASE,
+                        "--namespace", kube.namespace, "--wait", "--timeout", "60s"], capture_output=True, timeout=90)
+        kube.delete("namespaces", kube.namespace)
+
+
+def wait(installed: Installed, predicate, timeout: float, what: str):
+    """kube.wait_for (the predicate's truthy value), failing with the diagnosis of that moment."""
+    try:
+        return installed.kube.wait_for(predicate, timeout=timeout, interval=0.5, what=what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnosis(installed.kube, installed.kubelets)}") from None
+
+
+def diagnosis(kube: KubeClient, kubelets) -> str:
+    """What a failed wait shows: the operator's log (from its kubelet: the sandbox's Nodes have no
+    address for `kubectl logs`), the jobs' status, the Events, the pods and budgets as stored, the
+    kubelets' errors."""
+    operator_log = "\n".join(c.log(4000) for k in kubelets for c in list(k.agent.pods.values())
+                             if c.name.startswith(f"{RELEASE}-ddpjob-operator-"))
+    pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), (p.get("status") or {}).get("phase"),
+             p["metadata"].get("deletionTimestamp")) for p in kube.list("pods")]
+    jobs = {j["metadata"]["name"]: j.get("status") for j in kube.list("ddpjobs")}
+    events = [(e["involvedObject"]["name"], e["reason"], e["message"]) for e in kube.list("events")][-15:]
+    errors = {k.name: k.agent.errors[-3:] for k in kubelets}
+    budgets = [(b["metadata"]["name"], b["spec"], b.get("status")) for b in kube.list("poddisruptionbudgets")]
+    return (f"operator log:\n{operator_log}\njobs: {jobs}\nevents: {events}\npods: {pods}\nbudgets: {budgets}\n"
+            f"kubelet errors: {errors}")
+
+
+def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:
+    """Who created the pods ``<prefix>*`` in ``namespace``, from the API server's audit log."""
+    users = set()
+    for line in control_plane.layout.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (event.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("subresource")) == \
+                ("create", "pods", namespace, None) and event.get("responseStatus", {}).get("code") == 201 \
+                and ref.get("name", "").startswith(prefix):
+            users.add(event["user"]["username"])
+    return users
+
+
+def job_phase(kube: KubeClient, name: str = "mlp") -> str | None:
+    return (kube.get("ddpjobs", name).get("status") or {}).get("phase")
+
+
+SHORT = trainer_args(epochs=2, samples=512, step_sleep=0.05, snapshot_every_steps=4)  # 16 steps
+# 96 steps of at least 0.2 s: long enough that the operator polls a snapshot before the end.
+LONGER = trainer_args(epochs=3, samples=2048, step_sleep=0.2, snapshot_every_steps=8)
+
+
+def example_body(name: str, args: list[str] = SHORT) -> dict:
+    """The test-speed c10d example (example_job names its overrides) as DDPJob ``name``, its node
+    pods on the kubelets' Nodes (not bare ones)."""
+    body = example_job(args=args, rdzv_port=free_port())
+    body["metadata"]["name"] = name
+    body["spec"]["scheduling"] = {"nodeSelector": {NODE_LABEL: "true"}}
+    return body
+
+
+def submit(installed: Installed, body: dict) -> dict:
+    """snapshot-pvc.yaml and then ``body``, each with `kubectl apply` as a user does."""
+    installed.kube.kubectl("apply", "-f", str(EXAMPLES / "snapshot-pvc.yaml"))
+    kubectl_apply(installed.kube, body, installed.workdir)
+    return body
+
+
+def start_example(installed: Installed, name: str, args: list[str] = SHORT) -> dict:
+    return submit(installed, example_body(name, args))
+
+
+def wait_finished(installed: Installed, name: str) -> dict:
+    kube = installed.kube
+    wait(installed, lambda: job_phase(kube, name) in C.FINISHED_PHASES, JOB_SECONDS, f"DDPJob {name} finishing")
+    return kube.get("ddpjobs", name)["status"]
