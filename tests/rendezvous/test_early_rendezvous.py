@@ -124,8 +124,12 @@ def test_the_poll_keeps_the_store_within_its_read_budget_or_torchs_own_rate_and_
 
 def test_a_handler_keeps_the_last_call_for_its_first_round_and_skips_it_afterwards():
     """Through torch's own executor and the c10d backend on an in-process store: the first
-    round waits the last call (nodes still starting are unknown), the next one does not."""
-    last_call = 3.0
+    round waits the last call (nodes still starting are unknown), the next one does not.
+
+    torch's executor sleeps a fixed second at every SYNC step, so the second round costs about
+    1 s of sleeping plus its work whatever the handler does: with a 3 s last call only 0.5 s was
+    left for the work, which a busy machine overran (1.65 s). A 6 s last call leaves 2 s."""
+    last_call = 6.0
     backend = C10dRendezvousBackend(HashStore(), "run")
     plain = DynamicRendezvousHandler.from_backend("run", HashStore(), backend, 1, 4, "localhost",
                                                   RendezvousTimeout(last_call=timedelta(seconds=last_call)))
