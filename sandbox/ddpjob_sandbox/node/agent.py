@@ -194,9 +194,15 @@ class NodeAgent:
         """
         if not self.bind_nodes:
             raise AssertionError("node_down needs NodeAgent(bind_nodes=True): without it pods have no node")
-        container = self.kill(name)
+        container = self.current(name)
+        if container is None or container.process.poll() is not None:
+            raise AssertionError(f"pod {name} has no running container to kill: {container}")
+        # Marked dead and killed under the lock _follow holds from seeing an exit to reporting it:
+        # marked after the kill, a poll in between saw the exit and reported the pod Failed,
+        # which a dead kubelet never does (a race a busy machine widened).
         with self._lock:
             self.dead.add(container.uid)
+            container.kill(signal.SIGKILL)
         pod = self.client.get("pods", name)
         node = pod["spec"]["nodeName"]
         self.reporter.set_node_ready(node, False)
@@ -336,12 +342,15 @@ class NodeAgent:
             container.terminate()
         if container.poll() is None:
             return
-        if not container.reported and pod is not None:
-            name = pod["spec"]["containers"][0]["name"]
-            self.reporter.patch_status(container.name, terminated_status(
-                name, container.started_at, container.finished_at, container.exit_code,
-                container.termination_message()), uid=container.uid, namespace=container.namespace)
-            container.reported = True
+        with self._lock:  # see node_down: an exit it caused is never reported
+            if container.uid in self.dead:
+                return
+            if not container.reported and pod is not None:
+                name = pod["spec"]["containers"][0]["name"]
+                self.reporter.patch_status(container.name, terminated_status(
+                    name, container.started_at, container.finished_at, container.exit_code,
+                    container.termination_message()), uid=container.uid, namespace=container.namespace)
+                container.reported = True
         if deleting and pod is not None:
             self.own_pods.finish_deletion(pod)
 
