@@ -53,7 +53,10 @@ def test_a_foreign_pod_bearing_a_node_pods_name_is_reported_on_the_job_and_not_r
                            what="PodCreateFailed about the foreign pod")
     assert refused["reason"] == "ForeignObject"
     assert "Pod 'mlp-node-0' already exists and has no controller" in refused["message"]
-    assert any(reason == "PodCreateFailed" and "has no controller" in message for _, reason, message in events(k8s))
+    # The Event is its own write, posted after the pass wrote the status: wait for it too.
+    k8s.wait_for(lambda: any(reason == "PodCreateFailed" and "has no controller" in message
+                             for _, reason, message in events(k8s)),
+                 what="the PodCreateFailed Event about the foreign pod")
 
     reads = operator_reads(cluster, "mlp-node-0")
     assert reads >= 1
