@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import import_graph
+
 PACKAGE = "ddpjob_operator"
 ROOT = Path(__file__).resolve().parents[2] / "operator" / PACKAGE
 ROOM_LEVEL = {"api": 0, "render": 1, "decide": 2, "controller": 3, "local": 3, "cli": 4, "__main__": 4,
@@ -119,14 +121,7 @@ def violations() -> list[str]:
 def longest_chain() -> list[str]:
     graph = {module_name(p): sorted({internal(t) for t, _ in imports_of(p) if internal(t)} - {module_name(p)})
              for p in product_modules()}
-    graph = {m: [t for t in targets if t in graph] for m, targets in graph.items()}
-
-    @lru_cache(maxsize=None)
-    def chain(module: str) -> tuple[str, ...]:
-        below = [chain(t) for t in graph[module]]
-        return (module,) + max(below, key=len, default=())
-
-    return list(max((chain(m) for m in graph), key=len))
+    return import_graph.longest_chain({m: [t for t in targets if t in graph] for m, targets in graph.items()})
 
 
 def test_rooms_depend_one_way_and_only_the_controller_does_cluster_io():

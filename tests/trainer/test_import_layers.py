@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import import_graph
+
 PACKAGE = "ddpjob_trainer"
 ROOT = Path(__file__).resolve().parents[2] / "trainer" / PACKAGE
 ROOM_LEVEL = {
@@ -189,14 +191,8 @@ def circles(root: Path = ROOT) -> list[list[str]]:
 
 
 def longest_chain(root: Path = ROOT) -> list[str]:
-    graph = {m: sorted(t for t in targets if t in edges(root)) for m, targets in edges(root).items()}
-
-    @lru_cache(maxsize=None)
-    def chain(module: str) -> tuple[str, ...]:
-        below = [chain(t) for t in graph[module]]
-        return (module,) + max(below, key=len, default=())
-
-    return list(max((chain(m) for m in graph), key=len))
+    return import_graph.longest_chain(
+        {m: sorted(t for t in targets if t in edges(root)) for m, targets in edges(root).items()})
 
 
 def test_the_trainer_rooms_depend_one_way_and_the_torch_free_rooms_stay_torch_free():
