@@ -36,6 +36,7 @@ import time
 from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
 from bench.sandbox import RDZV_CONF, Sandbox
 from ddpjob_operator.local.procs import kill_marked_until_gone
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args, write_manifest
 from ddpjob_sandbox.metrics import JobProgress, MetricsWatcher, is_event, read_events
 from ddpjob_sandbox.procs import free_port
@@ -141,7 +142,7 @@ def sandbox_run(sandbox: Sandbox, round_: int, workdir: pathlib.Path) -> dict:
     body = job_body(name, free_port(), marks)
     body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = f"{name}-snapshots"
     kubectl_apply(sandbox.k8s, body, workdir)
-    metrics = sandbox.agent.claim_dir(f"{name}-snapshots") / "metrics.jsonl"
+    metrics = job_snapshot_dir(sandbox.agent.claim_dir(f"{name}-snapshots"), name) / "metrics.jsonl"
     progress = JobProgress(sandbox.k8s, sandbox.agent, name, metrics)
     try:
         progress.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")

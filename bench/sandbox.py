@@ -35,6 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
 from ddpjob_sandbox.cluster import running_cluster
 from ddpjob_sandbox.procs import free_port, holds_socket, listening_socket_inodes
@@ -96,7 +97,7 @@ class Sandbox:
         body["metadata"]["name"] = name
         body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = f"{name}-snapshots"
         kubectl_apply(self.k8s, body, self.workdir)
-        progress = JobProgress(self.k8s, self.agent, name, self.agent.claim_dir(f"{name}-snapshots") / "metrics.jsonl")
+        progress = JobProgress(self.k8s, self.agent, name, job_snapshot_dir(self.agent.claim_dir(f"{name}-snapshots"), name) / "metrics.jsonl")
         try:
             progress.wait(is_event("start", world_size=2), EVENT_TIMEOUT, "both nodes training")
             pod_conf = conf_of(self._env(f"{name}-node-0")["PET_RDZV_CONF"])

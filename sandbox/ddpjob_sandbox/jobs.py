@@ -15,9 +15,11 @@ The shipped examples at test speed are ddpjob_sandbox.examples'.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.node_pod import snapshot_subpath
 
 IMAGE = "ghcr.io/ddpjob/trainer:0.1.0"
 MODULE = "ddpjob_trainer.examples.mlp"
@@ -62,3 +64,9 @@ def make_manifest(name: str = "mlp", *, replicas: int | None = 2, **spec_fields:
 
 def _body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": name}, "spec": spec}
+
+
+def job_snapshot_dir(claim_dir: Path, job: str) -> Path:
+    """Where DDPJob ``job``'s pods see a snapshot volume whose directory is ``claim_dir``: the job's
+    own directory of it (render.node_pod.snapshot_subpath), where its metrics.jsonl lies too."""
+    return claim_dir / snapshot_subpath(job)

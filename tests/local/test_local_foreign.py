@@ -49,7 +49,7 @@ def plan_of(body, run_dir):
 def test_a_script_job_works_in_the_runs_snapshot_directory_with_its_script_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(SCRIPTS)
     plan = plan_of(tutorial_job("tutorial_multinode.py"), tmp_path / "run")
-    assert {node.cwd for node in plan.nodes} == {tmp_path / "run" / "snapshots" / "work" / "tut"}
+    assert {node.cwd for node in plan.nodes} == {tmp_path / "run" / "snapshots" / "work"}
     assert plan.nodes[0].argv[1:] == [str(PLAIN), "10", "1"]
 
 
@@ -69,7 +69,7 @@ def test_kill_node_after_counts_from_the_start_for_code_that_reports_no_steps(tm
     assert header(plain, tmp_path, args)[-2] == ("will SIGKILL node 1 8 s after the start (the code does not use "
                                                 "ddpjob_trainer, so no training step is reported)")
     assert header(api, tmp_path, args)[-2] == "will SIGKILL node 1 8 s after the first training step"
-    assert header(api, tmp_path, args)[-1] == (f"working directory {tmp_path}/run/snapshots/work/tut: relative paths "
+    assert header(api, tmp_path, args)[-1] == (f"working directory {tmp_path}/run/snapshots/work: relative paths "
                                                "the script saves land here (a new run gets a new one)")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.examples import example_job, kubectl_apply
 from ddpjob_sandbox.metrics import JobProgress
@@ -24,4 +25,4 @@ def start_job(k8s: KubeClient, agent: NodeAgent, workdir: Path, *, args: list[st
         edit(body["spec"])
     kubectl_apply(k8s, body, workdir)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    return JobProgress(k8s, agent, body["metadata"]["name"], agent.claim_dir(claim) / "metrics.jsonl"), body
+    return JobProgress(k8s, agent, body["metadata"]["name"], job_snapshot_dir(agent.claim_dir(claim), body["metadata"]["name"]) / "metrics.jsonl"), body

@@ -20,6 +20,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.readers import condition, events
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.metrics import JobProgress, is_event
@@ -43,7 +44,7 @@ def start_example(k8s, node_agent, tmp_path, *, epochs: int = EPOCHS, samples: i
         edit(body["spec"])
     kubectl_apply(k8s, body, tmp_path)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    progress = JobProgress(k8s, node_agent, "mlp", node_agent.claim_dir(claim) / "metrics.jsonl")
+    progress = JobProgress(k8s, node_agent, "mlp", job_snapshot_dir(node_agent.claim_dir(claim), "mlp") / "metrics.jsonl")
     return progress, port
 
 

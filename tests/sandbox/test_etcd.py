@@ -15,6 +15,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.binaries import MissingBinaryError
 from ddpjob_sandbox.etcd import V2, api_for_backend, running_etcd
 from ddpjob_sandbox.readers import events
@@ -72,7 +73,7 @@ def test_a_killed_node_rejoins_through_etcd_and_the_other_node_keeps_its_pod(bac
     kubectl_apply(k8s, body, tmp_path)
     job = body["metadata"]["name"]
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    progress = JobProgress(k8s, node_agent, job, node_agent.claim_dir(claim) / "metrics.jsonl")
+    progress = JobProgress(k8s, node_agent, job, job_snapshot_dir(node_agent.claim_dir(claim), job) / "metrics.jsonl")
 
     progress.wait(is_event("start", world_size=2), 120, "both nodes training")
     snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 2 * SNAPSHOT_EVERY), 60, "a snapshot")

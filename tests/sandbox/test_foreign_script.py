@@ -3,8 +3,8 @@ like the DDP tutorial's (tests/byo_scripts/tutorial_multinode.py) and the same s
 ddpjob_trainer.Job.
 
 The plain script saves `snapshot.pt` relative to its working directory; the node pods work in
-`<snapshot mountPath>/work/<job>` (render.launch.working_dir), so a replaced pod finds it. With
-Job the script reports its steps: the status shows them and a failure after a snapshot is free.
+`<snapshot mountPath>/work`, in the job's own directory of the claim (render.launch.working_dir),
+so a replaced pod finds it. With Job the script reports its steps: the status shows them and a failure after a snapshot is free.
 Fast twin: tests/operator/render/test_render_workdir.py (the rendered workingDir, localized by
 the sandbox node onto the claim).
 """
@@ -18,6 +18,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_trainer.report.record import POLL_SECONDS
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.examples import example_job, kubectl_apply
 from ddpjob_sandbox.metrics import JobProgress, is_event
 from ddpjob_sandbox.procs import free_port
@@ -37,8 +38,8 @@ def start(k8s, agent, tmp_path, script: str, *, epochs: int, max_restarts: int =
     spec["env"] = [{"name": "TUTORIAL_STEP_SLEEP", "value": "0.05"}]
     spec["failurePolicy"]["maxRestarts"] = max_restarts
     kubectl_apply(k8s, body, tmp_path)
-    claim = agent.claim_dir(spec["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"])
-    return JobProgress(k8s, agent, "tut", claim / "metrics.jsonl"), claim
+    job_dir = job_snapshot_dir(agent.claim_dir(spec["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]), "tut")
+    return JobProgress(k8s, agent, "tut", job_dir / "metrics.jsonl"), job_dir
 
 
 def saved_epochs(agent, pod: str) -> list[int]:
@@ -58,7 +59,7 @@ def test_the_plain_tutorial_script_resumes_from_its_last_save_in_a_replaced_pod(
     replacement = agent.wait_for_container("tut-node-1", 60, other_than=killed.uid)
     status = progress.wait_phase(C.PHASE_SUCCEEDED, 240)
 
-    assert (claim / "work" / "tut" / "snapshot.pt").is_file()
+    assert (job_dir / "work" / "snapshot.pt").is_file()
     resumed = [int(n) for n in re.findall(r"Resuming training from snapshot at Epoch (\d+)", replacement.log(200_000))]
     # The tutorial stores the epoch it finished, so it runs that one again: never epoch 0 here.
     assert resumed and resumed[0] >= max(saved) >= 2, (resumed, saved)

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from ddpjob_operator.api import constants as C
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.examples import trainer_args
 from ddpjob_sandbox.metrics import is_event
 from ddpjob_sandbox.readers import condition, wait_for_event
@@ -37,7 +38,8 @@ def test_a_worker_that_blocks_forever_restarts_the_group_from_the_last_snapshot(
                         extra=("--fault-node", "1", "--hang-at-step", str(HANG_AT)))
     progress, body = start_job(k8s, node_agent, tmp_path, args=args, edit=policy)
     progress.wait(is_event("step", step=HANG_AT), START_TIMEOUT, "the step node 1 hangs after")
-    marker = node_agent.claim_dir(body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"])
+    marker = job_snapshot_dir(node_agent.claim_dir(body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]),
+                              body["metadata"]["name"])
     hung_at = float((marker / "hang-injected").read_text().split()[0])
 
     hang = wait_for_event(k8s, C.REASON_HANG, HANG_TIMEOUT + 30)

@@ -8,6 +8,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_trainer.report.record import POLL_SECONDS
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.metrics import JobProgress, is_event
 from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
@@ -24,7 +25,7 @@ def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progr
     body["spec"]["failurePolicy"]["maxRestarts"] = 0  # without progress the first failure would end the job
     kubectl_apply(k8s, body, tmp_path)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    progress = JobProgress(k8s, agent, "mlp", agent.claim_dir(claim) / "metrics.jsonl")
+    progress = JobProgress(k8s, agent, "mlp", job_snapshot_dir(agent.claim_dir(claim), "mlp") / "metrics.jsonl")
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     progress.wait(is_event("snapshot", step=lambda s: s >= 10), 60, "a snapshot")
     time.sleep(POLL_SECONDS + 2)  # node 1 copies progress.json from the shared claim at most this often
@@ -51,7 +52,7 @@ def test_the_status_follows_the_snapshots_of_a_job_that_never_fails(k8s, operato
                        rdzv_port=free_port())
     kubectl_apply(k8s, body, tmp_path)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    progress = JobProgress(k8s, agent, "mlp", agent.claim_dir(claim) / "metrics.jsonl")
+    progress = JobProgress(k8s, agent, "mlp", job_snapshot_dir(agent.claim_dir(claim), "mlp") / "metrics.jsonl")
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     first = progress.wait(is_event("snapshot", step=lambda s: s >= 20), 60, "a second snapshot")
     # No container has exited: only the progress endpoint can tell the operator this.

@@ -9,6 +9,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from ddpjob_sandbox.readers import events
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.metrics import JobProgress, is_event
@@ -26,7 +27,7 @@ def start_store_pod_job(k8s, node_agent, tmp_path) -> tuple[JobProgress, int]:
     # the example's rdzvStore as it is: pod, the c10d default
     kubectl_apply(k8s, body, tmp_path)
     claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    return JobProgress(k8s, node_agent, "mlp", node_agent.claim_dir(claim) / "metrics.jsonl"), port
+    return JobProgress(k8s, node_agent, "mlp", job_snapshot_dir(node_agent.claim_dir(claim), "mlp") / "metrics.jsonl"), port
 
 
 @pytest.mark.slow  # ~70 s of real training on two shared cores

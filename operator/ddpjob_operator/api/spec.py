@@ -471,7 +471,10 @@ class Snapshot(ApiModel):
     """Where the trainer keeps snapshots; a shared volume lets a replaced node resume."""
 
     mount_path: MountPath = Field("/snapshots", description=(
-        "Absolute path of the volume in every pod; DDPJOB_SNAPSHOT_DIR points here."))
+        "Absolute path of the volume in every pod; DDPJOB_SNAPSHOT_DIR points here. Each job sees only its own "
+        "directory of the volume, named after the job (the mount's subPath): jobs may share one claim "
+        "without resuming from, overwriting or pruning each other's snapshots, and a job applied again "
+        "under its name resumes from its own."))
     volume: KubeObject = Field(
         default_factory=lambda: {"emptyDir": {}}, min_length=1, max_length=1,
         description=(

@@ -164,7 +164,7 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
         spec = spec.model_copy(update={"script": str(Path(spec.script).resolve())})
     mount = spec.snapshot.mount_path if spec.snapshot else None
     snapshot_dir = run_dir / "snapshots" if spec.snapshot else None
-    cwd = local_work_dir(job, spec, run_dir)
+    cwd = local_work_dir(spec, run_dir)
     nodes = []
     for index in range(spec.desired_replicas):
         launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
@@ -231,7 +231,7 @@ def _with_fast_restart(spec: DDPJobSpec, fast_restart: bool | None, notes: list[
     return spec.model_copy(update={"elastic_policy": ep.model_copy(update={"fast_restart": fast_restart})})
 
 
-def local_work_dir(job: str, spec: DDPJobSpec, run_dir: Path) -> Path | None:
+def local_work_dir(spec: DDPJobSpec, run_dir: Path) -> Path | None:
     """The nodes' working directory: the Pods' (render.launch.working_dir) in the run's snapshot
     directory, else `run_dir/work` for a script job; None (the caller's) for a module job.
 
@@ -241,7 +241,7 @@ def local_work_dir(job: str, spec: DDPJobSpec, run_dir: Path) -> Path | None:
     """
     if not spec.script:
         return None
-    pod_dir = working_dir(job, spec)
+    pod_dir = working_dir(spec)
     if pod_dir is not None:
         return Path(localize(pod_dir, spec.snapshot.mount_path, run_dir / "snapshots"))
     return run_dir / WORK_DIR_NAME

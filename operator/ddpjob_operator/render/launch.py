@@ -82,23 +82,24 @@ def _whole(quantity: int | str) -> int:
     return int(value) if value.is_finite() else 0
 
 
-WORK_DIR_NAME = "work"  # <snapshot mountPath>/work/<job>: the working directory of script jobs
+WORK_DIR_NAME = "work"  # <snapshot mountPath>/work: the working directory of script jobs
 
 
-def working_dir(job: str, spec: DDPJobSpec) -> str | None:
-    """The node container's working directory: `<spec.snapshot.mountPath>/work/<job>`, or None
-    (the image's own) for a job without a snapshot volume, a `module:` job or a relative `script:`.
+def working_dir(spec: DDPJobSpec) -> str | None:
+    """The node container's working directory: `<spec.snapshot.mountPath>/work`, or None (the
+    image's own) for a job without a snapshot volume, a `module:` job or a relative `script:`.
 
     Scripts such as the PyTorch DDP tutorial's save `snapshot.pt` relative to their working
     directory; in the image's it would live and die with the container, so a replaced pod would
-    train from epoch 0. On the snapshot volume every node and every replacement sees it. Keyed
-    by job name, not uid: re-applying a job of the same name resumes from its files, as it does
-    from the snapshots. Only an absolute `script:` moves: a relative one (and `python -m`'s
-    sys.path) is resolved against the image's working directory, which a render cannot know.
+    train from epoch 0. On the snapshot volume every node and every replacement sees it, and the
+    volume is mounted at the job's own directory (render.node_pod), so it is the job's alone and a
+    job applied again under its name resumes from its files. Only an absolute `script:` moves: a
+    relative one (and `python -m`'s sys.path) is resolved against the image's working directory,
+    which a render cannot know.
     """
     if spec.snapshot is None or not spec.script or not spec.script.startswith("/"):
         return None
-    return f"{spec.snapshot.mount_path.rstrip('/')}/{WORK_DIR_NAME}/{job}"
+    return f"{spec.snapshot.mount_path.rstrip('/')}/{WORK_DIR_NAME}"
 
 
 def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None,

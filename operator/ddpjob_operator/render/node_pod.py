@@ -141,7 +141,7 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
         "args": launch.args,
         "env": _env(launch, spec, pod_name(ref.name, index)),
         # Relative saves land on the snapshot volume, shared by every node and replacement.
-        **({"workingDir": work} if (work := working_dir(ref.name, spec)) else {}),
+        **({"workingDir": work} if (work := working_dir(spec)) else {}),
         # The trainer keeps its last complete snapshot here (DDPJOB_TERMINATION_LOG); the kubelet
         # reports it when the container exits, so the operator learns progress and pods need no
         # API rights. Only an empty file falls back to the log tail.
@@ -157,7 +157,7 @@ def _container(ref: JobRef, spec: DDPJobSpec, index: int, generation: int = 0) -
                                          ("requests", spec.resources.requests)) if v}
     if resources:
         container["resources"] = resources
-    container["volumeMounts"] = _volume_mounts(spec)
+    container["volumeMounts"] = _volume_mounts(ref.name, spec)
     container["securityContext"] = trainer_container_security(spec)
     return container
 
@@ -208,10 +208,19 @@ def shm_size_limit(spec: DDPJobSpec) -> str:
     return format_bytes(min(max(half, SHM_FLOOR), limit_bytes))
 
 
-def _volume_mounts(spec: DDPJobSpec) -> list[dict[str, Any]]:
+def snapshot_subpath(job: str) -> str:
+    """The directory of the snapshot volume that job ``job``'s pods mount: its own, named after it."""
+    return job
+
+
+def _volume_mounts(job: str, spec: DDPJobSpec) -> list[dict[str, Any]]:
     mounts = []
     if spec.snapshot:
-        mounts.append({"name": C.SNAPSHOT_VOLUME, "mountPath": spec.snapshot.mount_path})
+        # The job's own directory of the volume: jobs that share a claim (the examples' one claim, a
+        # team's) never resume from, overwrite or prune each other's snapshots. Keyed by name, as the
+        # working directory is: a job applied again under its name resumes from its files.
+        mounts.append({"name": C.SNAPSHOT_VOLUME, "mountPath": spec.snapshot.mount_path,
+                       "subPath": snapshot_subpath(job)})
     mounts.append({"name": C.SHM_VOLUME, "mountPath": C.SHM_MOUNT_PATH})
     if spec.elastic_policy.rdzv_secret_name:
         mounts.append({"name": C.RDZV_SECRET_VOLUME, "mountPath": C.RDZV_SECRET_MOUNT_PATH, "readOnly": True})

@@ -32,7 +32,7 @@ from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.node.container import PodProcess
 from ddpjob_sandbox.node.launch import (
     EMULATOR_PLACEMENT, NODE_ENV, POD_ENV, ContainerLaunch, Placement, UnsupportedPodError, claim_dir,
-    container_launch, pod_dir, volume_dirs,
+    container_launch, mounts, pod_dir, volume_dirs,
 )
 from ddpjob_sandbox.node.network import Resolver, network_env, pod_ip
 from ddpjob_sandbox.node.projection import Projector, in_cluster_env, service_account_dir
@@ -312,7 +312,10 @@ class NodeAgent:
         node = self.reporter.create_node(f"{meta['name']}-{meta['uid'][:5]}") if self.bind_nodes else None
         if not self.own_pods.admit(meta, node):
             return  # deleted before it could start
-        for directory in (launch.cwd, *volume_dirs(pod, self.root, placement.claims).values()):
+        volumes = volume_dirs(pod, self.root, placement.claims)
+        # The kubelet creates a mount's subPath inside its volume when it is missing.
+        subpaths = [local for _, local in mounts(pod["spec"]["containers"][0], volumes)]
+        for directory in (launch.cwd, *volumes.values(), *subpaths):
             directory.mkdir(parents=True, exist_ok=True)
         launch.termination_log.touch()  # the kubelet creates it before the container starts
         log_path = pod_dir(self.root, meta) / "container.log"

@@ -120,11 +120,19 @@ def pod_dir(root: Path, meta: Mapping[str, Any]) -> Path:
 
 
 def mounts(container: Mapping[str, Any], dirs: Mapping[str, Path]) -> list[tuple[str, Path]]:
-    """(mountPath, local dir) of each volumeMount, longest path first (the innermost mount wins)."""
+    """(mountPath, local dir) of each volumeMount, longest path first (the innermost mount wins).
+
+    Raises:
+        UnsupportedPodError: a subPath that would leave its volume.
+    """
     pairs = []
     for mount in container.get("volumeMounts") or []:
         local = dirs[mount["name"]]
         sub = mount.get("subPath")
+        if sub and (sub.startswith("/") or ".." in Path(sub).parts):
+            # As the kubelet refuses it: a subPath must stay inside its volume.
+            raise UnsupportedPodError(f"volumeMount {mount['name']!r} has subPath {sub!r}: it must be a relative "
+                                      "path without '..'")
         pairs.append((mount["mountPath"].rstrip("/") or "/", local / sub if sub else local))
     return sorted(pairs, key=lambda pair: -len(pair[0]))
 

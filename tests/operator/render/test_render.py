@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -112,6 +113,18 @@ def test_dev_shm_is_a_memory_volume_and_the_snapshot_volume_is_mounted_at_mount_
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
     assert volumes["snapshots"] == {"name": "snapshots", "emptyDir": {}}
     assert mounts == {"snapshots": "/ckpt", "dshm": "/dev/shm"}
+
+
+def test_jobs_sharing_a_claim_each_mount_their_own_directory_of_it():
+    """Mounted at its root, two jobs on one claim resumed from each other's snapshots and pruned them."""
+    spec = parse_spec(make_spec(snapshot={"volume": {"persistentVolumeClaim": {"claimName": "team"}}}))
+    subpaths = set()
+    for name in ("pretrain", "finetune"):
+        pod = render_pod(dataclasses.replace(REF, name=name), spec, 0)
+        (snapshot_mount,) = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "snapshots"]
+        assert snapshot_mount["mountPath"] == "/snapshots"
+        subpaths.add(snapshot_mount["subPath"])
+    assert subpaths == {"pretrain", "finetune"}
 
 
 @pytest.mark.parametrize("limits,size,expected", [

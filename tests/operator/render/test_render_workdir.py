@@ -17,16 +17,16 @@ REF = JobRef(name="tut", namespace="team-a", uid="6f1c2a9e-0000-4000-8000-000000
 
 
 @pytest.mark.parametrize("fields, expected", [
-    ({"module": None, "script": "/w/train.py", "snapshot": CLAIM}, "/snapshots/work/tut"),
+    ({"module": None, "script": "/w/train.py", "snapshot": CLAIM}, "/snapshots/work"),
     ({"module": None, "script": "/w/train.py", "snapshot": {"mountPath": "/data",
-                                                           "volume": {"emptyDir": {}}}}, "/data/work/tut"),
+                                                           "volume": {"emptyDir": {}}}}, "/data/work"),
     ({"module": None, "script": "train.py", "snapshot": CLAIM}, None),  # resolved against the image's directory: kept
     ({"snapshot": CLAIM}, None),  # python -m: sys.path starts with the image's working directory
     ({"module": None, "script": "/w/train.py"}, None),  # nothing outlives the pod
 ])
 def test_only_an_absolute_script_with_a_snapshot_volume_moves_the_working_directory(fields, expected):
     spec = parse_spec(make_spec(**fields))
-    assert working_dir("tut", spec) == expected
+    assert working_dir(spec) == expected
     container = render_pod(REF, spec, 1)["spec"]["containers"][0]
     assert container.get("workingDir") == expected
 
@@ -38,5 +38,6 @@ def test_every_node_of_a_job_and_its_replacements_share_the_directory_on_the_cla
         pod = render_pod(REF, spec, index)
         pod["metadata"]["uid"] = f"pod-uid-{index}"  # as the API server assigns it
         launch = container_launch(pod, tmp_path, [], {})
-        assert launch.cwd == claim_dir(tmp_path, REF.namespace, claim) / "work" / "tut"
-        assert launch.env[C.ENV_SNAPSHOT_DIR] == str(claim_dir(tmp_path, REF.namespace, claim))
+        # The job's own directory of the claim (the mount's subPath is the job's name).
+        assert launch.cwd == claim_dir(tmp_path, REF.namespace, claim) / "tut" / "work"
+        assert launch.env[C.ENV_SNAPSHOT_DIR] == str(claim_dir(tmp_path, REF.namespace, claim) / "tut")
