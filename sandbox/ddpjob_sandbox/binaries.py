@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_BIN_DIR = REPO / ".cluster" / "bin"
+# DDPJOB_CLUSTER_BIN points the sandbox (and the cluster test tier) at other builds, e.g. an older
+# Kubernetes release built with `build-binaries.py --kubernetes-version ... --link DIR`.
+DEFAULT_BIN_DIR = Path(os.environ.get("DDPJOB_CLUSTER_BIN") or REPO / ".cluster" / "bin")
 BUILD_COMMAND = "make cluster-binaries  (scripts/cluster/build-binaries.py)"
 DEBIAN_BIN_DIR = Path("/usr/bin")  # Debian's etcd-server and etcd-client install here
 DEBIAN_INSTALL_COMMAND = "scripts/install-system-deps.sh  (Debian's etcd-server and etcd-client)"

@@ -11,7 +11,7 @@ a second `make setup`, finds the cache and costs seconds.
 
 Only the standard library and a Go toolchain are needed.
 
-Usage: scripts/cluster/build-binaries.py [--cache DIR] [--link DIR] [--check]
+Usage: scripts/cluster/build-binaries.py [--cache DIR] [--link DIR] [--only NAME] [--kubernetes-version V]
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Build:
     go_mod_extra: list[str] = field(default_factory=list)
 
 
-def kubernetes_build(go: str) -> Build:
+def kubernetes_build(go: str, version: str = KUBERNETES_VERSION) -> Build:
     """The four Kubernetes binaries, with the staging modules replaced by their tags.
 
     k8s.io/kubernetes requires its staging modules (k8s.io/api, ...) at v0.0.0
@@ -66,10 +66,10 @@ def kubernetes_build(go: str) -> Build:
     v0.37.2). They are read from the release's own go.mod, so a new staging
     module in a later release needs no edit here.
     """
-    gomod = _download_gomod(go, "k8s.io/kubernetes", KUBERNETES_VERSION)
-    staging_tag = "v0." + KUBERNETES_VERSION.split(".", 1)[1]
-    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
-    stamps = {"gitVersion": KUBERNETES_VERSION, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean"}
+    gomod = _download_gomod(go, "k8s.io/kubernetes", version)
+    staging_tag = "v0." + version.split(".", 1)[1]
+    major, minor = version.lstrip("v").split(".")[:2]
+    stamps = {"gitVersion": version, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean"}
     # kubectl reports its own version from component-base and the client
     # library's from client-go; both default to v0.0.0-master otherwise.
     ldflags = [
@@ -78,8 +78,8 @@ def kubernetes_build(go: str) -> Build:
         for key, value in stamps.items()
     ]
     return Build(
-        name=f"kubernetes-{KUBERNETES_VERSION}",
-        require={"k8s.io/kubernetes": KUBERNETES_VERSION},
+        name=f"kubernetes-{version}",
+        require={"k8s.io/kubernetes": version},
         binaries={b: f"k8s.io/kubernetes/cmd/{b}" for b in
                   ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")},
         ldflags=ldflags,
@@ -200,10 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--link", type=Path, default=DEFAULT_LINK_DIR)
     parser.add_argument("--only", choices=["kubernetes", "etcd", "helm"], action="append")
+    parser.add_argument("--kubernetes-version", default=KUBERNETES_VERSION, help=(
+        "another Kubernetes release to build (e.g. an older one to qualify: link it into its own --link "
+        "directory and point the cluster tier at it with DDPJOB_CLUSTER_BIN)"))
     args = parser.parse_args(argv)
     go = find_go()
     (args.cache / "bin").mkdir(parents=True, exist_ok=True)
-    factories = {"etcd": etcd_build, "helm": helm_build, "kubernetes": lambda: kubernetes_build(go)}
+    factories = {"etcd": etcd_build, "helm": helm_build, "kubernetes": lambda: kubernetes_build(go, args.kubernetes_version)}
     for key in args.only or list(factories):
         build = factories[key]()
         link(build_missing(build, go, args.cache), list(build.binaries), args.link)
