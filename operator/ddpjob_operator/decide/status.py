@@ -5,6 +5,9 @@ the Events to emit, which are only produced when something changed (a phase
 flip, a newly seen failure, a new validation message). Conditions follow the
 Kubernetes convention: lastTransitionTime moves only when a condition's status flips.
 
+Each verdict's own Event (why the phase is what it is) is posted once, by `_phase`, when the
+verdict is news; the rules that reach a verdict add only the Events of what they saw on the way.
+
 The status is built, never edited: the previous status is only read. Each rule is a small
 function that returns its part (a `_Part`: the fields it sets and the Events that explain
 them, or a `_Verdict` on the phase); `compute_status` folds the parts into a new dict in the
@@ -256,8 +259,7 @@ def _live_fatal(observed: Observed, verdict: _Verdict) -> _Verdict:
         return verdict
     node, fatal = found
     message = C.MSG_DO_NOT_RETRY.format(what=f"node {node}: {fatal.get('message')}", reason=fatal["reason"])
-    return _with_events(verdict, _Verdict(C.PHASE_FAILED, fatal["reason"], message,
-                                          (Event(C.EVENT_WARNING, fatal["reason"], message),)))
+    return _with_events(verdict, _Verdict(C.PHASE_FAILED, fatal["reason"], message))
 
 
 def _unschedulable_condition(prev: Status, conditions: list[dict[str, Any]], spec: DDPJobSpec,
@@ -442,7 +444,7 @@ def _check_budget(spec: DDPJobSpec, status: Status, verdict: _Verdict) -> _Verdi
     if found is None:
         return verdict
     reason, message = found
-    return _Verdict(C.PHASE_FAILED, reason, message, verdict.events + (Event(C.EVENT_WARNING, reason, message),))
+    return _Verdict(C.PHASE_FAILED, reason, message, verdict.events)
 
 
 def _last_failure(status: Status) -> str:
@@ -487,7 +489,7 @@ def _apply_failure(spec: DDPJobSpec, pod: PodView, outcome: Outcome, status: Sta
     what = _describe(pod, spec)
     if outcome == Outcome.PERMANENT:
         reason, message = permanent_failure(pod, what)
-        return _Verdict(C.PHASE_FAILED, reason, message, verdict.events + (Event(C.EVENT_WARNING, reason, message),)), {}
+        return _Verdict(C.PHASE_FAILED, reason, message, verdict.events), {}
     phase = C.PHASE_FAILED if verdict.phase == C.PHASE_FAILED else C.PHASE_RESTARTING
     if outcome == Outcome.DISRUPTION:
         return replace(verdict, phase=phase, reason=verdict.reason or C.REASON_NODE_DISRUPTED, events=verdict.events + (
@@ -500,7 +502,9 @@ def _apply_failure(spec: DDPJobSpec, pod: PodView, outcome: Outcome, status: Sta
         ledger = ledger_fields(judged, status)
     message = failure_message(what, ledger_of({**status, **ledger}), spec.failure_policy, free,
                               status.get("lastSnapshot"))
-    return replace(verdict, phase=phase, reason=C.REASON_NODE_FAILED, events=verdict.events + (
+    # A Failed verdict keeps the reason it failed for: its message says that one, and so must its Event.
+    reason = verdict.reason if verdict.phase == C.PHASE_FAILED else C.REASON_NODE_FAILED
+    return replace(verdict, phase=phase, reason=reason, events=verdict.events + (
         Event(C.EVENT_WARNING, C.REASON_NODE_FAILED, message),)), ledger
 
 
@@ -576,12 +580,14 @@ def _phase(prev: Status, verdict: _Verdict, now: datetime, invalid: bool) -> _Pa
 
 
 def _changed(prev: Status, verdict: _Verdict, invalid: bool) -> bool:
+    """The verdict is news, and _phase posts the one Event that explains it: the phase changed,
+    a validation message is new, or a job Failed for its spec now fails for what its pods did."""
     if prev.get("phase") != verdict.phase:
         return True
+    old = condition_of(prev.get("conditions"), C.COND_INVALID_SPEC) or {}
     if invalid:  # a different validation message is news even if the phase stays Failed
-        old = condition_of(prev.get("conditions"), C.COND_INVALID_SPEC) or {}
         return old.get("message") != verdict.message
-    return False
+    return verdict.phase == C.PHASE_FAILED and old.get("status") == "True"
 
 
 def _ordered(status: Status) -> dict[str, Any]:
