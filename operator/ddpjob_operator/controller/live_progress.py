@@ -71,14 +71,15 @@ class Fetched:
 
 
 def progress_urls(pods: Iterable[PodView]) -> list[str]:
-    """The progress endpoints of the running node pods, lowest node index first."""
+    """The progress endpoints of the running node pods, lowest node index first (`pods` come in
+    pod order: decide/observed.py)."""
     return [url for _, url in _endpoints(pods)]
 
 
 def _endpoints(pods: Iterable[PodView]) -> list[tuple[PodView, str]]:
     found = []
-    running = [p for p in pods if not p.is_store and p.phase == "Running" and not p.deleting]
-    for pod in sorted(running, key=lambda p: p.index if p.index is not None else 1 << 30):
+    # Lowest index first: the pods come in the observation's pod order (decide/observed.py).
+    for pod in (p for p in pods if not p.is_store and p.phase == "Running" and not p.deleting):
         port = pod.ports.get(C.PROGRESS_PORT_NAME)
         if pod.ip and port:
             host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip

@@ -18,7 +18,9 @@ from ddpjob_operator.controller.cache import DISRUPTION_BUDGETS, NETWORK_POLICIE
 from ddpjob_operator.controller.memory import NO_BUDGET_GRANT, NO_POLICY_GRANT, ApiMemory
 from ddpjob_operator.decide import isolation
 from ddpjob_operator.decide.observation import Observation
-from ddpjob_operator.decide.observed import Observed, ObservedBudget, ObservedEtcd, ObservedPolicy, PodView, claimed
+from ddpjob_operator.decide.observed import (
+    Observed, ObservedBudget, ObservedEtcd, ObservedPolicy, PodView, claimed, in_pod_order
+)
 
 logger = logging.getLogger("ddpjob_operator")
 
@@ -29,7 +31,7 @@ async def observe(api: kube.Kube, cache: ClusterCache, job: dict, wanted: Observ
     label claims nothing) and Services, then what ``wanted`` asks for."""
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     owned = claimed(cache.pods(namespace, name), name, job["metadata"].get("uid", ""))
-    pods = tuple(p for p in owned if p.component != C.COMPONENT_ETCD)
+    pods = in_pod_order(p for p in owned if p.component != C.COMPONENT_ETCD)  # the pass's one sort
     live = await live_progress.read_live_progress(pods) if wanted.progress else []
     now = datetime.datetime.now(datetime.timezone.utc)
     return Observed(pods, bool(cache.exists(SERVICES, namespace, name)), tuple(live),

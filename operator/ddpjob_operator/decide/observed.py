@@ -5,6 +5,15 @@ uses out of a Pod as the API returned it (labels, phase, conditions, the trainer
 container's state, its progress records), and `Observed` holds a pass's whole
 observation with the node pods sorted once, as JobSet sorts its child Jobs into
 active / successful / failed. Policies read `Observed` and `PodView`, never a dict.
+
+Pod order: the pods of a pass are put in `pod_order` once, where the snapshot is taken
+(`in_pod_order`: `view_pods` and controller/observe.py), and `Observed` refuses any other
+order, so every consumer can rely on it and none sorts again: node pods by node index
+(lowest first; older generations first within an index), then the pods without an index
+(the store pod) by name. Plan deletes extra pods highest index first by reading the order
+backwards; the progress poll asks the lowest index first by reading it forwards. The
+pods are grouped by rendezvous generation (`NodeGroups`) once per generation a pass asks
+for, however many policies ask.
 """
 
 from __future__ import annotations
@@ -140,7 +149,18 @@ def _preflight_failure(status: Mapping[str, Any]) -> str | None:
 
 
 def view_pods(pods: Iterable[Pod]) -> tuple[PodView, ...]:
-    return tuple(view_pod(p) for p in pods)
+    """The views of `pods`, in pod order (an observation's order, see the module docstring)."""
+    return in_pod_order(view_pod(p) for p in pods)
+
+
+def pod_order(pod: PodView) -> tuple[bool, int, int, str]:
+    """The sort key of an observation's pods: node index, generation, then name; no index last."""
+    return pod.index is None, pod.index or 0, pod.generation, pod.name
+
+
+def in_pod_order(pods: Iterable[PodView]) -> tuple[PodView, ...]:
+    """`pods` in pod order: the one sort of a pass, where its snapshot is taken."""
+    return tuple(sorted(pods, key=pod_order))
 
 
 def claimed(pods: Iterable[PodView], job: str, owner_uid: str) -> tuple[PodView, ...]:
@@ -340,7 +360,8 @@ class Observed:
     """Everything one pass observed, sorted once; every decision reads this.
 
     Attributes:
-        pods: the job's pods (node pods of every generation and the store pod).
+        pods: the job's pods (node pods of every generation and the store pod), in pod order
+            (`in_pod_order`); any other order is refused, so no consumer sorts them again.
         service_exists: the job's headless Service exists.
         live_progress: progress records read from running pods' endpoints this pass.
         managed_etcd: the job's managed etcd (None when it asks for none).
@@ -362,6 +383,14 @@ class Observed:
     network_policy: ObservedPolicy | None = None
     disruption_budget: ObservedBudget | None = None
     store_service_exists: bool = True
+    # NodeGroups by (generation, replicas): each grouping a pass asks for is made once.
+    _groups: dict[tuple[int, int], NodeGroups] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keys = [pod_order(p) for p in self.pods]
+        if any(a > b for a, b in zip(keys, keys[1:])):  # checked in one walk, not sorted again
+            raise ValueError("Observed.pods must be in pod order (decide/observed.py in_pod_order): got "
+                             + ", ".join(p.name for p in self.pods))
 
     @cached_property
     def liveness(self) -> Liveness | None:
@@ -384,13 +413,18 @@ class Observed:
         return tuple(p for p in self.pods if p.is_store)
 
     def of_generation(self, generation: int, replicas: int) -> NodeGroups:
-        """The node pods sorted for rendezvous generation `generation` and `replicas` nodes."""
-        return NodeGroups.sort(self.pods, generation, replicas)
+        """The node pods grouped for rendezvous generation `generation` and `replicas` nodes
+        (made on the first call for that pair; status, topology and plan all ask for it)."""
+        key = (generation, replicas)
+        if key not in self._groups:
+            self._groups[key] = NodeGroups.sort(self.pods, generation, replicas)
+        return self._groups[key]
 
 
 @dataclass(frozen=True)
 class NodeGroups:
-    """The pods of one rendezvous generation, sorted once (JobSet's childJobs).
+    """The pods of one rendezvous generation, sorted once (JobSet's childJobs); every group keeps
+    the observation's pod order.
 
     Attributes:
         live: the pods that still count: this generation's node pods and the store pod.

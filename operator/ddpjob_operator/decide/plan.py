@@ -125,7 +125,7 @@ def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: Iterable[PodVie
 
 def _scale_down(spec: DDPJobSpec, groups: NodeGroups) -> list[Action]:
     return [DeletePod(p.name, f"node index is not below spec.replicas ({spec.desired_replicas})")
-            for p in sorted(groups.extra, key=lambda p: -(p.index or 0))]
+            for p in reversed(groups.extra)]  # highest index first: the pods are in pod order
 
 
 def _replace_failed(groups: NodeGroups) -> list[Action]:

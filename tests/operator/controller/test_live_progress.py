@@ -5,7 +5,10 @@ prove that the status follows a job that never fails, from one node that answers
 a malformed record, there or in a termination message, cannot stop a pass (the real
 operator over the API emulator; hostile endpoints: test_live_progress_hostile.py).
 """
+import builtins
 import json
+
+import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.clock import parse_time
@@ -114,3 +117,11 @@ def test_malformed_records_at_the_endpoint_and_in_a_termination_message_cannot_s
         k8s.wait_for(lambda: (k8s.find("pods", "mlp-node-0") or {}).get("metadata", {}).get("uid")
                      not in (None, first_uid), timeout=20, what="a replacement pod")
     assert "Traceback" not in process.log()
+
+
+def test_the_progress_poll_reads_the_pod_order_and_sorts_nothing(monkeypatch):
+    """Lowest index first comes from the observation's pod order (decide/observed.py), taken once."""
+    job = make_ddpjob(replicas=3)
+    pods = view_pods([with_ip(make_pod(job, i), f"10.0.0.{i}") for i in (2, 0, 1)])
+    monkeypatch.setattr(builtins, "sorted", lambda *_, **__: pytest.fail("the progress poll sorted the pods again"))
+    assert progress_urls(pods) == [f"http://10.0.0.{i}:29410/progress" for i in (0, 1, 2)]

@@ -170,3 +170,8 @@ def test_reading_another_node_of_the_same_run_does_not_restart_the_clock():
     step(body, 30, [record(40, run=format_time(at(-102)))])  # node 0 did not answer: node 1, started earlier
     result = step(body, 61, [record(40, run=format_time(at(-100)))])
     assert result.status["phase"] == C.PHASE_RESTARTING and result.status["rendezvousGeneration"] == 1
+
+
+def test_a_live_do_not_retry_is_reported_by_one_event():
+    result = step(job(), 0, [record(40, fatal={"reason": "NanLoss", "message": "the loss is NaN"})])
+    assert [e.reason for e in result.events].count("NanLoss") == 1

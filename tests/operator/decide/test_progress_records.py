@@ -159,3 +159,9 @@ def test_every_time_the_contract_accepts_the_operator_can_read():
     for moment in ("2026-11-23T01:02:03Z", "2026-11-23T01:02:03.1+05:30", "2026-11-23T01:02:03.123456789-08:00"):
         assert isinstance(progress_record.parse(record_text(written=moment)), progress_record.Record)
         assert parse_time(moment).tzinfo is not None
+
+
+def test_a_fatal_record_is_reported_by_one_event():
+    job = etcd_job(failurePolicy={"maxRestarts": 10})
+    result = reconcile(job, observe([make_pod(job, 0), failed_with(job, 1, FATAL)]), at(20))
+    assert [e.reason for e in result.events].count("BadDataset") == 1

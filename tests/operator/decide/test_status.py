@@ -347,3 +347,45 @@ def test_a_node_that_failed_before_a_scale_down_was_seen_is_still_counted():
     update = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=1, finished_at=at(20))], 21)
     assert (update.status["restarts"], update.status["handledFailures"]) == (1, ["mlp-node-1-uid"])
     assert "NodeFailed" in reasons(update)
+
+
+def events_of(update: StatusUpdate, reason: str) -> list[Event]:
+    return [e for e in update.events if e.reason == reason]
+
+
+def test_a_permanent_exit_code_is_reported_by_one_event():
+    """The verdict's Event is posted once, as the phase changes: the rule that found the exit
+    code used to post it too, so one pass posted it twice."""
+    job = make_ddpjob(replicas=2)
+    step(job, running_pods(job), 0)
+    update = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=127)], 5)
+    assert events_of(update, C.REASON_PERMANENT_ERROR) == [Event("Warning", "PermanentExitCode", (
+        "node pod mlp-node-1 failed (exit code 127); the code is in spec.failurePolicy.permanentExitCodes"))]
+    assert step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=127)], 6).events == []
+
+
+def test_a_spent_restart_budget_is_reported_by_one_event():
+    job = make_ddpjob(replicas=2, failurePolicy={"maxRestarts": 0})
+    step(job, running_pods(job), 0)
+    update = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=1)], 5)
+    assert update.status["phase"] == "Failed"
+    assert [e.reason for e in update.events] == [C.REASON_NODE_FAILED, C.REASON_RESTARTS_EXHAUSTED]
+
+
+def test_a_permanent_failure_keeps_its_reason_when_another_node_fails_in_the_same_pass():
+    job = make_ddpjob(replicas=2)
+    step(job, running_pods(job), 0)
+    update = step(job, [make_pod(job, 0, phase="Failed", exit_code=127), make_pod(job, 1, phase="Failed", exit_code=1)], 5)
+    assert condition(update.status, "Failed")["reason"] == C.REASON_PERMANENT_ERROR
+    assert len(events_of(update, C.REASON_PERMANENT_ERROR)) == 1
+
+
+def test_a_job_whose_spec_is_fixed_and_whose_node_then_fails_permanently_says_so_once():
+    """Failed (InvalidSpec) to Failed (PermanentExitCode): the phase stays, the news is the reason."""
+    job = make_ddpjob(replicas=2)
+    job["spec"]["replicas"] = 0
+    assert step(job, [], 0).status["phase"] == "Failed"
+    job["spec"]["replicas"] = 2
+    update = step(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=127)], 5)
+    assert (update.status["phase"], condition(update.status, "Failed")["reason"]) == ("Failed", "PermanentExitCode")
+    assert len(events_of(update, C.REASON_PERMANENT_ERROR)) == 1
