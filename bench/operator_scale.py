@@ -68,6 +68,7 @@ NODES_PER_CLUSTER = 10  # status-only Nodes of 1,000 pods each: room for 1,000 j
 NAMESPACE = "bench"
 VERBS = ("list", "get", "watch", "create", "patch", "update", "delete")
 SETTLE_TIMEOUT = float(os.environ.get("BENCH_SETTLE_TIMEOUT", 900))
+CREATE_TIMEOUT = 120.0
 TARGET_RATIO, TARGET_STEADY, TARGET_RSS_MB = 0.8, 1.0, 200
 TARGET_WRITES = 2.0 / (1000 / 30)  # status writes per job and poll: 1,000 jobs polled every 30 s at <= 2/s
 STEP_SECONDS = 0.5  # the fake trainers' step time: the step moves at every poll
@@ -175,8 +176,10 @@ def _measure(jobs: int, args: argparse.Namespace, qps: str, write_interval: floa
             watcher = Settled(cluster.control_plane, jobs)
             before_mark, started = audit.mark(), time.perf_counter()
             for i in range(jobs):
-                k8s.create("ddpjobs", make_manifest(f"job-{i}", replicas=NODES,
-                                                    elasticPolicy={"minReplicas": 1, "maxReplicas": NODES}))
+                body = make_manifest(f"job-{i}", replicas=NODES, elasticPolicy={"minReplicas": 1, "maxReplicas": NODES})
+                # A create waits on admission, CEL and etcd beside 8,000 pods' writes: a loaded
+                # machine takes seconds, the client's default 10 s is not the bench's bound.
+                k8s.request("POST", k8s.path("ddpjobs"), body, timeout=CREATE_TIMEOUT)
             run.created = time.perf_counter() - started
             run.settled = watcher.wait(SETTLE_TIMEOUT) - started
             settled_mark = audit.mark()
