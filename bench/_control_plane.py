@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
@@ -185,41 +186,89 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-class PodWatch:
-    """The pods of one namespace as one watch sees them (name -> the latest object), so a bench
-    waits on its own copy instead of listing the API server in a loop."""
+class Watched:
+    """One collection as list-then-watch shows it (name -> the latest object), as an informer keeps
+    it: when the API server ends the watch (its timeout, or a watcher too slow for its buffer, which
+    a loaded machine makes), it watches again from the last version seen, and lists again on 410
+    Gone. ``on_change(objects)`` runs under the lock after each change; waits are on this copy,
+    never a list in a loop."""
 
-    def __init__(self, kube: KubeClient, timeout: float = 3600):
-        self.pods: dict[str, dict] = {}
+    def __init__(self, kube: KubeClient, path: str, on_change: Callable[[dict[str, dict]], None] | None = None,
+                 label_selector: str = ""):
+        self.kube, self.path, self.on_change, self.selector = kube, path, on_change, label_selector
+        self.objects: dict[str, dict] = {}
         self.changed = threading.Condition()
-        url = f"{kube.url}{kube.path('pods')}?watch=true&timeoutSeconds={int(timeout)}"
-        self._response = urllib.request.urlopen(url, timeout=timeout, context=kube.ssl_context)
-        threading.Thread(target=self._read, daemon=True, name="pod-watch").start()
+        self.errors: list[str] = []
+        self._closed = threading.Event()
+        self._response = None
+        listed = threading.Event()
+        threading.Thread(target=self._run, args=(listed,), daemon=True, name=f"watch {path}").start()
+        listed.wait(120)
 
-    def _read(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            for line in self._response:
+    def _url(self, **params: str) -> str:
+        query = {"labelSelector": self.selector, **params} if self.selector else params
+        return f"{self.kube.url}{self.path}?{urllib.parse.urlencode(query)}"
+
+    def _run(self, listed: threading.Event) -> None:
+        version = None
+        while not self._closed.is_set():
+            try:
+                if version is None:
+                    with urllib.request.urlopen(self._url(), timeout=120, context=self.kube.ssl_context) as response:
+                        body = json.load(response)
+                    with self.changed:
+                        self.objects = {o["metadata"]["name"]: o for o in body["items"]}
+                        self._changed()
+                    version = body["metadata"]["resourceVersion"]
+                    listed.set()
+                version = self._watch(version)
+            except (OSError, ValueError) as e:
+                if not self._closed.is_set():
+                    self.errors.append(repr(e))
+                    time.sleep(1.0)
+
+    def _watch(self, version: str) -> str | None:
+        """Applies the watch's events from ``version``; returns the last version seen (None: list again)."""
+        url = self._url(watch="true", resourceVersion=version, allowWatchBookmarks="true", timeoutSeconds="300")
+        with urllib.request.urlopen(url, timeout=330, context=self.kube.ssl_context) as response:
+            self._response = response
+            for line in response:
                 event = json.loads(line)
-                pod = event["object"]
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    return None  # 410 Gone: the version was compacted
                 with self.changed:
                     if event["type"] == "DELETED":
-                        self.pods.pop(pod["metadata"]["name"], None)
+                        self.objects.pop(obj["metadata"]["name"], None)
                     elif event["type"] in ("ADDED", "MODIFIED"):
-                        self.pods[pod["metadata"]["name"]] = pod
-                    self.changed.notify_all()
+                        self.objects[obj["metadata"]["name"]] = obj
+                    self._changed()
+                version = obj["metadata"]["resourceVersion"]
+        return version
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.objects)
+        self.changed.notify_all()
 
     def wait(self, predicate: Callable[[dict[str, dict]], object], timeout: float, what: str) -> object:
-        """Waits until ``predicate(pods)`` is truthy; returns it (RuntimeError naming ``what`` after ``timeout``)."""
+        """Waits until ``predicate(objects)`` is truthy; returns it (RuntimeError naming ``what`` after ``timeout``)."""
         deadline = time.monotonic() + timeout
         with self.changed:
-            while not (value := predicate(self.pods)):
+            while not (value := predicate(self.objects)):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}; pods: {sorted(self.pods)}")
-                self.changed.wait(left)
+                    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}; have: "
+                                       f"{sorted(self.objects)[:20]}; watch errors: {self.errors[-3:]}")
+                self.changed.wait(min(left, 1.0))
             return value
 
     def close(self) -> None:
+        self._closed.set()
         with contextlib.suppress(Exception):
             self._response.fp.raw._sock.shutdown(2)  # ends the blocking read
-        self._response.close()
+
+
+def pod_watch(kube: KubeClient) -> Watched:
+    """The pods of ``kube``'s namespace."""
+    return Watched(kube, kube.path("pods"))

@@ -32,7 +32,7 @@ from ddpjob_sandbox.operator_process import OperatorProcess
 from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.scripted import set_terminated
 
-from bench._control_plane import PodWatch, bench_cluster, chart_operator, rss_mb
+from bench._control_plane import Watched, bench_cluster, chart_operator, pod_watch, rss_mb
 
 REPEATS = 5  # warm apply measurements per size
 TARGET_WARM_8_SECONDS = 0.5
@@ -50,7 +50,7 @@ def main() -> None:
         login = chart_operator(cluster, NAMESPACE, {"watchNamespaces": [NAMESPACE], "livenessPort": free_port(),
                                                     "metrics.enabled": True, "metrics.port": metrics_port},
                                pathlib.Path(tmp))
-        pods = PodWatch(k8s)
+        pods = pod_watch(k8s)
         with OperatorProcess(login, login.argv, pathlib.Path(tmp) / "operator.log") as operator:
             _time_apply(k8s, pods, "warmup", 2)  # imports, first watch events, first connections
             warm = {nodes: [_time_apply(k8s, pods, f"w{nodes}-{i}", nodes) for i in range(REPEATS)]
@@ -68,7 +68,7 @@ def _node_pods(name: str, nodes: int) -> list[str]:
     return [f"{name}-node-{i}" for i in range(nodes)]
 
 
-def _time_apply(k8s, pods: PodWatch, name: str, nodes: int) -> float:
+def _time_apply(k8s, pods: Watched, name: str, nodes: int) -> float:
     """Seconds from the create call to the moment all ``nodes`` pods exist; then deletes the job
     and waits until its pods are gone (the garbage collector, then their Node)."""
     names = _node_pods(name, nodes)
@@ -81,7 +81,7 @@ def _time_apply(k8s, pods: PodWatch, name: str, nodes: int) -> float:
     return elapsed
 
 
-def _time_replacement(k8s, pods: PodWatch, name: str) -> float:
+def _time_replacement(k8s, pods: Watched, name: str) -> float:
     """Seconds from a node pod's failure (as the kubelet reports it) to its replacement's creation."""
     body = _job(name, 2)
     body["spec"]["failurePolicy"] = {"maxRestarts": 100, "backoffSeconds": 0}

@@ -46,7 +46,6 @@ import json
 import os
 import pathlib
 import re
-import ssl
 import sys
 import tempfile
 import threading
@@ -61,7 +60,7 @@ from ddpjob_sandbox.node.network import pod_ip
 from ddpjob_sandbox.operator_process import OperatorProcess
 from ddpjob_sandbox.procs import free_port
 
-from bench._control_plane import AuditLog, arg_value, bench_cluster, chart_operator, cpu_seconds, rss_mb
+from bench._control_plane import AuditLog, Watched, arg_value, bench_cluster, chart_operator, cpu_seconds, rss_mb
 
 NODES = 8
 NODES_PER_CLUSTER = 10  # status-only Nodes of 1,000 pods each: room for 1,000 jobs x 8
@@ -173,7 +172,7 @@ def _measure(jobs: int, args: argparse.Namespace, qps: str, write_interval: floa
                    "the operator's watches", operator)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             operator_before = cpu_seconds(operator.process.pid)
-            watcher = Settled(cluster.control_plane, jobs)
+            watcher = Settled(k8s, jobs)
             before_mark, started = audit.mark(), time.perf_counter()
             for i in range(jobs):
                 body = make_manifest(f"job-{i}", replicas=NODES, elasticPolicy={"minReplicas": 1, "maxReplicas": NODES})
@@ -203,6 +202,7 @@ def _measure(jobs: int, args: argparse.Namespace, qps: str, write_interval: floa
             run.apiserver_peak, run.etcd_peak = rss_mb(pids["kube-apiserver"])[1], rss_mb(pids["etcd"])[1]
             run.passes = _metric(metrics_port, "ddpjob_operator_reconcile_seconds_count")
             run.errors = _metric(metrics_port, "ddpjob_operator_reconcile_errors_total")
+            watcher.close()
     print(f"  {jobs} jobs, --kube-api-qps {run.qps}: created in {run.created:.1f} s, settled in {run.settled:.1f} s, "
           f"all Running in {run.running:.1f} s; write interval {run.write_interval:g} s: {run.status_writes} status "
           f"writes in {run.quiet:g} s, {run.reads} progress reads in it ({run.cut_reads} given up by the operator)",
@@ -266,75 +266,61 @@ def format_time_at(seconds: float) -> str:
 
 
 class Settled:
-    """Watches DDPJobs and pods in the bench namespace (as the admin) until every job reports NODES
-    replicas and every node pod exists; ``wait`` returns the perf_counter time when that became
-    true, ``wait_running`` when every node pod was Running."""
+    """Watches DDPJobs and node pods in the bench namespace (as the admin, list then watch) until
+    every job reports NODES replicas and every node pod exists; ``wait`` returns the perf_counter
+    time when that became true (checked every CHECK_SECONDS on copies of the watched objects),
+    ``wait_running`` when every node pod was Running."""
 
-    def __init__(self, control_plane, jobs: int):
-        self.jobs, self.replicas, self.pods, self.phases, self.running = jobs, {}, set(), {}, set()
-        self.lock, self.done, self.at = threading.Lock(), threading.Event(), 0.0
+    CHECK_SECONDS = 0.2
+
+    def __init__(self, kube, jobs: int):
+        self.jobs = jobs
+        self.done, self.at = threading.Event(), 0.0
         self.all_running, self.running_at = threading.Event(), 0.0
-        self.context: ssl.SSLContext = control_plane.client().ssl_context
-        url, watch = control_plane.url, f"watch=true&timeoutSeconds={int(SETTLE_TIMEOUT * 3)}"
-        base = f"{url}/apis/ddpjob.io/v1alpha1/namespaces/{NAMESPACE}/ddpjobs?{watch}"
-        pods = f"{url}/api/v1/namespaces/{NAMESPACE}/pods?{watch}&labelSelector=app.kubernetes.io/component%3Dnode"
-        for target, handle in ((base, self._job), (pods, self._pod)):
-            opened = threading.Event()
-            threading.Thread(target=self._read, args=(target, handle, opened), daemon=True).start()
-            opened.wait(10)
+        self.jobs_watch = Watched(kube, kube.path("ddpjobs"))
+        self.pods_watch = Watched(kube, kube.path("pods"), label_selector="app.kubernetes.io/component=node")
+        self._closed = threading.Event()
+        threading.Thread(target=self._loop, daemon=True, name="settled").start()
 
-    def _read(self, url: str, handle, opened: threading.Event) -> None:
-        try:
-            with urllib.request.urlopen(url, timeout=SETTLE_TIMEOUT * 3, context=self.context) as response:
-                opened.set()
-                for line in response:
-                    if line.strip():
-                        event = json.loads(line)
-                        with self.lock:
-                            handle(event["type"], event["object"])
-                            self._check()
-        except (OSError, ValueError):
-            return  # the control plane stopped: its streams end with it
+    def _statuses(self) -> list[dict]:
+        return [j.get("status") or {} for j in list(self.jobs_watch.objects.values())]
 
-    def _job(self, kind: str, job: dict) -> None:
-        self.replicas[job["metadata"]["name"]] = (job.get("status") or {}).get("replicas")
-        self.phases[job["metadata"]["name"]] = (job.get("status") or {}).get("phase")
+    def _pod_phases(self) -> list[str | None]:
+        return [(p.get("status") or {}).get("phase") for p in list(self.pods_watch.objects.values())]
 
-    def _pod(self, kind: str, pod: dict) -> None:
-        name = pod["metadata"]["name"]
-        (self.pods.discard if kind == "DELETED" else self.pods.add)(name)
-        if kind != "DELETED" and (pod.get("status") or {}).get("phase") == "Running":
-            self.running.add(name)
-        else:
-            self.running.discard(name)
-
-    def _check(self) -> None:
-        full = sum(1 for r in self.replicas.values() if r == NODES)
-        if not self.done.is_set() and full == self.jobs and len(self.pods) == self.jobs * NODES:
-            self.at = time.perf_counter()
-            self.done.set()
-        if not self.all_running.is_set() and len(self.running) == self.jobs * NODES:
-            self.running_at = time.perf_counter()
-            self.all_running.set()
-
-    def wait_running(self, timeout: float) -> float:
-        if not self.all_running.wait(timeout):
-            raise RuntimeError(f"{len(self.running)} of {self.jobs * NODES} pods Running after {timeout:.0f} s")
-        return self.running_at
+    def _loop(self) -> None:
+        while not self._closed.wait(self.CHECK_SECONDS):
+            now, phases = time.perf_counter(), self._pod_phases()
+            replicas = sum(1 for s in self._statuses() if s.get("replicas") == NODES)
+            if not self.done.is_set() and replicas == self.jobs and len(phases) == self.jobs * NODES:
+                self.at = now
+                self.done.set()
+            if not self.all_running.is_set() and phases.count("Running") == self.jobs * NODES:
+                self.running_at = now
+                self.all_running.set()
 
     def wait(self, timeout: float) -> float:
         if not self.done.wait(timeout):
+            replicas = sum(1 for s in self._statuses() if s.get("replicas") == NODES)
             raise RuntimeError(f"{self.jobs} jobs x {NODES} pods did not settle within {timeout:.0f} s: "
-                               f"{len(self.pods)} pods, {sum(1 for r in self.replicas.values() if r == NODES)} "
-                               f"statuses with {NODES} replicas")
+                               f"{len(self._pod_phases())} pods, {replicas} statuses with {NODES} replicas; watch "
+                               f"errors: {self.jobs_watch.errors[-3:]} {self.pods_watch.errors[-3:]}")
         return self.at
 
+    def wait_running(self, timeout: float) -> float:
+        if not self.all_running.wait(timeout):
+            raise RuntimeError(f"{self._pod_phases().count('Running')} of {self.jobs * NODES} pods Running "
+                               f"after {timeout:.0f} s")
+        return self.running_at
 
     def wait_phase(self, phase: str, timeout: float) -> None:
-        def every_job() -> bool:
-            with self.lock:
-                return sum(1 for p in self.phases.values() if p == phase) == self.jobs
-        _until(every_job, timeout, f"every job in phase {phase}")
+        _until(lambda: sum(1 for s in self._statuses() if s.get("phase") == phase) == self.jobs, timeout,
+               f"every job in phase {phase}")
+
+    def close(self) -> None:
+        self._closed.set()
+        self.jobs_watch.close()
+        self.pods_watch.close()
 
 
 def _until(predicate, timeout: float, what: str, operator: OperatorProcess | None = None) -> None:

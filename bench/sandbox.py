@@ -122,6 +122,9 @@ class Sandbox:
         name, port = f"mlp-{round_}", free_port()
         body = example_job(args=ARGS, rdzv_port=port, backoff_seconds=BACKOFF_SECONDS)
         body["metadata"]["name"] = name
+        # The store on node 0, as the bare agents' node 0 hosts it (the example now puts it in a
+        # pod of its own, whose node-0 is_host=false no bare agent matches).
+        body["spec"]["elasticPolicy"]["rdzvStore"] = "node"
         body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = f"{name}-snapshots"
         snapshots = self.claim(f"{name}-snapshots")
         kubectl_apply(self.k8s, body, self.workdir)
@@ -129,7 +132,9 @@ class Sandbox:
         try:
             progress.wait(is_event("start", world_size=2), EVENT_TIMEOUT, "both nodes training")
             pod_conf = conf_of(self._env(f"{name}-node-0")["PET_RDZV_CONF"])
-            assert pod_conf == RDZV_CONF, f"the pods' PET_RDZV_CONF {pod_conf} is not the bare agents' {RDZV_CONF}"
+            # The operator says is_host=true on node 0; the bare node-0 agent hosts by its address (the default).
+            expected = {**RDZV_CONF, "is_host": "true"}
+            assert pod_conf == expected, f"node 0's PET_RDZV_CONF {pod_conf} is not the bare agents' {expected}"
             progress.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")
             host = self.agent.pod_listening_on(port)
             assert host == f"{name}-node-0", f"the c10d store is hosted by {host}, not node 0"
