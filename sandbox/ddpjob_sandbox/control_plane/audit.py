@@ -33,6 +33,7 @@ class Request:
     namespace: str
     name: str
     code: int  # the response's HTTP status (0 when the event carries none)
+    uri: str  # the request's path and query: a watch's resourceVersion, a list's selector
 
 
 TAIL_BYTES = 1 << 16  # an event at Metadata level is well under this
@@ -70,7 +71,7 @@ def requests(path: Path, start: int = 0, end: int | None = None) -> list[Request
             audit_id=event["auditID"], user=(event.get("user") or {}).get("username", ""), verb=event["verb"],
             resource=ref.get("resource", ""), subresource=ref.get("subresource", ""),
             namespace=ref.get("namespace", ""), name=ref.get("name", ""),
-            code=(event.get("responseStatus") or {}).get("code", 0)))
+            code=(event.get("responseStatus") or {}).get("code", 0), uri=event.get("requestURI", "")))
     return found
 
 
