@@ -18,6 +18,7 @@ ADMIN = "ddpjob-admin"  # the admin client certificate's user (control_plane.pki
 def event(audit_id: str, verb: str = "get", resource: str = "pods", user: str = "alice", stage: str = "ResponseComplete",
           code: int = 200, **ref: str) -> bytes:
     return json.dumps({"kind": "Event", "auditID": audit_id, "stage": stage, "verb": verb, "requestURI": f"/{audit_id}",
+                       "userAgent": "kopf/1.0",
                        "user": {"username": user}, "objectRef": {"resource": resource, **ref},
                        "responseStatus": {"code": code}}).encode() + b"\n"
 
@@ -33,8 +34,8 @@ def test_a_window_between_two_marks_holds_only_the_requests_logged_in_it(tmp_pat
     with open(log, "ab") as out:
         out.write(event("d", "get"))
     found = audit.requests(log, start, end)
-    assert [(r.audit_id, r.verb, r.namespace, r.name, r.code, r.uri) for r in found] == [
-        ("b", "create", "ns", "p0", 201, "/b"), ("c", "delete", "", "", 200, "/c")]
+    assert [(r.audit_id, r.verb, r.namespace, r.name, r.code, r.uri, r.user_agent) for r in found] == [
+        ("b", "create", "ns", "p0", 201, "/b", "kopf/1.0"), ("c", "delete", "", "", 200, "/c", "kopf/1.0")]
     assert [r.audit_id for r in audit.requests(log, end)] == ["d"]
 
 

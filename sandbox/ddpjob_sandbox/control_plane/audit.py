@@ -34,6 +34,7 @@ class Request:
     name: str
     code: int  # the response's HTTP status (0 when the event carries none)
     uri: str  # the request's path and query: a watch's resourceVersion, a list's selector
+    user_agent: str  # tells apart the clients of one user: kopf's from the operator's own
 
 
 TAIL_BYTES = 1 << 16  # an event at Metadata level is well under this
@@ -71,7 +72,8 @@ def requests(path: Path, start: int = 0, end: int | None = None) -> list[Request
             audit_id=event["auditID"], user=(event.get("user") or {}).get("username", ""), verb=event["verb"],
             resource=ref.get("resource", ""), subresource=ref.get("subresource", ""),
             namespace=ref.get("namespace", ""), name=ref.get("name", ""),
-            code=(event.get("responseStatus") or {}).get("code", 0), uri=event.get("requestURI", "")))
+            code=(event.get("responseStatus") or {}).get("code", 0), uri=event.get("requestURI", ""),
+            user_agent=event.get("userAgent", "")))
     return found
 
 
