@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ddpjob_sandbox.client import ApiError, KubeClient
-from ddpjob_sandbox.control_plane import ControlPlane, running_control_plane
+from ddpjob_sandbox.control_plane import ControlPlane, audit, running_control_plane
 from ddpjob_sandbox.control_plane.runner import state_path
 from ddpjob_sandbox.control_plane.status_nodes import StatusNode, default_pod_ip, running_status_nodes, \
     status_node_names
@@ -138,39 +138,20 @@ def arg_value(argv: list[str], flag: str) -> str:
 
 
 class AuditLog:
-    """Requests counted per client from the API server's audit log (Metadata level, every request).
-
-    A request counts once: at ResponseComplete, or at ResponseStarted for a watch (it completes
-    only when it ends). ``mark`` is the log's size now; ``counts`` reads only what lies between two
-    marks, so a bench reading a 100 MB log several times reads each byte once per window.
-    """
+    """The API server's audit log of one bench cluster, counted per client over byte-offset
+    windows (control_plane/audit.py: a request counts once, in the window of its first event)."""
 
     def __init__(self, path: pathlib.Path):
         self.path = path
 
     def mark(self) -> int:
-        return self.path.stat().st_size
-
-    def events(self, start: int, end: int) -> Iterator[dict]:
-        with open(self.path, "rb") as log:
-            log.seek(start)
-            for line in log.read(end - start).splitlines():
-                with contextlib.suppress(ValueError):  # a line cut by a mark: it counts in the next window
-                    event = json.loads(line)
-                    watch = event.get("verb") == "watch"
-                    if event.get("stage") == ("ResponseStarted" if watch else "ResponseComplete"):
-                        yield event
+        return audit.mark(self.path)
 
     def counts(self, start: int, end: int, user: str, resource: str | None = None,
                subresource: str | None = None) -> Counter:
         """Requests by verb (list, get, watch, create, patch, update, delete) of ``user``."""
-        counted: Counter = Counter()
-        for event in self.events(start, end):
-            ref = event.get("objectRef") or {}
-            if event["user"]["username"] == user and (resource is None or ref.get("resource") == resource) \
-                    and (subresource is None or ref.get("subresource") == subresource):
-                counted[event["verb"]] += 1
-        return counted
+        where = {k: v for k, v in {"resource": resource, "subresource": subresource}.items() if v is not None}
+        return audit.count(audit.requests(self.path, start, end), by=("verb",), user=user, **where)
 
 
 def cpu_seconds(pid: int) -> float:
