@@ -31,6 +31,10 @@ The bench waits by watching (one watch on DDPJobs, one on pods) and reads the op
 once at the end; it never lists in a loop. The emulator's figures of this bench (docs/design/
 benchmarks.md) come from bench/operator_scale.py before this change (git history).
 
+On the shared 2-core machine (load 30-60) 100 x 8 takes 7-11 minutes per run and 1,000 x 8 does
+not finish (notes/benchreal.md); with the chart's 20 requests/s, 1,000 jobs need ~19 minutes
+of the operator's requests alone on any machine.
+
     python -m bench operator_scale                      # 100 and 1,000 jobs, chart QPS (20) and 0
     python -m bench operator_scale --jobs 100 --qps 0 --quiet-seconds 60
     python -m bench operator_scale --running --jobs 100 --poll-seconds 3 --write-interval-seconds 60 \
