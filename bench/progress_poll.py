@@ -1,8 +1,11 @@
 """Progress poll benchmark: the operator's memory while it polls hostile pods, next to benign ones.
 
-For each kind of pod a fresh operator process (``python -m ddpjob_operator``, over the
-test-side API emulator, polling every POLL_SECONDS) runs one job of one node whose pod IP
-is a fake pod (tests/support/fake_pods.py) answering:
+One real control plane (etcd, kube-apiserver, controller manager, scheduler as local processes)
+with a status-only Node (control_plane/status_nodes.py), which reports every pod bound to it
+Running at the address of the kind's fake pod. For each kind of pod a fresh namespace and a fresh
+operator (the chart rendered by helm, run as a local process under its ServiceAccount's token,
+polling every POLL_SECONDS: bench/_control_plane.py says why) runs one job of one node whose pod
+IP is a fake pod (tests/support/fake_pods.py) on the progress port the pod names, answering:
 
 * benign: a valid progress record;
 * bomb: a 298 KiB gzip body that expands to 300 MiB, declared ``Content-Encoding: gzip``;
@@ -10,14 +13,17 @@ is a fake pod (tests/support/fake_pods.py) answering:
 * redirect: a 302 to another fake pod that serves a valid record;
 * trickle: a valid record, one byte every 50 ms.
 
-Measured per kind, after POLLS polls: the operator's resident memory just before the first
-poll and after the last (VmRSS) and its peak (VmHWM), as growth over the "before" figure
+Measured per kind, after POLLS polls: the operator's resident memory once it is ready, before
+the job is created (a pod's address is set once, at its Running report, so there is no moment
+between the job's first pass and the first poll), and after the last poll (VmRSS) and its peak
+(VmHWM), as growth over the "before" figure
 [target: under 20 MB for every kind]; the body bytes the pod got out per poll (what the
 operator took, plus what its socket buffer held unread); the longest exchange as the pod saw
 it; and whether a redirect target was ever asked. Figures only: nothing here is asserted.
 
 ``BENCH_OPERATOR_SRC=/path/to/checkout python -m bench progress_poll`` runs the operator of
-another checkout (e.g. one before the poll was hardened) for comparison.
+another checkout (e.g. one before the poll was hardened) for comparison. The emulator's figures
+(docs/) come from this file before this change (git history); notes/benchreal.md has both.
 """
 from __future__ import annotations
 
@@ -26,14 +32,17 @@ import pathlib
 import sys
 import tempfile
 import time
+import urllib.request
 
-from tests.support.fake_pods import FakePod, gzip_bomb, huge_body, record_answer, redirect, trickle
+from ddpjob_operator.api import constants as C
+
+from bench._control_plane import bench_cluster, chart_operator, rss_mb
 from ddpjob_sandbox.jobs import make_manifest
-from ddpjob_sandbox.readers import pod_names, status
+from ddpjob_sandbox.operator_process import OperatorProcess
 from ddpjob_sandbox.pod_status import progress_message
-from ddpjob_sandbox.scripted import set_running
-from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
-from ddpjob_sandbox.cluster import running_cluster
+from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.readers import status
+from tests.support.fake_pods import FakePod, gzip_bomb, huge_body, record_answer, redirect, trickle
 
 POLLS = 6  # polls per kind
 POLL_SECONDS = 0.2  # --progress-poll-seconds
@@ -48,9 +57,11 @@ def main() -> None:
     env = {"PYTHONPATH": f"{source}/operator:{source}/rdzv"} if source else {}
     print(f"operator from {source or 'this checkout'}; {POLLS} polls per kind, every {POLL_SECONDS} s", flush=True)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, running_cluster(pathlib.Path(tmp)) as cluster:
+    address = {"ip": ""}  # the address the status-only Node reports for the next pod: the kind's fake pod
+    with tempfile.TemporaryDirectory(prefix="bench-poll-") as tmp, \
+            bench_cluster(pathlib.Path(tmp), 1, pod_ip=lambda pod: address["ip"]) as cluster:
         for kind in KINDS:
-            rows.append(_measure(cluster, pathlib.Path(tmp), kind, env))
+            rows.append(_measure(cluster, pathlib.Path(tmp), kind, env, address))
     _print_table(rows)
 
 
@@ -60,41 +71,42 @@ def _answers(kind: str, target: FakePod):
             "trickle": lambda: trickle(VALID, every=0.05)}[kind]()
 
 
-def _measure(cluster, tmp: pathlib.Path, kind: str, env: dict[str, str]) -> dict:
-    k8s = cluster.client(f"poll-{kind}")
-    command = operator_command(k8s.namespace, "--progress-poll-seconds", str(POLL_SECONDS))
-    with FakePod(record_answer(VALID)) as target, FakePod(_answers(kind, target)) as fake, \
-            OperatorProcess(cluster, command, tmp / f"operator-{kind}.log", env=env) as operator:
+def _measure(cluster, tmp: pathlib.Path, kind: str, env: dict[str, str], address: dict[str, str]) -> dict:
+    namespace = f"poll-{kind}"
+    k8s = cluster.namespace(namespace)
+    login = chart_operator(cluster, namespace, {"watchNamespaces": [namespace], "livenessPort": free_port(),
+                                                "progressPollSeconds": POLL_SECONDS}, tmp)
+    with FakePod(record_answer(VALID), port=C.PROGRESS_PORT) as target, \
+            FakePod(_answers(kind, target), port=C.PROGRESS_PORT) as fake, \
+            OperatorProcess(login, login.argv, tmp / f"operator-{kind}.log", env=env) as operator:
+        # Ready: its liveness port answers once kopf runs (then the operator's memory is settled).
+        _wait_ready(operator, login.argv)
+        before, _ = rss_mb(operator.process.pid)
+        address["ip"] = fake.ip
         k8s.create("ddpjobs", make_manifest(replicas=1))
-        k8s.wait_for(lambda: pod_names(k8s) == ["mlp-node-0"], timeout=60, what="the node pod")
-        set_running(k8s, "mlp-node-0")
-        k8s.wait_for(lambda: status(k8s).get("phase") == "Running", timeout=60, what="phase Running")
-        time.sleep(1.0)  # the passes the pod events started are over
-        before, _ = _rss_mb(operator.process.pid)
-        _point_at(k8s, "mlp-node-0", fake)
+        k8s.wait_for(lambda: status(k8s).get("phase") == "Running", timeout=120, interval=0.5, what="phase Running")
         exchanges = fake.finished(POLLS, timeout=POLLS * 10)
-        after, peak = _rss_mb(operator.process.pid)
+        after, peak = rss_mb(operator.process.pid)
     return {"kind": kind, "polls": len(exchanges), "before": before, "after": after, "peak": peak,
             "sent": max((e.sent for e in exchanges), default=0),
             "longest": max((e.seconds for e in exchanges), default=0.0),
             "followed": len(target.exchanges)}
 
 
-def _point_at(k8s, name: str, fake: FakePod) -> None:
-    """The pod's IP and progress port become the fake pod's (see test_live_progress.point_at)."""
-    containers = k8s.get("pods", name)["spec"]["containers"]
-    for port in containers[0]["ports"]:
-        if port["name"] == "progress":
-            port["containerPort"] = fake.port
-    k8s.patch("pods", name, {"spec": {"containers": containers}})
-    k8s.patch("pods", name, {"status": {"podIP": fake.ip}}, subresource="status")
-
-
-def _rss_mb(pid: int) -> tuple[float, float]:
-    """Current and peak resident set size of ``pid`` in MB (from /proc)."""
-    fields = dict(line.split(":", 1) for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
-                  if ":" in line)
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+def _wait_ready(operator: OperatorProcess, argv: list[str], timeout: float = 120) -> None:
+    port = next(a.split("=", 1)[1] for a in argv if a.startswith("--liveness-port="))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if operator.process.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise RuntimeError(f"the operator was not ready within {timeout:.0f} s; its log ends:\n{operator.log()[-3000:]}")
 
 
 def _size(count: int) -> str:

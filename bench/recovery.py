@@ -2,8 +2,8 @@
 
 Run with ``python -m bench recovery`` (``BENCH_RECOVERY_ROUNDS``, default 1; a round is ~3 min
 here). Each round runs the same job three ways, one after the other: under ``ddpjob run``
-(its CLI), in the sandbox (the real operator over the API emulator, the node agent running
-the pods) and as two bare torchrun agents. All three use the example DDPJob with the sandbox
+(its CLI), in the sandbox (bench/sandbox.py's: the real operator on the real control plane,
+one kubelet running the pods) and as two bare torchrun agents. All three use the example DDPJob with the sandbox
 tests' speed-ups (``ddpjob_sandbox.examples.example_job``: FAST_RDZV_TIMEOUTS, 1 s backoff),
 the c10d store on node 0 (``rdzvStore: node``, as the bare agents' ``is_host``) and the same
 fault: node 1's whole process tree SIGKILLed right after the snapshot at step KILL_AFTER_STEP.
@@ -141,8 +141,8 @@ def sandbox_run(sandbox: Sandbox, round_: int, workdir: pathlib.Path) -> dict:
     name, marks = f"rec-{round_}", workdir / "marks.jsonl"
     body = job_body(name, free_port(), marks)
     body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = f"{name}-snapshots"
+    metrics = job_snapshot_dir(sandbox.claim(f"{name}-snapshots"), name) / "metrics.jsonl"
     kubectl_apply(sandbox.k8s, body, workdir)
-    metrics = job_snapshot_dir(sandbox.agent.claim_dir(f"{name}-snapshots"), name) / "metrics.jsonl"
     progress = JobProgress(sandbox.k8s, sandbox.agent, name, metrics)
     try:
         progress.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")
@@ -184,7 +184,7 @@ def _has(metrics: pathlib.Path, kind: str, step: int) -> bool:
 
 def main() -> None:
     rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp, Sandbox(pathlib.Path(tmp)) as sandbox:
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp, Sandbox(pathlib.Path(tmp), ROUNDS) as sandbox:
         for round_ in range(ROUNDS):
             row = {}
             for kind in CONFIGS[round_ % 3:] + CONFIGS[:round_ % 3]:

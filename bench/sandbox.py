@@ -3,11 +3,15 @@
 Run with ``python -m bench sandbox``. In each round, on the same machine:
 
 * sandbox: the c10d example DDPJob (the scenario tests' test-speed copy, see
-  ``ddpjob_sandbox.examples.example_job``) applied with kubectl to the API emulator, the real
-  operator creating its pods and the sandbox node agent running them as local torchrun
-  agents; after the snapshot at step 20 node 1 (node 0 hosts the c10d store, as in a
-  cluster) is SIGKILLed as a whole (agent and workers). The operator replaces it after the
-  failure policy's 1 s backoff.
+  ``ddpjob_sandbox.examples.example_job``) applied with kubectl to the real control plane
+  (etcd, kube-apiserver, controller manager, scheduler as local processes), its snapshot claim
+  bound by the real PV binder to a hostPath volume, the real operator creating its pods, the
+  real scheduler binding them to one Node whose kubelet (control_plane/kubelets.py) runs them as
+  local torchrun agents; after the snapshot at step 20 node 1 (node 0 hosts the c10d store, as
+  in a cluster) is SIGKILLed as a whole (agent and workers). The operator replaces it after the
+  failure policy's 1 s backoff. The operator is the chart's, rendered by helm and run as a local
+  process under its ServiceAccount's token (bench/_control_plane.py says why); one Node, as the
+  emulator's one node agent, so one agent holds every pod the bench kills or reads.
 * bare torchrun: two torchrun agents (``ddpjob_sandbox.torchrun.AgentGroup``) with the same
   trainer args, the same rendezvous settings (checked against the pods' PET_RDZV_CONF, and
   ``is_host=false`` on node 1 as the sandbox gives it) and the same fault: node 1's whole
@@ -23,10 +27,13 @@ ROUNDS rounds in rotating order; ratios are taken within each round (neighbourin
 the machine's load) and their median is reported with the range.
 
 The sandbox's backoff counts from the pod's finishedAt, which (like a kubelet's) has second
-precision, so its replacement may start up to 1 s sooner than the by-hand one.
+precision, so its replacement may start up to 1 s sooner than the by-hand one. The emulator's
+figures of this bench (docs/) come from this file before this change (git history);
+notes/benchreal.md has both.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import statistics
@@ -36,19 +43,22 @@ import time
 from dataclasses import dataclass
 
 from ddpjob_sandbox.jobs import job_snapshot_dir
-from ddpjob_sandbox.operator_process import OperatorProcess, operator_command
-from ddpjob_sandbox.cluster import running_cluster
-from ddpjob_sandbox.procs import free_port, holds_socket, listening_socket_inodes
+from bench._control_plane import BenchCluster, chart_operator
+from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
+from ddpjob_sandbox.control_plane import running_control_plane
+from ddpjob_sandbox.control_plane.cluster import make_volumes
+from ddpjob_sandbox.control_plane.kubelets import running_kubelets
 from ddpjob_sandbox.examples import FAST_RDZV_TIMEOUTS, example_job, kubectl_apply, trainer_args
 from ddpjob_sandbox.metrics import JobProgress, MetricsWatcher, is_event
-from ddpjob_sandbox.node import running_node_agent
-from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
+from ddpjob_sandbox.operator_process import OperatorProcess
+from ddpjob_sandbox.procs import free_port, holds_socket, listening_socket_inodes
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
 
 ROUNDS = int(os.environ.get("BENCH_SANDBOX_ROUNDS", "3"))  # one round is ~3 minutes here
 KILL_AFTER_STEP = 20  # the kill follows the snapshot at this step
 BACKOFF_SECONDS = 1  # example_job's failurePolicy.backoffSeconds: the sandbox's replacement delay
 NAMESPACE = "bench-sandbox"
+NODE = "bench-node"  # the one Node (4 CPUs): the job's two pods request 1 CPU each, and a replacement
 # Long enough that training still runs well after the kill, the resume and the replacement.
 ARGS = trainer_args(epochs=30, samples=2048, step_sleep=0.1, snapshot_every_steps=10)
 # The rendezvous settings the operator renders from FAST_RDZV_TIMEOUTS (closeSeconds keeps its default).
@@ -72,36 +82,60 @@ def conf_of(text: str) -> dict[str, str]:
 
 
 class Sandbox:
-    """The emulator, the operator and the node agent, warm across rounds (one job per round)."""
+    """The real control plane, one kubelet, the operator, warm across rounds (one job per round)."""
 
-    def __init__(self, workdir: pathlib.Path):
-        self.workdir = workdir
+    def __init__(self, workdir: pathlib.Path, rounds: int = ROUNDS):
+        self.workdir, self.rounds = workdir, rounds
 
     def __enter__(self) -> "Sandbox":
-        self._cluster = running_cluster(self.workdir)
-        cluster = self._cluster.__enter__()
-        self.k8s = cluster.client(NAMESPACE)
-        self.operator = OperatorProcess(cluster, operator_command(NAMESPACE), self.workdir / "operator.log").start()
-        self._agent = running_node_agent(self.k8s, self.workdir / "node")
-        self.agent = self._agent.__enter__()
+        self._stack = contextlib.ExitStack()
+        try:
+            control_plane = self._stack.enter_context(running_control_plane(self.workdir / "control-plane"))
+            (kubelet,) = self._stack.enter_context(running_kubelets(
+                control_plane.layout.pki, control_plane.url, self.workdir / "kubelets", [NODE], poll_seconds=0.2))
+            self.agent = kubelet.agent
+            cluster = BenchCluster(control_plane)
+            self.k8s = cluster.namespace(NAMESPACE)
+            # One volume per round: a released hostPath volume (Retain) is not bound again.
+            make_volumes(self.k8s, self.workdir / "volumes", count=self.rounds + 1, prefix=f"{NAMESPACE}-pv")
+            login = chart_operator(cluster, NAMESPACE, {"watchNamespaces": [NAMESPACE], "livenessPort": free_port()},
+                                   self.workdir)
+            self.operator = OperatorProcess(login, login.argv, self.workdir / "operator.log").start()
+            self._stack.callback(self.operator.stop)
+        except BaseException:
+            self._stack.close()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self._agent.__exit__(*exc)
-        self.operator.stop()
-        self._cluster.__exit__(*exc)
+        self._stack.close()
+
+    def claim(self, name: str) -> pathlib.Path:
+        """Creates claim ``name`` as snapshot-pvc.yaml's (no storage class: a hostPath volume of the
+        bench's) and returns the directory the PV binder bound it to."""
+        self.k8s.create("persistentvolumeclaims", {"metadata": {"name": name}, "spec": {
+            "accessModes": ["ReadWriteMany"], "storageClassName": "", "resources": {"requests": {"storage": "1Gi"}}}})
+        volume = wait_for(lambda: (self.k8s.get("persistentvolumeclaims", name).get("spec") or {}).get("volumeName"),
+                          f"claim {name} bound", timeout=60)
+        return pathlib.Path(self.k8s.get("persistentvolumes", volume)["spec"]["hostPath"]["path"])
 
     def recovery(self, round_: int) -> Recovery:
         name, port = f"mlp-{round_}", free_port()
         body = example_job(args=ARGS, rdzv_port=port, backoff_seconds=BACKOFF_SECONDS)
         body["metadata"]["name"] = name
+        # The store on node 0, as the bare agents' node 0 hosts it (the example now puts it in a
+        # pod of its own, whose node-0 is_host=false no bare agent matches).
+        body["spec"]["elasticPolicy"]["rdzvStore"] = "node"
         body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"] = f"{name}-snapshots"
+        snapshots = self.claim(f"{name}-snapshots")
         kubectl_apply(self.k8s, body, self.workdir)
-        progress = JobProgress(self.k8s, self.agent, name, job_snapshot_dir(self.agent.claim_dir(f"{name}-snapshots"), name) / "metrics.jsonl")
+        progress = JobProgress(self.k8s, self.agent, name, job_snapshot_dir(snapshots, name) / "metrics.jsonl")
         try:
             progress.wait(is_event("start", world_size=2), EVENT_TIMEOUT, "both nodes training")
             pod_conf = conf_of(self._env(f"{name}-node-0")["PET_RDZV_CONF"])
-            assert pod_conf == RDZV_CONF, f"the pods' PET_RDZV_CONF {pod_conf} is not the bare agents' {RDZV_CONF}"
+            # The operator says is_host=true on node 0; the bare node-0 agent hosts by its address (the default).
+            expected = {**RDZV_CONF, "is_host": "true"}
+            assert pod_conf == expected, f"node 0's PET_RDZV_CONF {pod_conf} is not the bare agents' {expected}"
             progress.wait(is_event("snapshot", step=KILL_AFTER_STEP), EVENT_TIMEOUT, "the snapshot before the kill")
             host = self.agent.pod_listening_on(port)
             assert host == f"{name}-node-0", f"the c10d store is hosted by {host}, not node 0"

@@ -24,31 +24,53 @@ def now_rfc3339() -> str:
     return format_time(datetime.datetime.now(datetime.timezone.utc))
 
 
-def running_status(container: str, started_at: str, pod_ip: str = LOOPBACK, host_ip: str = LOOPBACK) -> dict:
-    """What a kubelet reports once the container started (ready: no probes are rendered)."""
+def running_status(container: str, started_at: str, pod_ip: str = LOOPBACK, host_ip: str = LOOPBACK,
+                   restart_count: int = 0, last_terminated: Mapping[str, Any] | None = None) -> dict:
+    """What a kubelet reports once the container started (ready: no probes are rendered); after a
+    restart, how many and how the previous one ended (``last_terminated``: a ``terminated`` state)."""
     conditions = [{"type": t, "status": "True", "lastTransitionTime": started_at}
                   for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+    status = {"name": container, "ready": True, "started": True, "restartCount": restart_count,
+              "image": "sandbox", "imageID": "", "state": {"running": {"startedAt": started_at}}}
+    if last_terminated:
+        status["lastState"] = {"terminated": dict(last_terminated)}
     return {"status": {
         "phase": "Running", "hostIP": host_ip, "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-        "startTime": started_at, "conditions": conditions,
-        "containerStatuses": [{"name": container, "ready": True, "started": True, "restartCount": 0,
-                               "image": "sandbox", "imageID": "", "state": {"running": {"startedAt": started_at}}}]}}
+        "startTime": started_at, "conditions": conditions, "containerStatuses": [status]}}
+
+
+def back_off_status(container: str, pod: str, restart_count: int, last_terminated: Mapping[str, Any],
+                    back_off_seconds: float) -> dict:
+    """What a kubelet reports while it waits to restart a container that exited (restartPolicy
+    Always, or OnFailure after a failure): still Running, not ready, CrashLoopBackOff."""
+    now = now_rfc3339()
+    conditions = [{"type": t, "status": "False", "lastTransitionTime": now, "reason": "ContainersNotReady"}
+                  for t in ("ContainersReady", "Ready")]
+    message = f"back-off {back_off_seconds:g}s restarting failed container={container} pod={pod}"
+    return {"status": {"phase": "Running", "conditions": conditions, "containerStatuses": [{
+        "name": container, "ready": False, "started": False, "restartCount": restart_count, "image": "sandbox",
+        "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff", "message": message}},
+        "lastState": {"terminated": dict(last_terminated)}}]}}
+
+
+def terminated_state(started_at: str, finished_at: str, exit_code: int, message: str | None = None,
+                     reason: str | None = None) -> dict:
+    """A container's ``terminated`` state: ``reason`` defaults to the runtime's Completed (exit 0)
+    or Error; OOMKilled is one other."""
+    return {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+            "startedAt": started_at, "finishedAt": finished_at, **({"message": message} if message else {})}
 
 
 def terminated_status(container: str, started_at: str, finished_at: str, exit_code: int,
-                      message: str | None = None, reason: str | None = None) -> dict:
-    """What a kubelet reports when the container exited (restartPolicy Never: the phase follows).
-
-    ``reason`` defaults to the runtime's Completed (exit 0) or Error; OOMKilled is one other.
-    """
-    reason = reason or ("Completed" if exit_code == 0 else "Error")
-    terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started_at, "finishedAt": finished_at,
-                  **({"message": message} if message else {})}
+                      message: str | None = None, reason: str | None = None, restart_count: int = 0) -> dict:
+    """What a kubelet reports when the container exited for good (restartPolicy Never, or
+    OnFailure after a success): the phase follows (see terminated_state for ``reason``)."""
+    terminated = terminated_state(started_at, finished_at, exit_code, message, reason)
     conditions = [{"type": t, "status": "False", "lastTransitionTime": finished_at, "reason": "PodCompleted"}
                   for t in ("ContainersReady", "Ready")]
     return {"status": {
         "phase": "Succeeded" if exit_code == 0 else "Failed", "conditions": conditions,
-        "containerStatuses": [{"name": container, "ready": False, "started": False, "restartCount": 0,
+        "containerStatuses": [{"name": container, "ready": False, "started": False, "restartCount": restart_count,
                                "image": "sandbox", "imageID": "", "state": {"terminated": terminated}}]}}
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_sandbox.client import KubeClient
-from ddpjob_sandbox.control_plane import BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane
+from ddpjob_sandbox.control_plane import BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane, audit
 from ddpjob_sandbox.control_plane.cluster import make_volumes
 from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL
 from ddpjob_sandbox.examples import EXAMPLES, example_job, kubectl_apply, trainer_args
@@ -106,15 +106,9 @@ def diagnosis(kube: KubeClient, kubelets) -> str:
 
 def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:
     """Who created the pods ``<prefix>*`` in ``namespace``, from the API server's audit log."""
-    users = set()
-    for line in control_plane.layout.audit_log.read_text().splitlines():
-        event = json.loads(line)
-        ref = event.get("objectRef") or {}
-        if (event.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("subresource")) == \
-                ("create", "pods", namespace, None) and event.get("responseStatus", {}).get("code") == 201 \
-                and ref.get("name", "").startswith(prefix):
-            users.add(event["user"]["username"])
-    return users
+    return {r.user for r in audit.requests(control_plane.layout.audit_log)
+            if (r.verb, r.resource, r.subresource, r.namespace, r.code) == ("create", "pods", "", namespace, 201)
+            and r.name.startswith(prefix)}
 
 
 def job_phase(kube: KubeClient, name: str = "mlp") -> str | None:

@@ -1,9 +1,11 @@
 """The node agent as the kubelet of registered Nodes on the real API server: it runs the pods the
 scheduler binds to its Node as local processes, reports their status through pods/status, ends
 deletions the way a kubelet does, gives each pod its own loopback address, resolves the cluster
-DNS names of its pods, and projects the service-account token."""
+DNS names of its pods, projects the service-account token and renews it, and restarts containers
+as the pod's restartPolicy says."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import textwrap
@@ -14,7 +16,7 @@ import pytest
 
 from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane.cluster import volume_body
-from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL
+from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL, running_kubelets
 from ddpjob_sandbox.node.network import pod_ip
 from ddpjob_sandbox.node.reporting import FINALIZER
 from ddpjob_sandbox.procs import free_port
@@ -276,3 +278,121 @@ def test_a_kubelet_may_not_delete_or_report_for_another_nodes_pod(kubelets, kube
             attempt()
         assert refused.value.status == 403
     kube.delete("pods", "elsewhere", gracePeriodSeconds=1)
+
+
+def container_status(body: dict) -> dict:
+    return body["status"]["containerStatuses"][0]
+
+
+def reported(kube: KubeClient, name: str) -> dict | None:
+    """The pod once its kubelet reported its container (None before)."""
+    body = kube.get("pods", name)
+    return body if (body.get("status") or {}).get("containerStatuses") else None
+
+
+def test_on_failure_a_failed_container_restarts_at_once_then_succeeds_with_its_restart_counted(kubelets,
+                                                                                               kube: KubeClient):
+    # The emptyDir outlives the container, as on a kubelet: the second run finds the first's mark.
+    body = pod("flaky", """
+        import os, sys
+        mark = os.path.join(os.environ["SCRATCH"], "ran-once")
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            open(os.environ["TL"], "w").write("first run fails")
+            sys.exit(3)
+        open(os.environ["TL"], "w").write("second run succeeds")
+    """, env={"SCRATCH": "/scratch"}, restartPolicy="OnFailure")
+    body["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
+    kube.create("pods", body)
+    done = phase_in(kube, "flaky", ("Succeeded", "Failed"))
+    assert done["status"]["phase"] == "Succeeded", logs(kubelets)
+    status = container_status(done)
+    assert status["restartCount"] == 1
+    assert (terminated(done)["exitCode"], terminated(done)["message"]) == (0, "second run succeeds")
+
+
+def test_always_restarts_an_exited_container_with_a_doubling_back_off_and_the_pod_stays_running(kubelets,
+                                                                                                kube: KubeClient):
+    kube.create("pods", pod("looping", """
+        import os, time
+        open(os.environ["TL"], "w").write("exited")
+        time.sleep(0.5)
+    """, restartPolicy="Always"))
+    # The first restart is at once; the second waits the kubelet's first back-off, 10 s.
+    backing_off = kube.wait_for(
+        lambda: (p := reported(kube, "looping")) and (container_status(p)["state"].get("waiting") or {}).get(
+            "reason") == "CrashLoopBackOff" and p,
+        timeout=WAIT, what="the pod in CrashLoopBackOff after its second exit")
+    status = container_status(backing_off)
+    assert backing_off["status"]["phase"] == "Running", "a restarting pod never ends"
+    assert status["restartCount"] == 1 and status["ready"] is False
+    assert status["state"]["waiting"]["message"].startswith("back-off 10s restarting failed container=main pod=looping_")
+    assert (status["lastState"]["terminated"]["exitCode"], status["lastState"]["terminated"]["reason"],
+            status["lastState"]["terminated"]["message"]) == (0, "Completed", "exited")
+    waited_from = time.monotonic()
+    again = kube.wait_for(lambda: (p := reported(kube, "looping")) and container_status(p)["restartCount"] == 2
+                          and p, timeout=WAIT, what="the second restart")
+    assert time.monotonic() - waited_from >= 8, "not before its back-off (10 s, from a moment before the wait)"
+    assert container_status(again)["lastState"]["terminated"]["exitCode"] == 0
+    kube.delete("pods", "looping", gracePeriodSeconds=1)
+    kube.wait_for(lambda: kube.find("pods", "looping") is None, timeout=WAIT, what="a restarting pod deleted")
+
+
+def test_a_never_pod_is_not_restarted(kubelets, kube: KubeClient):
+    kube.create("pods", pod("once", "import sys; sys.exit(1)"))
+    done = phase_in(kube, "once", ("Succeeded", "Failed"))
+    time.sleep(2)  # a restart, were there one, would come at once
+    after = kube.get("pods", "once")
+    assert (after["status"]["phase"], container_status(after)["restartCount"]) == ("Failed", 0)
+    assert done["metadata"]["uid"] == after["metadata"]["uid"]
+
+
+RENEWED = """
+    import base64, json, os, ssl, time, urllib.request
+    from pathlib import Path
+    import yaml
+    config_path = Path(os.environ["KUBECONFIG"])
+    cluster = yaml.safe_load(config_path.read_text())["clusters"][0]["cluster"]
+    account = Path(cluster["certificate-authority"]).parent
+    first = (account / "token").read_text()
+    deadline = time.monotonic() + 60
+    while (new := (account / "token").read_text()) == first or \\
+            yaml.safe_load(config_path.read_text())["users"][0]["user"]["token"] != new:
+        assert time.monotonic() < deadline, "no renewed token within 60 s"
+        time.sleep(0.2)
+    request = urllib.request.Request(
+        cluster["server"] + "/apis/authentication.k8s.io/v1/selfsubjectreviews", method="POST",
+        data=json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}).encode(),
+        headers={"Authorization": "Bearer " + new, "Content-Type": "application/json"})
+    context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+        user = json.load(answer)["status"]["userInfo"]["username"]
+    claims = [json.loads(base64.urlsafe_b64decode(t.split(".")[1] + "==")) for t in (first, new)]
+    open(os.environ["TL"], "w").write(json.dumps({"user": user, "exp": [c["exp"] for c in claims]}))
+"""
+
+
+def test_a_projected_token_is_renewed_before_it_expires_and_the_new_one_logs_in(control_plane, kube: KubeClient,
+                                                                                 tmp_path: Path):
+    # A kubelet of its own that renews at 1% of the lifetime (the API's shortest, 600 s): 6 s, not 480.
+    with contextlib.ExitStack() as stack:
+        stack.callback(kube.delete, "nodes", "renewer")  # no later pod is scheduled to a Node without kubelet
+        stack.enter_context(running_kubelets(control_plane.layout.pki, control_plane.url, tmp_path, ("renewer",),
+                                             heartbeat_seconds=2.0, poll_seconds=0.2, token_renew_fraction=0.01))
+        body = pod("renewed", RENEWED, node="renewer")
+        body["spec"]["volumes"] = [{"name": "short-lived", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 600}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace",
+                                        "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]
+        body["spec"]["containers"][0]["volumeMounts"] = [{"name": "short-lived",
+                                                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+        kube.create("pods", body)
+        done = phase_in(kube, "renewed", ("Succeeded", "Failed"))
+    message = terminated(done).get("message") or ""
+    assert done["status"]["phase"] == "Succeeded", message
+    seen = json.loads(message)
+    assert seen["user"] == f"system:serviceaccount:{kube.namespace}:default"
+    first, renewed = seen["exp"]
+    assert renewed > first, "the renewed token expires later"

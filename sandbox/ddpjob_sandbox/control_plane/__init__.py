@@ -12,6 +12,8 @@ Modules, each importing only those below it:
                 process (until 3 Nodes are Ready), hostPath PersistentVolumes; down leaves no process
     kubelets    a Node (nodes) plus the node agent (ddpjob_sandbox.node) running the pods bound
                 to it, in-process for the tests or as that background process
+    status_nodes  Nodes (nodes) that report their bound pods Running and run nothing: the
+                benches' 8,000 pods
     nodes       Nodes that register and keep themselves Ready (Lease, Ready condition), each
                 logged in as its own kubelet (system:node:<name>)
     runner      start in order, each healthy before the next (bounded waits, log tail on

@@ -29,9 +29,12 @@ with the scheduler's PodScheduled False / Unschedulable until :meth:`NodeAgent.r
 machine (Node NotReady, processes gone, the kubelet silent). Conditions others set on a pod
 (DisruptionTarget) survive the agent's status writes, as they do a kubelet's.
 
-Only ``restartPolicy: Never`` (what the operator renders), one container, literal env values
-and claim/emptyDir volumes are supported; anything else leaves the pod Pending with a
-``CreateContainerConfigError`` waiting reason naming what is unsupported.
+A container that exits is started again where the pod's restartPolicy says so (Always, or
+OnFailure after a failure), with a kubelet's crash-loop back-off, restartCount and lastState
+(agent.Restarts); projected service-account tokens are renewed before they expire. One
+container, literal env values and claim/emptyDir/projected volumes are supported; anything else
+leaves the pod Pending with a ``CreateContainerConfigError`` waiting reason naming what is
+unsupported. Probes are not run (a pod is ready once its process started).
 """
 from ddpjob_sandbox.node.agent import NodeAgent, running_node_agent
 

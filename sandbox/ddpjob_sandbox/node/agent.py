@@ -37,13 +37,61 @@ from ddpjob_sandbox.node.launch import (
 from ddpjob_sandbox.node.network import Resolver, network_env, pod_ip
 from ddpjob_sandbox.node.projection import Projector, in_cluster_env, service_account_dir
 from ddpjob_sandbox.node.reporting import NamespacePods, NodePods, PodReporter
-from ddpjob_sandbox.pod_status import INSUFFICIENT_GPU, now_rfc3339, running_status, terminated_status, waiting_status
+from ddpjob_sandbox.pod_status import (
+    INSUFFICIENT_GPU, back_off_status, now_rfc3339, running_status, terminated_state, terminated_status, waiting_status,
+)
 from ddpjob_sandbox.procs import holds_socket, kill_marked, listening_socket_inodes, marked_pids
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_SECONDS = 30  # the API's default terminationGracePeriodSeconds
 MAX_GRACE_SECONDS = 5.0  # the sandbox's cap on a pod's grace period, so a deletion in a test is quick
+# A kubelet's crash-loop back-off: the first restart at once, then 10 s, doubled each time, at
+# most 5 min; a container that ran 10 min without exiting starts over from the first.
+RESTART_BACK_OFF_SECONDS = 10.0
+MAX_RESTART_BACK_OFF_SECONDS = 300.0
+BACK_OFF_RESET_SECONDS = 600.0
+# A kubelet renews a projected token once it is older than 80% of its lifetime (or 24 h).
+TOKEN_RENEW_FRACTION = 0.8
+TOKEN_RENEW_MAX_SECONDS = 24 * 3600.0
+TOKEN_RETRY_SECONDS = 10.0  # a refused renewal is tried again this much later
+
+
+def restarts(policy: str | None, exit_code: int) -> bool:
+    """Whether a kubelet starts an exited container again under the pod's restartPolicy.
+
+    The real API server defaults restartPolicy to Always; the emulator defaults nothing, and its
+    pods without one have always ended with their process: missing reads as Never."""
+    return policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+
+
+@dataclasses.dataclass
+class Restarts:
+    """One pod's restarts: how many, the next back-off, when the next start is due, how the
+    last container ended (its ``terminated`` state, reported as lastState)."""
+
+    count: int = 0
+    back_off: float = 0.0  # 0: the next restart is at once
+    due: float | None = None  # monotonic time of the pending restart
+    last: dict | None = None
+
+    def after_exit(self, ran_seconds: float, last: dict, first_back_off: float) -> float:
+        """Schedules the restart of a container that ran ``ran_seconds``; returns the wait."""
+        if ran_seconds >= BACK_OFF_RESET_SECONDS:
+            self.back_off = 0.0
+        wait = self.back_off
+        self.due = time.monotonic() + wait
+        self.back_off = min(2 * self.back_off, MAX_RESTART_BACK_OFF_SECONDS) if self.back_off else first_back_off
+        self.last = last
+        return wait
+
+
+@dataclasses.dataclass
+class TokenRenewal:
+    """When a running pod's projected tokens are next renewed, and where its volumes are."""
+
+    due: float  # monotonic
+    placement: Placement
 
 
 def capped_grace(pod_name: str, requested: float | None, cap: float) -> float:
@@ -84,12 +132,18 @@ class NodeAgent:
         dns_client: who answers for cluster DNS (lists a namespace's Services and pods); a
             kubelet may list only its own pods, so on a real API server it is the imitated
             DNS's own identity. Default: ``client``.
+        restart_back_off_seconds: the crash-loop back-off before the second restart of a
+            container (doubled after each, see Restarts).
+        token_renew_fraction: a projected token is renewed once this fraction of its lifetime
+            passed (a kubelet's 0.8; a test shortens it).
     """
 
     def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
                  max_grace_seconds: float = MAX_GRACE_SECONDS, bind_nodes: bool = False,
                  images: Mapping[str, Path] | None = None, node_name: str | None = None,
-                 api_url: str | None = None, node_id: str | None = None, dns_client: KubeClient | None = None):
+                 api_url: str | None = None, node_id: str | None = None, dns_client: KubeClient | None = None,
+                 restart_back_off_seconds: float = RESTART_BACK_OFF_SECONDS,
+                 token_renew_fraction: float = TOKEN_RENEW_FRACTION):
         if bind_nodes and node_name:
             raise ValueError("bind_nodes makes Nodes on the emulator; a kubelet (node_name) serves an existing one")
         self.client = client
@@ -109,6 +163,10 @@ class NodeAgent:
         self.node_id = node_id or uuid.uuid4().hex[:12]
         self.pods: dict[str, PodProcess] = {}  # uid -> container, finished ones kept for tests
         self.rejected: dict[str, str] = {}  # uid -> why the pod could not start
+        self.restart_back_off_seconds = restart_back_off_seconds
+        self.token_renew_fraction = token_renew_fraction
+        self.restarts: dict[str, Restarts] = {}  # uid -> restarts of a pod whose container exited
+        self.renewals: dict[str, TokenRenewal] = {}  # uid -> token renewal of a pod that runs
         self.errors: list[str] = []  # exceptions the loop survived (API down, a write racing a deletion)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -283,14 +341,17 @@ class NodeAgent:
                          env=network_env(address))
 
     def _prepare(self, pod: dict) -> tuple[Placement, ContainerLaunch]:
-        """The pod's placement and launch, its API-backed volumes filled (token, ConfigMaps...)."""
+        """The pod's placement and launch, its API-backed volumes filled (token, ConfigMaps...)
+        and the renewal of its tokens planned."""
         meta = pod["metadata"]
         placement = self.placement(pod)
         dirs = volume_dirs(pod, self.root, placement.claims)
         try:
-            self.projector.fill(pod, dirs, placement)
+            lifetime = self.projector.fill(pod, dirs, placement)
         except ApiError as e:
             raise UnsupportedPodError(f"volumes of pod {meta['name']} cannot be filled: {e}") from None
+        if lifetime is not None:
+            self.renewals[meta["uid"]] = TokenRenewal(self._renew_at(lifetime), placement)
         account_dir = service_account_dir(pod, dirs)
         if account_dir is not None and self.api_url:
             placement = dataclasses.replace(placement, env={**placement.env, **in_cluster_env(
@@ -298,6 +359,24 @@ class NodeAgent:
         services = (placement.resolve.service_names if isinstance(placement.resolve, Resolver)
                     else self.reporter.service_names())
         return placement, container_launch(pod, self.root, services, os.environ, self.images, placement=placement)
+
+    def _renew_at(self, lifetime: float) -> float:
+        return time.monotonic() + min(self.token_renew_fraction * lifetime, TOKEN_RENEW_MAX_SECONDS)
+
+    def _renew_tokens(self, pod: dict, renewal: TokenRenewal) -> None:
+        """Writes new tokens into a running pod's volumes (and its kubeconfig), as a kubelet
+        does before the old ones expire; a refusal is tried again TOKEN_RETRY_SECONDS later."""
+        dirs = volume_dirs(pod, self.root, renewal.placement.claims)
+        try:
+            lifetime = self.projector.fill(pod, dirs, renewal.placement, only_tokens=True)
+        except (ApiError, OSError) as e:
+            self.errors.append(f"renewing the tokens of pod {pod['metadata']['name']}: {e!r}")
+            renewal.due = time.monotonic() + TOKEN_RETRY_SECONDS
+            return
+        account_dir = service_account_dir(pod, dirs)
+        if account_dir is not None and self.api_url:
+            in_cluster_env(pod, account_dir, self.root, self.api_url)
+        renewal.due = self._renew_at(lifetime) if lifetime is not None else float("inf")
 
     def _start(self, pod: dict) -> None:
         meta = pod["metadata"]
@@ -329,14 +408,20 @@ class NodeAgent:
                                termination_log=launch.termination_log,
                                fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
                                pod_ip=placement.pod_ip)
+        restarted = self.restarts.get(meta["uid"])
         with self._lock:
             self.pods[meta["uid"]] = container
-        self.reporter.patch_status(meta["name"], running_status(container_name, container.started_at,
-                                                                placement.pod_ip, placement.host_ip),
-                                   uid=meta["uid"], namespace=meta["namespace"])
+            if restarted is not None:
+                restarted.count += 1
+                restarted.due = None
+        self.reporter.patch_status(meta["name"], running_status(
+            container_name, container.started_at, placement.pod_ip, placement.host_ip,
+            restart_count=restarted.count if restarted else 0, last_terminated=restarted.last if restarted else None),
+            uid=meta["uid"], namespace=meta["namespace"])
 
     def _follow(self, container: PodProcess, pod: dict | None) -> None:
-        """Moves one container on: report its exit, stop it when its pod is deleted or gone."""
+        """Moves one container on: renew its tokens, report its exit (and restart it where the
+        pod's restartPolicy says so), stop it when its pod is deleted or gone."""
         if container.uid in self.dead:
             container.poll()  # reaped, but a dead kubelet reports nothing and stops nothing
             return
@@ -344,18 +429,46 @@ class NodeAgent:
         if deleting:
             container.terminate()
         if container.poll() is None:
+            renewal = self.renewals.get(container.uid)
+            if renewal is not None and not deleting and time.monotonic() >= renewal.due:
+                self._renew_tokens(pod, renewal)
             return
         with self._lock:  # see node_down: an exit it caused is never reported
             if container.uid in self.dead:
                 return
             if not container.reported and pod is not None:
-                name = pod["spec"]["containers"][0]["name"]
-                self.reporter.patch_status(container.name, terminated_status(
-                    name, container.started_at, container.finished_at, container.exit_code,
-                    container.termination_message()), uid=container.uid, namespace=container.namespace)
+                self._report_exit(container, pod, deleting)
                 container.reported = True
-        if deleting and pod is not None:
-            self.own_pods.finish_deletion(pod)
+        if deleting:
+            self.restarts.pop(container.uid, None)
+            self.renewals.pop(container.uid, None)
+            if pod is not None:
+                self.own_pods.finish_deletion(pod)
+            return
+        restart = self.restarts.get(container.uid)
+        if restart is not None and restart.due is not None and time.monotonic() >= restart.due:
+            self._start(pod)
+
+    def _report_exit(self, container: PodProcess, pod: dict, deleting: bool) -> None:
+        """The exit of a container: for good (the phase follows), or with a restart scheduled
+        (still Running; CrashLoopBackOff while the back-off lasts)."""
+        name = pod["spec"]["containers"][0]["name"]
+        last = terminated_state(container.started_at, container.finished_at, container.exit_code,
+                                container.termination_message())
+        restart = self.restarts.get(container.uid)
+        if deleting or not restarts(pod["spec"].get("restartPolicy"), container.exit_code):
+            body = terminated_status(name, container.started_at, container.finished_at, container.exit_code,
+                                     last.get("message"), restart_count=restart.count if restart else 0)
+            self.renewals.pop(container.uid, None)  # nothing runs to read a token any more
+        else:
+            restart = self.restarts.setdefault(container.uid, Restarts())
+            wait = restart.after_exit(time.monotonic() - container.started_monotonic, last,
+                                      self.restart_back_off_seconds)
+            if not wait:
+                return  # started again on this tick; its running status carries lastState
+            body = back_off_status(name, f"{container.name}_{container.namespace}({container.uid})", restart.count,
+                                   last, wait)
+        self.reporter.patch_status(container.name, body, uid=container.uid, namespace=container.namespace)
 
 
 @contextlib.contextmanager

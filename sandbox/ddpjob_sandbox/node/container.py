@@ -44,6 +44,7 @@ class PodProcess:
     termination_log: Path | None = None  # the file the kubelet would copy into terminated.message
     fallback_to_logs: bool = False  # terminationMessagePolicy FallbackToLogsOnError
     pod_ip: str = LOOPBACK  # the address the pod's listeners bind (node.network)
+    started_monotonic: float = dataclasses.field(default_factory=time.monotonic)  # how long it ran: the back-off
 
     def pids(self) -> list[int]:
         return marked_pids(self.uid, key=POD_ENV)

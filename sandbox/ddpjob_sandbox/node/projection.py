@@ -3,7 +3,10 @@ Secrets and downward-API fields, as it fills ``projected``, ``configMap``, ``sec
 ``downwardAPI`` volumes before the container starts.
 
 The token comes from the TokenRequest API, bound to the pod (its name and uid), which is the
-only token NodeRestriction lets a node ask for. Node authorization lets the node read only
+only token NodeRestriction lets a node ask for. It expires: :meth:`Projector.fill` returns the
+shortest lifetime it was given, and the node agent fills the tokens again (``only_tokens``)
+before that, as a kubelet renews a token older than 80% of its lifetime. Every file is replaced
+whole (a new file renamed over the old), so a reader never sees half a token. Node authorization lets the node read only
 the ConfigMaps and Secrets its own pods name.
 
 A process here cannot see a file at /var/run/secrets/kubernetes.io/serviceaccount (there is
@@ -16,7 +19,11 @@ the ``kubernetes`` Service.
 from __future__ import annotations
 
 import base64
+import contextlib
+import datetime
 import json
+import os
+import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +41,18 @@ def _write(directory: Path, relative: str, data: bytes) -> None:
     if not target.is_relative_to(directory.resolve()):
         raise UnsupportedPodError(f"projected path {relative!r} leaves its volume")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    _replace(target, data)
+
+
+def _replace(target: Path, data: bytes, mode: int = 0o644) -> None:
+    """Writes ``target`` whole: a reader sees the old file or the new one, never a mix; made
+    with ``mode`` from the start (a kubeconfig holds the token)."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as out:
+        out.write(data)
+    tmp.replace(target)
 
 
 def _items(data: Mapping[str, bytes], items: list[dict] | None, what: str) -> dict[str, bytes]:
@@ -55,7 +73,8 @@ class Projector:
     def __init__(self, client: KubeClient):
         self.client = client
 
-    def token(self, pod: Mapping[str, Any], source: Mapping[str, Any]) -> bytes:
+    def token(self, pod: Mapping[str, Any], source: Mapping[str, Any]) -> tuple[bytes, float]:
+        """A token for the pod's service account, bound to the pod, and how long it is valid (s)."""
         meta = pod["metadata"]
         account = pod["spec"].get("serviceAccountName") or "default"
         spec: dict[str, Any] = {"expirationSeconds": source.get("expirationSeconds", DEFAULT_TOKEN_SECONDS),
@@ -65,9 +84,13 @@ class Projector:
             spec["audiences"] = [source["audience"]]
         path = (f"/api/v1/namespaces/{urllib.parse.quote(meta['namespace'])}/serviceaccounts/"
                 f"{urllib.parse.quote(account)}/token")
+        asked = time.time()
         answer = self.client.request("POST", path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                                                    "spec": spec})
-        return answer["status"]["token"].encode()
+        expires = answer["status"].get("expirationTimestamp")
+        lifetime = (datetime.datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() - asked if expires
+                    else float(spec["expirationSeconds"]))
+        return answer["status"]["token"].encode(), lifetime
 
     def _object_data(self, kind: str, name: str, namespace: str, optional: bool) -> dict[str, bytes] | None:
         plural = "configmaps" if kind == "configMap" else "secrets"
@@ -85,8 +108,6 @@ class Projector:
     def _source_files(self, pod: Mapping[str, Any], source: Mapping[str, Any],
                       placement: Placement) -> dict[str, bytes]:
         namespace = pod["metadata"]["namespace"]
-        if "serviceAccountToken" in source:
-            return {source["serviceAccountToken"]["path"]: self.token(pod, source["serviceAccountToken"])}
         for kind, key in (("configMap", "name"), ("secret", "secretName")):
             if kind in source:
                 ref = source[kind]
@@ -102,13 +123,17 @@ class Projector:
             return files
         raise UnsupportedPodError(f"projected source {', '.join(source)} is not provided by the sandbox node")
 
-    def fill(self, pod: Mapping[str, Any], dirs: Mapping[str, Path], placement: Placement) -> None:
-        """Writes the files of every API-backed volume of ``pod`` into its directory in ``dirs``.
+    def fill(self, pod: Mapping[str, Any], dirs: Mapping[str, Path], placement: Placement, *,
+             only_tokens: bool = False) -> float | None:
+        """Writes the files of every API-backed volume of ``pod`` into its directory in ``dirs``
+        (``only_tokens``: only the service-account tokens, renewed); returns the lifetime in
+        seconds of the shortest-lived token written, None without one.
 
         Raises:
             UnsupportedPodError: a source this node cannot provide, or an object it cannot read.
             ApiError: the TokenRequest was refused.
         """
+        shortest: float | None = None
         for volume in pod["spec"].get("volumes") or []:
             if "projected" in volume:
                 sources = volume["projected"].get("sources") or []
@@ -121,8 +146,14 @@ class Projector:
             directory = dirs[volume["name"]]
             directory.mkdir(parents=True, exist_ok=True)
             for source in sources:
-                for relative, data in self._source_files(pod, source, placement).items():
-                    _write(directory, relative, data)
+                if "serviceAccountToken" in source:
+                    token, lifetime = self.token(pod, source["serviceAccountToken"])
+                    shortest = lifetime if shortest is None else min(shortest, lifetime)
+                    _write(directory, source["serviceAccountToken"]["path"], token)
+                elif not only_tokens:
+                    for relative, data in self._source_files(pod, source, placement).items():
+                        _write(directory, relative, data)
+        return shortest
 
 
 def service_account_dir(pod: Mapping[str, Any], dirs: Mapping[str, Path]) -> Path | None:
@@ -140,14 +171,15 @@ def in_cluster_env(pod: Mapping[str, Any], account_dir: Path, root: Path, api_ur
     token = (account_dir / "token").read_text().strip()
     kubeconfig = pod_dir(root, pod["metadata"]) / "kubeconfig"
     kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-    # JSON is YAML: every value quoted right, whatever the paths hold.
-    kubeconfig.write_text(json.dumps({
+    # JSON is YAML: every value quoted right, whatever the paths hold. Written again with each
+    # renewed token (a client that logs in again on a 401 reads the new one), whole each time.
+    _replace(kubeconfig, json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "in-cluster",
         "clusters": [{"name": "in-cluster", "cluster": {"server": api_url,
                                                         "certificate-authority": str(account_dir / "ca.crt")}}],
         "users": [{"name": "service-account", "user": {"token": token}}],
         "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "service-account",
-                                                        "namespace": pod["metadata"]["namespace"]}}]}, indent=2))
-    kubeconfig.chmod(0o600)
+                                                        "namespace": pod["metadata"]["namespace"]}}]},
+                                    indent=2).encode(), mode=0o600)
     return {"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": url.hostname or "",
             "KUBERNETES_SERVICE_PORT": str(url.port or 443)}

@@ -34,7 +34,8 @@ class PodReporter:
 
     def hold(self, meta: dict, node: str | None = None) -> bool:
         """Adds the finalizer (and binds the pod to ``node``); False when the pod is gone."""
-        finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        held = meta.get("finalizers") or []
+        finalizers = held if FINALIZER in held else [*held, FINALIZER]  # a restarted container holds it still
         patch: dict[str, Any] = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
         if node:
             patch["spec"] = {"nodeName": node}
