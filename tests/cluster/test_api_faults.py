@@ -71,12 +71,18 @@ def faulty(tmp_path_factory) -> Iterator[Faulty]:
         yield Faulty(control_plane, proxy, installed)
 
 
+def whole_list(request: audit.Request) -> bool:
+    """A list of a whole kind (what a start or a broken watch costs), not the look-up by name the
+    operator makes after a create answered 409 (its cache had not seen the object yet)."""
+    return request.verb == "list" and "fieldSelector=metadata.name" not in request.uri
+
+
 def watching_everything(faulty: Faulty) -> bool:
     """Whether the operator's last list-or-watch of each kind it follows is a watch: its cache's
     of each kind and kopf's of the DDPJobs (after a start or a fault, each lists, then watches)."""
     last: dict[tuple[bool, str], str] = {}
     for r in faulty.operator_requests(0):
-        if r.verb in ("list", "watch"):
+        if r.verb == "watch" or whole_list(r):
             last[(r.user_agent.startswith("kopf/"), r.resource)] = r.verb
     expected = {(False, kind.plural) for kind in WATCHED} | {(True, C.PLURAL)}
     return all(last.get(key) == "watch" for key in expected)
@@ -126,10 +132,13 @@ def test_with_latency_a_job_succeeds_without_restarting_the_operator_or_extra_re
     requests = faulty.operator_requests(start)
     counts = per_kind(requests)
     # Latency alone breaks nothing: the watches stay open, so no kind is listed again...
-    assert not [k for k in counts if k[0] == "list"], counts
-    # ...each of the job's pods is created once (no create repeated for want of an answer)...
-    created = [r.name for r in requests if (r.verb, r.resource) == ("create", "pods")]
+    assert not [r for r in requests if whole_list(r)], counts
+    # ...and each of the job's pods is created once. A pass may plan a pod its cache has not seen
+    # yet (the watch event is late): that create answers 409 and costs one look-up by name.
+    created = [r.name for r in requests if (r.verb, r.resource, r.code) == ("create", "pods", 201)]
     assert sorted(created) == sorted(set(created)) and created, created
+    again = [r for r in requests if (r.verb, r.resource, r.code) == ("create", "pods", 409)]
+    assert len(again) <= len(created), f"{len(again)} creates answered 409 for {len(created)} pods: {counts}"
     # ...and the job costs what it costs without latency: its objects, a few status writes, Events.
     assert len(requests) <= 50, f"{len(requests)} requests for one 2-node job: {counts}"
 
@@ -175,7 +184,7 @@ def test_with_watches_and_requests_cut_a_job_succeeds_and_the_operator_relists_b
     faults = len(injected)
     # Each fault costs at most a list and a watch of each kind the operator follows (its cache's 5,
     # kopf's DDPJobs) and a retry of the request it cut: a flood would be many per fault.
-    relists = sum(n for (verb, _), n in counts.items() if verb == "list")
+    relists = len([r for r in requests if whole_list(r)])
     assert relists <= 6 * faults, f"{relists} lists for {faults} faults: {counts}"
     assert len(requests) <= 60 + 14 * faults, f"{len(requests)} requests for {faults} faults: {counts}"
 
