@@ -52,3 +52,11 @@ def test_the_node_lifecycle_controller_waits_the_layouts_grace_for_a_silent_node
         f"{comp.NODE_MONITOR_GRACE_SECONDS}s" == "40s"
     shorter = comp.Layout(root=LAYOUT.root, bin_dir=LAYOUT.bin_dir, ports=LAYOUT.ports, node_monitor_grace_seconds=16)
     assert flags(comp.controller_manager_argv(shorter))["--node-monitor-grace-period"] == "16s"
+
+
+def test_a_tests_own_api_server_flags_come_after_the_standard_ones():
+    assert "--watch-cache=false" not in ARGVS["kube-apiserver"]
+    own = comp.Layout(root=LAYOUT.root, bin_dir=LAYOUT.bin_dir, ports=LAYOUT.ports,
+                      apiserver_flags=("--watch-cache=false",))
+    argv = comp.apiserver_argv(own)
+    assert argv[:-1] == ARGVS["kube-apiserver"] and argv[-1] == "--watch-cache=false"

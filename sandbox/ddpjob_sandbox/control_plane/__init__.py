@@ -16,6 +16,8 @@ Modules, each importing only those below it:
                 benches' 8,000 pods
     nodes       Nodes that register and keep themselves Ready (Lease, Ready condition), each
                 logged in as its own kubelet (system:node:<name>)
+    proxy       a TCP proxy in front of the API server adding latency and cutting connections
+    audit       requests counted per client from the API server's audit log
     runner      start in order, each healthy before the next (bounded waits, log tail on
                 failure); stop by the recorded pids, each process group whole
     components  the command line of each component, and the kubeconfigs (pure)
@@ -60,10 +62,12 @@ class ControlPlane:
 
 @contextlib.contextmanager
 def running_control_plane(root: Path, bin_dir: Path = DEFAULT_BIN_DIR, *,
-                          node_monitor_grace_seconds: int = NODE_MONITOR_GRACE_SECONDS) -> Iterator[ControlPlane]:
+                          node_monitor_grace_seconds: int = NODE_MONITOR_GRACE_SECONDS,
+                          apiserver_flags: tuple[str, ...] = ()) -> Iterator[ControlPlane]:
     """Yields a started control plane with its state in ``root``; stops every process on exit.
-    ``node_monitor_grace_seconds``: how long a Node may stay silent before it counts as lost."""
-    layout = new_layout(root, bin_dir, node_monitor_grace_seconds)
+    ``node_monitor_grace_seconds``: how long a Node may stay silent before it counts as lost;
+    ``apiserver_flags``: added to kube-apiserver's."""
+    layout = new_layout(root, bin_dir, node_monitor_grace_seconds, apiserver_flags)
     up(layout)
     try:
         yield ControlPlane(layout)

@@ -85,13 +85,15 @@ NODE_MONITOR_GRACE_SECONDS = 40
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one control plane keeps its state: binaries, certificates, data, logs; and how soon
-    a silent Node counts as lost (the test tier's kubelets beat faster, so it waits less)."""
+    """Where one control plane keeps its state: binaries, certificates, data, logs; how soon
+    a silent Node counts as lost (the test tier's kubelets beat faster, so it waits less); and
+    any flags a test's own API server needs beside the standard ones."""
 
     root: Path
     bin_dir: Path
     ports: Ports
     node_monitor_grace_seconds: int = NODE_MONITOR_GRACE_SECONDS
+    apiserver_flags: tuple[str, ...] = ()  # appended to kube-apiserver's (a test's own cluster)
 
     @property
     def pki(self) -> Path:
@@ -151,6 +153,7 @@ def apiserver_argv(layout: Layout) -> list[str]:
         "--allow-privileged=true",
         f"--audit-policy-file={layout.root / 'audit-policy.yaml'}", f"--audit-log-path={layout.audit_log}",
         "--profiling=false",
+        *layout.apiserver_flags,
     ]
 
 

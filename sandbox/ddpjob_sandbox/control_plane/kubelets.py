@@ -66,10 +66,13 @@ class Kubelet:
 
 def make_kubelet(pki: Path, api_url: str, name: str, root: Path, *, heartbeat_seconds: float = HEARTBEAT_SECONDS,
                  poll_seconds: float = POLL_SECONDS, labels: dict[str, str] | None = None,
-                 **agent_options) -> Kubelet:
+                 pod_api_url: str | None = None, **agent_options) -> Kubelet:
+    """A Node ``name`` and its agent, both logged in to ``api_url`` as the Node's kubelet; its
+    pods reach the API server at ``pod_api_url`` (default ``api_url``; a test's fault proxy)."""
     client = node_client(pki, api_url, name)
     marker = f"{cluster_marker(root)}/{name}"
-    agent = NodeAgent(client, root / "nodes" / name, poll_seconds=poll_seconds, node_name=name, api_url=api_url,
+    agent = NodeAgent(client, root / "nodes" / name, poll_seconds=poll_seconds, node_name=name,
+                      api_url=pod_api_url or api_url,
                       node_id=marker, dns_client=identity_client(pki, api_url, CLUSTER_DNS), **agent_options)
     node = Node(name, client, labels={NODE_LABEL: "true", **(labels or {})}, heartbeat_seconds=heartbeat_seconds)
     return Kubelet(node, agent)

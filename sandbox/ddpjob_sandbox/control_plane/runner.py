@@ -57,12 +57,12 @@ def require_binaries(bin_dir: Path) -> None:
         raise ControlPlaneError(f"{', '.join(missing)} not found in {bin_dir}: build them with {BUILD_COMMAND}")
 
 
-def new_layout(root: Path, bin_dir: Path, node_monitor_grace_seconds: int = comp.NODE_MONITOR_GRACE_SECONDS
-               ) -> comp.Layout:
+def new_layout(root: Path, bin_dir: Path, node_monitor_grace_seconds: int = comp.NODE_MONITOR_GRACE_SECONDS,
+               apiserver_flags: tuple[str, ...] = ()) -> comp.Layout:
     ports = comp.Ports(etcd=free_port(), etcd_peer=free_port(), apiserver=free_port(),
                        controller_manager=free_port(), scheduler=free_port())
     return comp.Layout(root=root.resolve(), bin_dir=bin_dir.resolve(), ports=ports,
-                       node_monitor_grace_seconds=node_monitor_grace_seconds)
+                       node_monitor_grace_seconds=node_monitor_grace_seconds, apiserver_flags=apiserver_flags)
 
 
 def admin_ssl_context(layout: comp.Layout) -> ssl.SSLContext:
@@ -186,6 +186,32 @@ def launch(layout: comp.Layout, component: Component, started: dict[str, subproc
             start_new_session=True, env=None if component.env is None else dict(component.env))
     _record(layout.root, started, layout)
     _wait_healthy(component, started[component.name], log)
+
+
+def etcdctl(layout: comp.Layout, *args: str) -> str:
+    """Runs the pinned etcdctl against this control plane's etcd; returns its output.
+
+    Raises:
+        ControlPlaneError: etcdctl is missing (with the command that builds it) or failed.
+    """
+    binary = layout.bin_dir / "etcdctl"
+    if not os.access(binary, os.X_OK):
+        raise ControlPlaneError(f"etcdctl not found in {layout.bin_dir}: build it with {BUILD_COMMAND}")
+    done = subprocess.run([str(binary), f"--endpoints={layout.etcd_url}", *args], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode:
+        raise ControlPlaneError(f"etcdctl {' '.join(args)} exited with {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def compact_etcd(layout: comp.Layout) -> int:
+    """Compacts etcd's history up to its current revision, as the API server does every 5 min
+    (--etcd-compaction-interval); a watch from an older resourceVersion that reaches etcd then
+    ends with 410 Gone. Returns the revision compacted to."""
+    (status,) = json.loads(etcdctl(layout, "endpoint", "status", "--write-out=json"))
+    revision = int(status["Status"]["header"]["revision"])
+    etcdctl(layout, "compact", str(revision), "--physical")
+    return revision
 
 
 def _is_component(pid: int, binary: str) -> bool:

@@ -446,7 +446,8 @@ class NodeAgent:
                 self.own_pods.finish_deletion(pod)
             return
         restart = self.restarts.get(container.uid)
-        if restart is not None and restart.due is not None and time.monotonic() >= restart.due:
+        if restart is not None and restart.due is not None and time.monotonic() >= restart.due \
+                and container.uid not in self.rejected:  # a restart that cannot start is not tried each tick
             self._start(pod)
 
     def _report_exit(self, container: PodProcess, pod: dict, deleting: bool) -> None:
