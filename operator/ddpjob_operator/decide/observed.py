@@ -412,12 +412,13 @@ class Observed:
         """Every store pod, deleting ones included."""
         return tuple(p for p in self.pods if p.is_store)
 
-    def of_generation(self, generation: int, replicas: int) -> NodeGroups:
-        """The node pods grouped for rendezvous generation `generation` and `replicas` nodes
-        (made on the first call for that pair; status, topology and plan all ask for it)."""
-        key = (generation, replicas)
+    def of_generation(self, generation: int, node_pods: int) -> NodeGroups:
+        """The node pods grouped for rendezvous generation `generation` and `node_pods` wanted
+        (spec.node_pods: the replicas and the warm spares), made on the first call for that pair:
+        status, topology and plan all ask for it."""
+        key = (generation, node_pods)
         if key not in self._groups:
-            self._groups[key] = NodeGroups.sort(self.pods, generation, replicas)
+            self._groups[key] = NodeGroups.sort(self.pods, generation, node_pods)
         return self._groups[key]
 
 
@@ -429,8 +430,9 @@ class NodeGroups:
     Attributes:
         live: the pods that still count: this generation's node pods and the store pod.
         stale: node pods of an older generation (they must go, never rejoin).
-        current: live node pods with an index below replicas, not being deleted.
-        extra: live node pods at or above replicas (or without an index), not deleting.
+        current: live node pods with an index below the node pods wanted (replicas + spares), not
+            being deleted.
+        extra: live node pods at or above that (or without an index), not deleting.
     """
 
     live: tuple[PodView, ...]

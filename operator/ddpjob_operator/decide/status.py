@@ -133,7 +133,7 @@ def _judged(ref: JobRef, spec: DDPJobSpec | None, observed: Observed, prev: Stat
     status with what judging it noted (failures, the ledger, a group restart, progress)."""
     if errors or spec is None:
         return _invalid(errors), None, dict(status)
-    groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    groups = observed.of_generation(topology.generation_of(status), spec.node_pods)
     if _finished_before(prev):
         return _Verdict(prev["phase"], "", ""), groups, dict(status)  # finished jobs never change phase
     if spec.run_policy.suspend:
@@ -153,13 +153,13 @@ def _active_pass(ref: JobRef, spec: DDPJobSpec, observed: Observed, status: Stat
     status = _with(status, noted)
     restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
     status = {**status, **(restart.changes if restart else {})}
-    groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    groups = observed.of_generation(topology.generation_of(status), spec.node_pods)
     deleted = _note_deleted(spec, groups, status, now)
     status = _with(status, deleted)
     watched = _watch_progress(spec, observed, groups, status, now, prev_phase, restart is None)
     status = _with(status, watched.part)
     if watched.hang:
-        groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+        groups = observed.of_generation(topology.generation_of(status), spec.node_pods)
     verdict, status = _active_verdict(spec, groups, status, now, prev_phase)
     verdict = replace(verdict, events=noted.events + deleted.events + verdict.events)
     if restart:
@@ -184,7 +184,7 @@ def _carried(prev: Status) -> dict[str, Any]:
 def _counts(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[PodView]) -> dict[str, Any]:
     pods = tuple(pods)
     ready = sum(1 for p in pods if p.running_ready)
-    desired = spec.desired_replicas if spec else 0
+    desired = spec.node_pods if spec else 0
     return {
         "replicas": sum(1 for p in pods if p.active),
         "readyReplicas": ready,
@@ -357,7 +357,7 @@ def _note_deleted(spec: DDPJobSpec, groups: NodeGroups, status: Status, now: dat
         return _Part()
     failures, events = status.get("failures"), []
     for pod in groups.live:
-        if not (pod.deleting and not pod.is_store and pod.index is not None and pod.index < spec.desired_replicas
+        if not (pod.deleting and not pod.is_store and pod.index is not None and pod.index < spec.node_pods
                 and pod.phase in ACTIVE_PHASES and pod.disruption is None):
             continue
         listed = progress.with_failure(failures, pod, diagnose_deleted_by_someone(pod), now)
@@ -510,7 +510,7 @@ def _apply_failure(spec: DDPJobSpec, pod: PodView, outcome: Outcome, status: Sta
 
 def _missing_indexes(spec: DDPJobSpec, current: Iterable[PodView]) -> list[int]:
     present = {p.index for p in current if p.active or p.phase == "Succeeded"}
-    return [i for i in range(spec.desired_replicas) if i not in present]
+    return [i for i in range(spec.node_pods) if i not in present]
 
 
 def _in_backoff(spec: DDPJobSpec, current: Iterable[PodView], status: Status, now: datetime) -> bool:
@@ -527,7 +527,7 @@ def _restarting(spec: DDPJobSpec, status: Status, now: datetime, failure: _Verdi
 
 def _running_or_pending(spec: DDPJobSpec, current: Iterable[PodView], prev_phase: str | None) -> _Verdict:
     running = sum(1 for p in current if p.active and p.phase == "Running")
-    counts = dict(running=running, desired=spec.desired_replicas, min=spec.min_replicas,
+    counts = dict(running=running, desired=spec.node_pods, min=spec.min_replicas,
                   max=spec.max_replicas)
     if running >= spec.min_replicas:
         return _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, C.MSG_RUNNING.format(**counts))
