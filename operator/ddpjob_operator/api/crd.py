@@ -25,7 +25,8 @@ import yaml
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.names import DNS_LABEL_MAX, NODE_POD_INFIX
-from ddpjob_operator.api.spec import JOB_NAME_PATTERN, JOB_NAME_RULE, MAX_REPLICAS, DDPJobSpec, cel
+from ddpjob_operator.api.spec import (JOB_NAME_PATTERN, JOB_NAME_RULE, MAX_REPLICAS, MAX_SPARE_REPLICAS, DDPJobSpec,
+                                      cel)
 from ddpjob_operator.api.status import DDPJobStatus
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # operator/ddpjob_operator/api/crd.py
@@ -38,17 +39,20 @@ HEADER = (
     "# operator/ddpjob_operator/api/spec.py. Do not edit: change the model and regenerate.\n"
 )
 
-# names.name_too_long as CEL: "<name>-node-<maxReplicas-1>" must fit a DNS label. The digits of the
-# largest index are counted with comparisons, not size(string(...)): the API server's cost estimator
-# cannot bound string() of an int and would refuse the CRD.
+# names.name_too_long as CEL: "<name>-node-<maxReplicas+spareReplicas-1>" must fit a DNS label (spares
+# continue the node indexes). The digits of the largest index are counted with comparisons, not
+# size(string(...)): the API server's cost estimator cannot bound string() of an int and would refuse the CRD.
 _LARGEST_NODE_COUNT = ("(has(self.spec.elasticPolicy) && has(self.spec.elasticPolicy.maxReplicas) ? "
-                       "self.spec.elasticPolicy.maxReplicas : (has(self.spec.replicas) ? self.spec.replicas : 1))")
+                       "self.spec.elasticPolicy.maxReplicas : (has(self.spec.replicas) ? self.spec.replicas : 1)) + "
+                       "(has(self.spec.elasticPolicy) && has(self.spec.elasticPolicy.spareReplicas) ? "
+                       "self.spec.elasticPolicy.spareReplicas : 0)")
+_MOST_NODE_PODS = MAX_REPLICAS + MAX_SPARE_REPLICAS
 
 
 def _index_digits(count: str) -> str:
-    """CEL for the number of digits of `count - 1` (the largest node index), up to MAX_REPLICAS."""
-    expression = str(len(str(MAX_REPLICAS - 1)))
-    for digits in range(len(str(MAX_REPLICAS - 1)) - 1, 0, -1):
+    """CEL for the number of digits of `count - 1` (the largest node index), up to _MOST_NODE_PODS."""
+    expression = str(len(str(_MOST_NODE_PODS - 1)))
+    for digits in range(len(str(_MOST_NODE_PODS - 1)) - 1, 0, -1):
         expression = f"({count} <= {10 ** digits} ? {digits} : {expression})"
     return expression
 

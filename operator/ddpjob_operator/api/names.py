@@ -43,13 +43,14 @@ def rdzv_endpoint(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def name_too_long(job: str, max_replicas: int) -> str | None:
-    """Why metadata.name `job` is too long for `max_replicas` nodes, None when it fits.
+def name_too_long(job: str, node_pods: int) -> str | None:
+    """Why metadata.name `job` is too long for `node_pods` node pods, None when it fits.
 
-    The longest generated name is node pod `max_replicas - 1` (the store and etcd
-    names, `<job>-rdzv` and `<job>-etcd`, are shorter); it must fit a DNS label.
+    The longest generated name is node pod `node_pods - 1` (maxReplicas plus the spares, whose
+    indexes continue the nodes'; the store and etcd names, `<job>-rdzv` and `<job>-etcd`, are
+    shorter); it must fit a DNS label.
     """
-    longest = pod_name(job, max(max_replicas - 1, 0))
+    longest = pod_name(job, max(node_pods - 1, 0))
     if len(longest) <= DNS_LABEL_MAX:
         return None
     allowed = DNS_LABEL_MAX - (len(longest) - len(job))

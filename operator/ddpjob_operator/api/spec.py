@@ -114,6 +114,9 @@ QUANTITY_MAX_LENGTH = 64
 # Size limits. Each list or string a CEL rule walks has a maximum, so the API server's cost
 # estimate (it assumes the largest input the schema allows) stays within its per-rule budget.
 MAX_REPLICAS = 1000  # most nodes a job may ask for (replicas, minReplicas, maxReplicas); see DDPJobSpec
+# Most spare node pods: a few cover the node losses one incident window sees; each is a whole node
+# pod held idle against quota, so a larger number is a typo rather than a plan.
+MAX_SPARE_REPLICAS = 16
 MAX_ENV = 128  # most spec.env entries
 MAX_RESOURCES = 32  # most resource names in limits or requests (each runs the quantity rule)
 MAX_VOLUMES = 64  # most spec.podOverrides.volumes
@@ -370,6 +373,14 @@ class ElasticPolicy(ApiModel):
         'change it) unless the kubelet\'s static CPU manager pins a Guaranteed pod to its CPUs. '
         'A request set by a LimitRange is not seen (it is added at admission, after the operator '
         'rendered the pod).'))
+    spare_replicas: int = Field(0, ge=0, le=MAX_SPARE_REPLICAS, description=(
+        "Warm spare node pods beyond replicas: each starts like any node (torchrun agent up, torch "
+        "imported) but waits outside the training group, in the rendezvous' redundancy list, until a "
+        "node is lost; then it joins at once (no backoff, no cold start, one pause for the survivors) "
+        "and the operator creates a new spare. Spares are ordinary pods named <job>-node-<index> "
+        "after the replicas: they count against quota (and Kueue's pod group) like any node. A spare "
+        "waits only while the group is full, so a value above 0 needs spec.replicas equal to "
+        "maxReplicas (a fixed-size job)."))
     max_restarts: int = Field(3, ge=0, description=(
         "Worker group restarts torchrun does inside a pod before the pod fails "
         "(torchrun --max-restarts)."))
@@ -868,6 +879,30 @@ def _size_rule() -> dict[str, str]:
                f"[[{low}, {high}, {old_low}, {old_high}]].map(r, ({unset}) ? {fixed} : {ranged})[0]")
 
 
+SPARE_RULE = ("needs a full group: a spare waits outside the round only while the round holds "
+              "maxReplicas nodes (below it, torchrun would admit the spare into the group), so "
+              "spec.replicas must equal spec.elasticPolicy.maxReplicas")
+
+
+def _spare_rule() -> dict[str, str]:
+    """spareReplicas > 0 needs the effective replicas equal to the effective maxReplicas (validation's
+    _spare_errors is the twin). torchrun parks a node in the redundancy list only when the round is
+    complete at max_nodes; below that the "spare" would join the group and train."""
+    low, high = _replica_range("self")
+    replicas = f"(has(self.replicas) ? self.replicas : {low})"
+    spares = "self.elasticPolicy.spareReplicas"
+    given = f"has(self.elasticPolicy) && has({spares})"
+    # r: [spares, replicas, maxReplicas], named once (see _size_rule).
+    text = [cel_int_text(f"r[{i}]") for i in range(3)]
+    message = (f"'spec.elasticPolicy.spareReplicas (' + {text[0]} + ') needs a full group: a spare waits outside "
+               "the round only while the round holds maxReplicas nodes (below it, torchrun would admit the "
+               f"spare into the group), so spec.replicas (' + {text[1]} + ') must equal "
+               f"spec.elasticPolicy.maxReplicas (' + {text[2]} + ')'")
+    return cel(f"!({given}) || {spares} == 0 || {replicas} == {high}",
+               f"spec.elasticPolicy.spareReplicas {SPARE_RULE}",
+               f"[[{spares}, {replicas}, {high}]].map(r, {message})[0]")
+
+
 def _spec_rules() -> list[dict[str, str]]:
     """CEL twins of the cross-field rules of validation.py that span several spec fields."""
     ep = "has(self.elasticPolicy) && has(self.elasticPolicy.{0})"
@@ -885,6 +920,7 @@ def _spec_rules() -> list[dict[str, str]]:
             f"'spec.replicas (' + {cel_int_text('self.replicas')} + ') must be <= "
             f"spec.elasticPolicy.maxReplicas (' + {cel_int_text('self.elasticPolicy.maxReplicas')} + ')'"),
         _size_rule(),
+        _spare_rule(),
         cel(f"!({ep.format('nProcPerNode')}) || type(self.elasticPolicy.nProcPerNode) == int || "
             "self.elasticPolicy.nProcPerNode != 'gpu' || (has(self.resources) && "
             f"has(self.resources.limits) && '{GPU_RESOURCE}' in self.resources.limits)",
@@ -964,6 +1000,16 @@ class DDPJobSpec(ApiModel):
     def desired_replicas(self) -> int:
         """Resolved replicas."""
         return self.replicas  # type: ignore[return-value]
+
+    @property
+    def spare_replicas(self) -> int:
+        """Warm spare node pods wanted beyond replicas (elasticPolicy.spareReplicas)."""
+        return self.elastic_policy.spare_replicas
+
+    @property
+    def node_pods(self) -> int:
+        """Node pods the job wants: replicas, then the spares (indexes replicas .. node_pods - 1)."""
+        return self.desired_replicas + self.spare_replicas
 
 
 def _resolve_replica_defaults(spec: DDPJobSpec) -> None:

@@ -45,6 +45,7 @@ from ddpjob_operator.api.spec import (
     RESERVED_LABELS,
     RESERVED_VOLUMES,
     SAFE_CAPABILITIES,
+    SPARE_RULE,
     SECRET_NAME_PATTERN,
     VOLUME_NAME_PATTERN,
     VOLUME_SCHEMA,
@@ -212,6 +213,15 @@ def _backoff_errors(spec: DDPJobSpec) -> list[FieldError]:
     return []
 
 
+def _spare_errors(spec: DDPJobSpec) -> list[FieldError]:
+    """Twin of spec._spare_rule: spares wait only beside a full group."""
+    if spec.spare_replicas and spec.desired_replicas != spec.max_replicas:
+        return [FieldError("spec.elasticPolicy.spareReplicas", spec.spare_replicas, SPARE_RULE.replace(
+            "spec.replicas must equal spec.elasticPolicy.maxReplicas",
+            f"spec.replicas ({spec.desired_replicas}) must equal spec.elasticPolicy.maxReplicas ({spec.max_replicas})"))]
+    return []
+
+
 REPLICA_FIELDS = ("spec.replicas", "spec.elasticPolicy.minReplicas", "spec.elasticPolicy.maxReplicas")
 # Each cross-field rule with the paths it reads, or a function of the spec giving them (a
 # defaulted replica field reads the other two).
@@ -221,6 +231,7 @@ _CROSS_FIELD_RULES = (
     (REPLICA_FIELDS[:2], _below_min_errors),
     # maxReplicas defaults to max(minReplicas, replicas)
     (lambda spec: REPLICA_FIELDS[::2] if _given(spec, "max_replicas") else REPLICA_FIELDS, _above_max_errors),
+    (("spec.elasticPolicy.spareReplicas",) + REPLICA_FIELDS, _spare_errors),
     (("spec.elasticPolicy.rdzvStore", "spec.elasticPolicy.rdzvBackend", "spec.elasticPolicy.rdzvSecretName",
       "spec.elasticPolicy.managedEtcd", "spec.elasticPolicy.rdzvEndpoints"),
      lambda spec: _rdzv_errors(spec.elastic_policy)),
@@ -631,7 +642,8 @@ def checked_job(body: Any) -> tuple[list[FieldError], DDPJobSpec | None]:
         name = body["metadata"]["name"]
         # With a refused replica field maxReplicas is unknown: 1 is the bound every job name must fit.
         known = spec is not None and not any(_overlaps(f, bad) for f in REPLICA_FIELDS for bad in invalid)
-        problem = name_too_long(name, spec.max_replicas if known else 1)
+        known = known and not any(_overlaps("spec.elasticPolicy.spareReplicas", bad) for bad in invalid)
+        problem = name_too_long(name, spec.max_replicas + spec.spare_replicas if known else 1)
         if problem:
             errors.append(FieldError("metadata.name", name, problem))
     errors += spec_errors

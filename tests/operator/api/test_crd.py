@@ -173,6 +173,9 @@ def test_cross_field_cel_rules_are_present():
         "exactly one of spec.module or spec.script must be set",
         "spec.replicas must be >= spec.elasticPolicy.minReplicas",
         "spec.replicas must be <= spec.elasticPolicy.maxReplicas",
+        "spec.elasticPolicy.spareReplicas needs a full group: a spare waits outside the round only while the round "
+        "holds maxReplicas nodes (below it, torchrun would admit the spare into the group), so spec.replicas must "
+        "equal spec.elasticPolicy.maxReplicas",
         'spec.elasticPolicy.nProcPerNode "gpu" needs spec.resources.limits["nvidia.com/gpu"]',
         "spec.env may not set variables the operator derives from the spec (PET_*, DDPJOB_*): use the spec field instead",
         "spec.podOverrides.volumeMounts may not mount over /dev/shm, spec.snapshot.mountPath or the rdzvSecretName "

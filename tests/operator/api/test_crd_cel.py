@@ -145,6 +145,33 @@ def test_cel_counts_the_digits_of_the_largest_node_index_like_the_operator(max_r
         assert (job_failures(spec, name=name) == []) == (name_too_long(name, max_replicas) is None), length
 
 
+@pytest.mark.parametrize("spares", [1, 9, 16])
+def test_cel_counts_spare_pods_in_the_largest_node_index_like_the_operator(spares):
+    """Spares continue the node indexes (<job>-node-<replicas>...): 91 + 9 pods put index 99's
+    two digits at the boundary, 991 + 9 reach four digits, past MAX_REPLICAS alone."""
+    from ddpjob_operator.api.names import name_too_long
+    for replicas in (1, 91, 991, 1000):
+        spec = make_spec(replicas=replicas, elasticPolicy={"spareReplicas": spares})
+        for length in (49, 50, 54, 55, 56):
+            name = "a" * length
+            assert (job_failures(spec, name=name) == []) == (name_too_long(name, replicas + spares) is None), (
+                replicas, length)
+
+
+@pytest.mark.parametrize("spec,full", [
+    (make_spec(replicas=2, elasticPolicy={"spareReplicas": 1}), True),  # fixed size: max defaults to replicas
+    (make_spec(replicas=None, min_replicas=3, elasticPolicy={"spareReplicas": 2}), True),  # replicas defaults to min
+    (make_spec(replicas=4, min_replicas=2, max_replicas=4, elasticPolicy={"spareReplicas": 1}), True),
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4, elasticPolicy={"spareReplicas": 1}), False),
+    (make_spec(replicas=None, min_replicas=1, max_replicas=2, elasticPolicy={"spareReplicas": 1}), False),
+    (make_spec(replicas=2, min_replicas=1, max_replicas=4, elasticPolicy={"spareReplicas": 0}), True),
+])
+def test_cel_allows_spares_only_beside_a_full_group_like_the_operator(spec, full):
+    cel_messages = [shown for _, shown in job_failures(spec)]
+    operator_messages = [e.message for e in validate_spec(spec)]
+    assert (cel_messages == []) == full and cel_messages == operator_messages
+
+
 @pytest.mark.parametrize("field,old,new", [
     ("image", {"image": "a:1"}, {"image": "a:2"}),
     ("spec.elasticPolicy.rdzvBackend", {}, {"elasticPolicy": {"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e:1"]}}),
