@@ -80,7 +80,8 @@ def test_the_timeline_marks_promotions_and_counts_the_waiting_spares():
 
 def run_job(job: dict, workdir: Path, kill_node_when_spare_ready: int | None = None) -> tuple[Path, str]:
     """`ddpjob run` of `job`; with kill_node_when_spare_ready, that node's whole agent group is
-    SIGKILLed (as its machine dying) once the spare's agent says it waits outside the group."""
+    SIGKILLed (as its machine dying) once the group trains (a step in the metrics) and the spare's
+    agent says it waits outside the group."""
     run_dir = workdir / "run"
     manifest = write_manifest(job, workdir / "job.yaml")
     argv = [str(DDPJOB), "run", str(manifest), "--workdir", str(run_dir), "--port", "0", "--plain"]
@@ -88,9 +89,10 @@ def run_job(job: dict, workdir: Path, kill_node_when_spare_ready: int | None = N
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         if kill_node_when_spare_ready is not None:
-            spare_log = run_dir / "logs" / "node-2.log"
+            spare_log, metrics = run_dir / "logs" / "node-2.log", run_dir / "snapshots" / "metrics.jsonl"
             deadline = time.monotonic() + RUN_TIMEOUT
-            while not (spare_log.exists() and SPARE_READY in spare_log.read_text(errors="replace")):
+            while not (spare_log.exists() and SPARE_READY in spare_log.read_text(errors="replace")
+                       and any(e["event"] == "step" for e in read_events(metrics))):
                 assert proc.poll() is None and time.monotonic() < deadline, (workdir / "ddpjob.out").read_text()
                 time.sleep(0.2)
             victim = next(e for e in events(run_dir) if e["event"] == "started" and e["node"] == kill_node_when_spare_ready)
@@ -121,6 +123,7 @@ def uninterrupted(tmp_path_factory):
     return final_model(run_dir)
 
 
+@pytest.mark.slow  # two runs of two nodes (and a spare): ~90 s alone, minutes on a loaded machine
 def test_a_spare_takes_a_killed_nodes_place_with_one_pause_and_no_backoff(tmp_path, uninterrupted):
     run_dir, out = run_job(spare_job(tmp_path), tmp_path, kill_node_when_spare_ready=1)
     log = events(run_dir)
@@ -136,6 +139,7 @@ def test_a_spare_takes_a_killed_nodes_place_with_one_pause_and_no_backoff(tmp_pa
     metrics = run_dir / "snapshots" / "metrics.jsonl"
     starts = [e for e in read_events(metrics) if e["event"] == "start"]
     assert [e["world_size"] for e in starts] == [2, 2], starts
+    assert starts[1]["resume_step"], "the group resumed from the fast tier or a snapshot, not from step 0"
     assert_ran_exactly_once(metrics, EPOCHS)
     model = final_model(run_dir)
     assert model.keys() == uninterrupted.keys()
