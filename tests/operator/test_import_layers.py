@@ -32,7 +32,8 @@ IO_ONLY = ("kopf", "aiohttp", "prometheus_client", "kubernetes", "kubernetes_asy
 ROOM_TIERS = {
     "render": [{"common", "launch", "kueue", "preflight"}, {"node_pod", "store_pod", "etcd_pod", "network_policy", "pdb"},
                {"objects"}],
-    "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation", "bounds", "phases"},
+    "decide": [{"actions", "observed", "failure", "budget", "conditions", "creation", "bounds", "phases",
+                "spares"},
                {"capacity", "topology", "progress", "stuck", "managed_etcd", "last_valid", "avoided_nodes", "hang",
                 "straggler", "isolation", "rendezvous_keys"},
                {"plan", "status", "observation"}, {"reconcile"}],

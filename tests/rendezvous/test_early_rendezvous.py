@@ -74,6 +74,19 @@ def test_redundant_nodes_beyond_max_nodes_do_not_hold_the_round():
     assert join(state, max_nodes=2)[1] in (_Action.MARK_RENDEZVOUS_COMPLETE, _Action.FINISH)
 
 
+def test_a_spare_waiting_beside_a_round_below_max_nodes_is_waited_for():
+    """A warm spare sits in the redundancy list while the group is full; after a node loss the
+    survivor's new round is below max_nodes, torch's join op moves the spare into it at its next
+    poll, and the round waits for it instead of completing at reduced size (one pause, not two)."""
+    state = round_with([SURVIVOR], [SURVIVOR, NEWCOMER], redundant=[NEWCOMER])
+    torch_says, early_says = join(state, max_nodes=2)
+    assert early_says == torch_says and early_says in (_Action.SYNC, _Action.KEEP_ALIVE)
+    assert not everyone_known_joined(_RendezvousContext(SURVIVOR, state, settings(max_nodes=2)))
+    # ... and torch's own join op of the spare takes it off the list into the round
+    spare = _RendezvousContext(NEWCOMER, state, settings(max_nodes=2))
+    assert _RendezvousJoinOp()(spare, time.monotonic() + 60) == _Action.REMOVE_FROM_REDUNDANCY_LIST
+
+
 @pytest.mark.parametrize("make_state, kw, why", [
     (lambda: round_with([SURVIVOR], [SURVIVOR]), {"min_nodes": 2}, "fewer participants than min_nodes"),
     (lambda: round_with([DEAD], [SURVIVOR, DEAD]), {}, "this node is not a participant"),

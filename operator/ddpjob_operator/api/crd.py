@@ -168,7 +168,9 @@ def printer_columns() -> list[dict[str, Any]]:
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         # -o wide only (priority 1): the elastic shape and the figures behind RESTARTS.
         {"name": "World Size", "type": "integer", "jsonPath": ".status.rendezvousReplicas", "priority": 1,
-         "description": "Ready node pods of the current rendezvous generation (the nodes training)"},
+         "description": "Ready node pods of the current rendezvous generation, up to maxReplicas (the nodes training)"},
+        {"name": "Spares", "type": "integer", "jsonPath": ".status.spares", "priority": 1,
+         "description": "Warm spare node pods waiting outside the round (spec.elasticPolicy.spareReplicas)"},
         {"name": "Min:Max", "type": "string", "jsonPath": ".status.replicaRange", "priority": 1,
          "description": "spec.elasticPolicy minReplicas:maxReplicas"},
         {"name": "Rdzv Gen", "type": "integer", "jsonPath": ".status.rendezvousGeneration", "priority": 1,

@@ -183,7 +183,8 @@ class DDPJobStatus(ApiModel):
                                         description="Current conditions.")
     replicas: int | None = Field(None, description="Node pods that exist and have not finished.")
     ready_replicas: int | None = Field(None, description="Node pods that are running and Ready.")
-    ready: Word | None = Field(None, description="readyReplicas/spec.replicas, for kubectl get.")
+    ready: Word | None = Field(None, description=(
+        "readyReplicas/(spec.replicas + spec.elasticPolicy.spareReplicas), for kubectl get."))
     replica_range: Word | None = Field(None, description=(
         "spec.elasticPolicy minReplicas:maxReplicas, for kubectl get -o wide."))
     selector: str | None = Field(None, max_length=C.MAX_SELECTOR_CHARS, description=(
@@ -208,6 +209,10 @@ class DDPJobStatus(ApiModel):
     rendezvous_replicas: int | None = Field(None, description=(
         "Node pods of the current rendezvous generation that are Ready: the operator's estimate of "
         "the nodes in the rendezvous (it does not read the rendezvous store itself)."))
+    spares: int | None = Field(None, ge=0, description=(
+        "Warm spares waiting outside the round (only for a job with spec.elasticPolicy.spareReplicas): "
+        "the current generation's Ready node pods beyond maxReplicas, at most spareReplicas. It drops "
+        "to 0 when a spare takes a lost node's place, and rises again once the new spare is Ready."))
     unschedulable: list[Annotated[str, Field(max_length=C.MAX_UNSCHEDULABLE_CHARS)]] = Field(
         default_factory=list, max_length=C.MAX_UNSCHEDULABLE, description=(
             "Node pods the scheduler has not placed, each as '<pod>: <scheduler reason>: <message>' "

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Iterable
 
 from ddpjob_operator.api.clock import parse_time, seconds_between
+from ddpjob_operator.decide import spares
 from ddpjob_operator.decide.observed import PodView
 from ddpjob_operator.api.spec import DDPJobSpec
 
@@ -48,13 +49,14 @@ def waiting_since(pod: PodView) -> datetime | None:
 
 
 def node_counts(spec: DDPJobSpec, nodes: Iterable[PodView]) -> dict[str, int]:
-    """desired/scheduled/running/rendezvous counts over the current generation's node pods."""
+    """desired/scheduled/running/rendezvous/spare counts over the current generation's node pods."""
     active = [p for p in nodes if p.active]
     return {
         "desiredReplicas": spec.desired_replicas,
         "scheduledReplicas": sum(1 for p in active if is_scheduled(p)),
         "runningReplicas": sum(1 for p in active if p.phase == "Running"),
-        "rendezvousReplicas": sum(1 for p in active if p.running_ready),
+        "rendezvousReplicas": spares.in_round(spec, ready := sum(1 for p in active if p.running_ready)),
+        "spares": spares.waiting(spec, ready),
     }
 
 

@@ -383,9 +383,10 @@ class Observed:
         """Every store pod, deleting ones included."""
         return tuple(p for p in self.pods if p.is_store)
 
-    def of_generation(self, generation: int, replicas: int) -> NodeGroups:
-        """The node pods sorted for rendezvous generation `generation` and `replicas` nodes."""
-        return NodeGroups.sort(self.pods, generation, replicas)
+    def of_generation(self, generation: int, node_pods: int) -> NodeGroups:
+        """The node pods sorted for rendezvous generation `generation` and `node_pods` wanted
+        (spec.node_pods: the replicas and the warm spares)."""
+        return NodeGroups.sort(self.pods, generation, node_pods)
 
 
 @dataclass(frozen=True)
@@ -395,8 +396,9 @@ class NodeGroups:
     Attributes:
         live: the pods that still count: this generation's node pods and the store pod.
         stale: node pods of an older generation (they must go, never rejoin).
-        current: live node pods with an index below replicas, not being deleted.
-        extra: live node pods at or above replicas (or without an index), not deleting.
+        current: live node pods with an index below the node pods wanted (replicas + spares), not
+            being deleted.
+        extra: live node pods at or above that (or without an index), not deleting.
     """
 
     live: tuple[PodView, ...]

@@ -11,7 +11,7 @@ Rules, in order:
   * otherwise: create the Service when missing (the NetworkPolicy is isolation.py's, which
     reconcile.py puts first and whose rule holds every pod create until it exists); keep the PodDisruptionBudget (render/pdb.py)
     created and its spec current (patched on scale), or delete it when
-    spec.runPolicy.podDisruptionBudget is off; delete pods with index >= replicas
+    spec.runPolicy.podDisruptionBudget is off; delete pods with index >= replicas + spareReplicas
     (scale-down removes the highest indexes, never node 0, the store host with rdzvStore: node); delete
     failed pods and re-create them under the same name once the backoff after the
     current failure incident has elapsed and the old pod is gone; create the
@@ -76,7 +76,7 @@ def plan_actions(ref: JobRef, spec: DDPJobSpec | None, status: Mapping[str, Any]
     service = wanted.one(objects, wanted.SERVICE)
     actions: list[Action] = [] if observed.service_exists else [CreateService(service.body())]
     actions += _disruption_budget(ref, objects, observed)
-    groups = observed.of_generation(generation, spec.desired_replicas)
+    groups = observed.of_generation(generation, spec.node_pods)
     actions += [DeletePod(p.name, f"a whole-group restart began rendezvous generation {generation}")
                 for p in groups.stale if not p.deleting]
     actions += _scale_down(spec, groups)
@@ -124,7 +124,7 @@ def _finished(spec: DDPJobSpec, status: Mapping[str, Any], pods: Iterable[PodVie
 
 
 def _scale_down(spec: DDPJobSpec, groups: NodeGroups) -> list[Action]:
-    return [DeletePod(p.name, f"node index is not below spec.replicas ({spec.desired_replicas})")
+    return [DeletePod(p.name, f"node index is not below spec.replicas + spareReplicas ({spec.node_pods})")
             for p in sorted(groups.extra, key=lambda p: -(p.index or 0))]
 
 

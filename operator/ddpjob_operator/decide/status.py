@@ -87,7 +87,7 @@ def compute_status(ref: JobRef, spec: DDPJobSpec | None, observed: Observed,
     status.update(ingested.changes)
     status.update(_counts(ref, spec, observed.node_pods))
     status["observedGeneration"] = ref.generation
-    replicas = spec.desired_replicas if spec is not None else 0
+    replicas = spec.node_pods if spec is not None else 0
     groups = observed.of_generation(topology.generation_of(status), replicas)
     if errors or spec is None:
         verdict = _invalid(errors)
@@ -121,11 +121,11 @@ def _active_pass(ref: JobRef, spec: DDPJobSpec, observed: Observed, status: dict
     noted = _note_failures(spec, observed.pods, status, now)  # every pod, the old generation's too
     restart = topology.begin_group_restart(ref.name, spec, observed, status, now)
     status.update(restart.changes if restart else {})
-    groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+    groups = observed.of_generation(topology.generation_of(status), spec.node_pods)
     noted += _note_deleted(spec, groups, status, now)
     watched = _watch_progress(spec, observed, groups, status, now, prev_phase, restart is None)
     if watched.hang:
-        groups = observed.of_generation(topology.generation_of(status), spec.desired_replicas)
+        groups = observed.of_generation(topology.generation_of(status), spec.node_pods)
     verdict = _active_verdict(spec, groups, status, now, prev_phase)
     verdict.events[:0] = noted
     if restart:
@@ -150,7 +150,7 @@ def _carried(prev: Mapping[str, Any]) -> dict[str, Any]:
 def _counts(ref: JobRef, spec: DDPJobSpec | None, pods: Iterable[PodView]) -> dict[str, Any]:
     pods = tuple(pods)
     ready = sum(1 for p in pods if p.running_ready)
-    desired = spec.desired_replicas if spec else 0
+    desired = spec.node_pods if spec else 0
     return {
         "replicas": sum(1 for p in pods if p.active),
         "readyReplicas": ready,
@@ -312,7 +312,7 @@ def _note_deleted(spec: DDPJobSpec, groups: NodeGroups, status: dict[str, Any], 
         return []
     events = []
     for pod in groups.live:
-        if not (pod.deleting and not pod.is_store and pod.index is not None and pod.index < spec.desired_replicas
+        if not (pod.deleting and not pod.is_store and pod.index is not None and pod.index < spec.node_pods
                 and pod.phase in ACTIVE_PHASES and pod.disruption is None):
             continue
         listed = progress.with_failure(status.get("failures"), pod, diagnose_deleted_by_someone(pod), now)
@@ -464,7 +464,7 @@ def _apply_failure(spec: DDPJobSpec, pod: Mapping[str, Any], outcome: Outcome,
 
 def _missing_indexes(spec: DDPJobSpec, current: list[Mapping[str, Any]]) -> list[int]:
     present = {p.index for p in current if p.active or p.phase == "Succeeded"}
-    return [i for i in range(spec.desired_replicas) if i not in present]
+    return [i for i in range(spec.node_pods) if i not in present]
 
 
 def _in_backoff(spec: DDPJobSpec, current: list[Mapping[str, Any]], status: Mapping[str, Any],
@@ -484,7 +484,7 @@ def _restarting(spec: DDPJobSpec, status: Mapping[str, Any], now: datetime,
 def _running_or_pending(spec: DDPJobSpec, current: list[Mapping[str, Any]],
                         prev_phase: str | None) -> _Verdict:
     running = sum(1 for p in current if p.active and p.phase == "Running")
-    counts = dict(running=running, desired=spec.desired_replicas, min=spec.min_replicas,
+    counts = dict(running=running, desired=spec.node_pods, min=spec.min_replicas,
                   max=spec.max_replicas)
     if running >= spec.min_replicas:
         return _Verdict(C.PHASE_RUNNING, C.REASON_RUNNING, C.MSG_RUNNING.format(**counts))

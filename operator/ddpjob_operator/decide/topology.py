@@ -52,7 +52,7 @@ def store_loss(job: str, spec: DDPJobSpec, observed: Observed, generation: int,
     was deleted under a live group); at start-up or after a restart it is simply created.
     """
     handled = set(handled)
-    groups = observed.of_generation(generation, spec.desired_replicas)
+    groups = observed.of_generation(generation, spec.node_pods)
     if groups.training_over:
         return None  # training is over; nothing to restart
     if spec.elastic_policy.store_on_node:

@@ -26,7 +26,7 @@ def kueue_metadata(ref: JobRef, spec: DDPJobSpec) -> tuple[dict[str, str], dict[
     if not queue:
         return {}, {}
     labels = {C.LABEL_KUEUE_QUEUE: queue, C.LABEL_KUEUE_POD_GROUP: ref.name}
-    return labels, {C.ANNOTATION_KUEUE_GROUP_COUNT: str(spec.desired_replicas),
+    return labels, {C.ANNOTATION_KUEUE_GROUP_COUNT: str(spec.node_pods),
                     C.ANNOTATION_KUEUE_SAFE_TO_FORCE_DELETE: "true"}
 
 

@@ -75,7 +75,7 @@ def wanted_objects(ref: JobRef, spec: DDPJobSpec, *, operator: OperatorPeer = Op
                     Wanted(STORE, rdzv_store_name(ref.name), render=lambda: render_store_pod(ref, spec))]
     if roles is None or NODE in roles:
         objects += [Wanted(NODE, pod_name(ref.name, i), i, _node(ref, spec, i, generation, avoid))
-                    for i in range(spec.desired_replicas)]
+                    for i in range(spec.node_pods)]  # the replicas, then the spares
     if spec.network_policy.enabled:
         objects.append(Wanted(NETWORK_POLICY, network_policy_name(ref.name),
                               render=lambda: render_network_policy(ref, operator)))

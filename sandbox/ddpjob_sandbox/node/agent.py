@@ -46,6 +46,10 @@ DEFAULT_GRACE_SECONDS = 30  # the API's default terminationGracePeriodSeconds
 MAX_GRACE_SECONDS = 5.0  # the sandbox's cap on a pod's grace period, so a deletion in a test is quick
 
 
+class AddressBusy(UnsupportedPodError):
+    """The pod's address is held by the still-running old container of a pod of the same name."""
+
+
 def capped_grace(pod_name: str, requested: float | None, cap: float) -> float:
     """The grace period the sandbox gives a pod: its terminationGracePeriodSeconds, at most ``cap``.
 
@@ -275,6 +279,11 @@ class NodeAgent:
         address = pod_ip(namespace, meta["name"])
         with self._lock:
             holder = next((c for c in self.pods.values() if c.pod_ip == address and c.exit_code is None), None)
+        if holder is not None and (holder.namespace, holder.name) == (namespace, meta["name"]):
+            # The address is the name's: a replacement under the same name (a node pod re-created after
+            # its predecessor was deleted) waits until this loop has stopped and reaped the old container,
+            # where a real kubelet would give it a fresh address at once. Refused, it would stay Pending.
+            raise AddressBusy(f"pod address {address} is still held by the old container of {meta['name']}")
         if holder is not None:
             raise UnsupportedPodError(f"pod address {address} is held by pod {holder.namespace}/{holder.name} "
                                       "on this node (a hash collision); delete one of them")
@@ -304,6 +313,8 @@ class NodeAgent:
         container_name = pod["spec"]["containers"][0]["name"]
         try:
             placement, launch = self._prepare(pod)
+        except AddressBusy:
+            return  # started by a later tick, once the old container is gone
         except UnsupportedPodError as e:
             self.rejected[meta["uid"]] = str(e)
             self.reporter.patch_status(meta["name"], waiting_status(container_name, str(e)),

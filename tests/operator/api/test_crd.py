@@ -84,7 +84,8 @@ def test_printer_columns():
         ("Phase", ".status.phase", 0), ("Ready", ".status.ready", 0), ("Restarts", ".status.restarts", 0),
         ("Step", ".status.lastSnapshot.step", 0), ("Last Snapshot", ".status.lastSnapshot.time", 0),
         ("Age", ".metadata.creationTimestamp", 0),
-        ("World Size", ".status.rendezvousReplicas", 1), ("Min:Max", ".status.replicaRange", 1),
+        ("World Size", ".status.rendezvousReplicas", 1), ("Spares", ".status.spares", 1),
+        ("Min:Max", ".status.replicaRange", 1),
         ("Rdzv Gen", ".status.rendezvousGeneration", 1), ("Worker Restarts", ".status.workerRestarts", 1),
         ("Free Restarts", ".status.restartsWithProgress", 1),
         ("Lost", ".status.recovery.lostSeconds", 1)]

@@ -84,13 +84,21 @@ def poll_interval(nodes: int) -> float:
 def everyone_known_joined(ctx: _RendezvousContext) -> bool:
     """Whether the round can complete now: this node takes part, the round is incomplete, the
     participants are within [min_nodes, max_nodes] and every node with a heartbeat in the
-    state is a participant or redundant."""
+    state is a participant, or redundant beside a round already at max_nodes.
+
+    A redundant node (a warm spare, elasticPolicy.spareReplicas) is placed only while the round
+    is full: below max_nodes torch's join op takes it off the redundancy list and into the round
+    at its next poll, so it is a known node that has not joined yet. Counted as placed there, a
+    survivor of a node loss would complete the round without the spare (at reduced size), and
+    the spare's join a moment later would restart the group a second time."""
     state, settings = ctx.state, ctx.settings
     if state.complete or state.closed or ctx.node not in state.participants:
         return False
     if not settings.min_nodes <= len(state.participants) <= settings.max_nodes:
         return False
-    placed = set(state.participants) | set(state.redundancy_list)
+    placed = set(state.participants)
+    if len(state.participants) >= settings.max_nodes:
+        placed |= set(state.redundancy_list)
     return all(node in placed for node in state.last_heartbeats)
 
 
