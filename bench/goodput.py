@@ -25,8 +25,11 @@ Next to the clean and the 1-kill run, the same job runs as two bare torchrun age
 plan's command, environment and rendezvous settings, torch's c10d backend, fresh Python workers),
 clean and with the same kill, node 1 started again by hand after the spec's backoff; the
 wall time lost per kill (1-kill wall minus clean wall) is compared between the two.
-``BENCH_GOODPUT_ROUNDS`` (default 1) repeats the four runs behind that ratio (clean and 1-kill,
-each way) and prints each round's figures and the ratio of the medians: one run is +-2 s on a
+A fifth run per round kills the same node of the job with one warm spare
+(``spec.elasticPolicy.spareReplicas: 1``, maxReplicas 2 as a spare needs): the spares column.
+``BENCH_GOODPUT_ROUNDS`` (default 1) repeats the five runs behind the ratios (clean and 1-kill
+each way, and the spares run) and prints each round's figures, then per column the median and
+range of the wall time lost per kill and the ratios to bare torchrun's: one run is +-2 s on a
 shared machine, a quarter of what is compared.
 """
 from __future__ import annotations
@@ -39,7 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import time
@@ -81,10 +84,25 @@ class RunFigures:
     lost: float
     goodput: float
     pauses: list[float]  # gaps of over PAUSE s between consecutive steps after the first kill
+    spares: int = 0  # warm spares the job ran with
+    promoted: bool = False  # a spare took a killed node's place (the runner's `promoted` event)
+
+
+SPARES = 1  # warm spares of the spares column
+
+
+@dataclass(frozen=True)
+class Lost:
+    """One round: wall seconds lost per node SIGKILL (1-kill wall minus the clean wall), each way."""
+
+    spares: float  # ddpjob run with SPARES warm spares
+    without: float  # ddpjob run without spares
+    bare: float  # bare torchrun agents, replaced by hand after the backoff
+    promoted: bool  # the spares run's spare took the killed node's place (else it was not ready yet)
 
 
 def main() -> None:
-    rows, lost = [], []  # lost: per round, (ddpjob run, bare torchrun) wall seconds lost per kill
+    rows, lost = [], []
     for round_ in range(ROUNDS):
         walls, bare = {}, {}
         for kills in (0, 1, 2) if round_ == 0 else (0, 1):  # the 2-kill run only once
@@ -98,7 +116,12 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="bench-goodput-torchrun-") as tmp:
                     bare[kills] = torchrun_wall(Path(tmp), kills)
                 print(f"round {round_ + 1}: bare torchrun with {kills} kill(s): wall {bare[kills]:.1f} s", flush=True)
-        lost.append((walls[1] - walls[0], bare[1] - bare[0]))
+        with tempfile.TemporaryDirectory(prefix="bench-goodput-spares-") as tmp:
+            spared = measure(Path(tmp), 1, spares=SPARES)
+        if round_ == 0:
+            rows.append(spared)
+        print(f"round {round_ + 1}: run with 1 kill and {SPARES} warm spare(s): {spared}", flush=True)
+        lost.append(Lost(spared.wall - walls[0], walls[1] - walls[0], bare[1] - bare[0], spared.promoted))
     _print_table(rows)
     _print_lost_per_kill(lost)
 
@@ -132,18 +155,34 @@ def torchrun_wall(workdir: Path, kills: int) -> float:
     return time.monotonic() - started
 
 
-def _print_lost_per_kill(lost: list[tuple[float, float]]) -> None:
-    print("\nwall time lost per node SIGKILL (1-kill run minus clean run), per round: "
-          + "; ".join(f"ddpjob run {ours:.1f} s, bare torchrun {theirs:.1f} s" for ours, theirs in lost))
-    ours, theirs = (statistics.median(side) for side in zip(*lost))
-    print(f"median: ddpjob run {ours:.1f} s, bare torchrun agents (replaced by hand after the backoff) "
-          f"{theirs:.1f} s: {ours / theirs:.2f}x (target <= 0.3x), {len(lost)} round(s)")
+def _print_lost_per_kill(lost: list[Lost]) -> None:
+    """Per round and then as median [range]: the wall time lost per kill in each column, and the
+    ratios to bare torchrun's (per round, so the range of a ratio is that of side-by-side runs)."""
+    print("\nwall time lost per node SIGKILL (1-kill run minus clean run), side by side per round:")
+    print(f"| round | with {SPARES} spare(s) | without spares | bare torchrun | spares / bare | without / bare "
+          "| spare promoted |")
+    print("|---|---|---|---|---|---|---|")
+    for i, row in enumerate(lost, 1):
+        print(f"| {i} | {row.spares:.1f} s | {row.without:.1f} s | {row.bare:.1f} s | {row.spares / row.bare:.2f}x "
+              f"| {row.without / row.bare:.2f}x | {'yes' if row.promoted else 'no'} |")
+    columns = {"with spares": [r.spares for r in lost], "without spares": [r.without for r in lost],
+               "bare torchrun": [r.bare for r in lost]}
+    for name, values in columns.items():
+        print(f"{name}: median {statistics.median(values):.1f} s [{min(values):.1f} .. {max(values):.1f}]")
+    for name, target, values in (("with spares", 0.2, [r.spares / r.bare for r in lost]),
+                                 ("without spares", 0.3, [r.without / r.bare for r in lost])):
+        print(f"{name} / bare torchrun: median {statistics.median(values):.2f}x [{min(values):.2f} .. "
+              f"{max(values):.2f}] (target <= {target}x), {len(lost)} round(s)")
 
 
-def measure(workdir: Path, kills: int) -> RunFigures:
-    """One `ddpjob run` of the example with `kills` injected node kills (0, 1 or 2)."""
+def measure(workdir: Path, kills: int, spares: int = 0) -> RunFigures:
+    """One `ddpjob run` of the example with `kills` injected node kills (0, 1 or 2) and `spares`
+    warm spares (the example then as a fixed-size job: maxReplicas = replicas, as spares need)."""
     run_dir, job = workdir / "run", workdir / "job.yaml"
-    job.write_text(C10D_EXAMPLE.read_text())
+    body = yaml.safe_load(C10D_EXAMPLE.read_text())
+    if spares:
+        body["spec"]["elasticPolicy"].update({"maxReplicas": body["spec"]["replicas"], "spareReplicas": spares})
+    job.write_text(yaml.safe_dump(body, sort_keys=False))
     argv = [str(DDPJOB), "run", str(job), "--workdir", str(run_dir), "--port", "0", "--plain"]
     if kills:
         argv += ["--kill-node-after", str(KILL_AFTER)]
@@ -156,7 +195,7 @@ def measure(workdir: Path, kills: int) -> RunFigures:
         _stop(proc)
     if code != 0:
         raise RuntimeError(f"ddpjob run with {kills} kill(s) exited {code}; see {workdir / 'ddpjob.out'}")
-    return _figures(run_dir, kill_times)
+    return replace(_figures(run_dir, kill_times), spares=spares, promoted=bool(_event(run_dir, "promoted")))
 
 
 def _inject(run_dir: Path, kills: int) -> list[float]:
@@ -272,7 +311,7 @@ def _print_table(rows: list[RunFigures]) -> None:
           "| wall / clean | goodput / clean |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        name = "clean" if not row.kills else f"{row.kills} node kill(s)"
+        name = ("clean" if not row.kills else f"{row.kills} node kill(s)") + (f", {row.spares} spare(s)" if row.spares else "")
         recover = ", ".join(f"{x:.1f} s" for x in row.recover) or "-"
         full = ", ".join("not before the end" if x is None else f"{x:.1f} s" for x in row.full_size) or "-"
         print(f"| {name} | {row.wall:.1f} s | {row.steps} ({row.redone}) | {recover} | {full} | {row.lost:.1f} s "

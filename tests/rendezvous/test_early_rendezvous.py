@@ -11,6 +11,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousJoinOp, _RendezvousState,
 )
 
+from ddpjob_trainer.rendezvous.liveness import forget
 from ddpjob_trainer.rendezvous.early import (
     MAX_STATE_READS_PER_SECOND, EarlyJoinOp, EarlyRendezvousHandler, RejoiningExitOp, everyone_known_joined,
     poll_interval,
@@ -171,3 +172,60 @@ def test_torchrun_finds_the_ddpjob_c10d_backend_through_its_registry():
         assert isinstance(handler, EarlyRendezvousHandler) and handler.get_backend() == "ddpjob-c10d"
     finally:
         handler.shutdown()
+
+
+def test_a_spare_waits_outside_the_first_round_then_in_the_redundancy_list_and_joins_when_a_node_leaves():
+    """Three handlers on one in-process store, max_nodes 2: the spare (started first) does not take
+    a place in the first round, then waits in torch's redundancy list without making the group
+    restart (num_nodes_waiting stays 0), and joins the round that follows a node's leaving."""
+    import threading
+
+    store = HashStore()
+    backend = C10dRendezvousBackend(store, "run")
+
+    def handler(name, spare=False):
+        plain = DynamicRendezvousHandler.from_backend("run", store, backend, 1, 2, name,
+                                                      RendezvousTimeout(last_call=timedelta(seconds=1)))
+        return EarlyRendezvousHandler.like(plain, spare=spare)
+
+    spare, first, second = (handler("localhost", spare=True), handler("localhost"), handler("localhost"))
+    joined = {}
+
+    def rendezvous(name, h):
+        joined[name] = h.next_rendezvous()
+
+    waiting = threading.Thread(target=rendezvous, args=("spare", spare), daemon=True)
+    waiting.start()
+    time.sleep(0.5)
+    assert not spare._state_holder.state.participants, "the spare joined a round before any group trained"
+    group = [threading.Thread(target=rendezvous, args=(name, h)) for name, h in (("a", first), ("b", second))]
+    for thread in group:
+        thread.start()
+    for thread in group:
+        thread.join(timeout=30)
+    assert {joined["a"].world_size, joined["b"].world_size} == {2}
+    deadline = time.monotonic() + 10
+    while spare._this_node not in first._state_holder.state.redundancy_list and time.monotonic() < deadline:
+        time.sleep(0.1)
+        first._state_holder._last_sync_time = -1.0
+        first._state_holder.sync()
+    assert spare._this_node in first._state_holder.state.redundancy_list
+    assert first.num_nodes_waiting() == 0 and "spare" not in joined  # the group trains on
+
+    # Node b is lost: its heartbeats stop and it leaves the state as torch's keep-alive expiry
+    # (or, sooner, its closed beacon: liveness.forget) removes it. shutdown() would close the rendezvous.
+    second._stop_heartbeats()
+    holder = second._state_holder
+    holder._last_sync_time = -1.0
+    holder.sync()
+    forget(holder.state, [second._this_node], second._settings)
+    holder.mark_dirty()
+    holder.sync()
+    rejoin = threading.Thread(target=rendezvous, args=("a", first))
+    rejoin.start()
+    rejoin.join(timeout=30)
+    waiting.join(timeout=30)
+    assert joined["a"].world_size == 2 and joined["spare"].world_size == 2
+    assert {joined["a"].rank, joined["spare"].rank} == {0, 1}  # one round, the two of them
+    for h in (first, spare):
+        h.shutdown()

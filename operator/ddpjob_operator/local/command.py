@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inject a failure: SIGKILL one node's whole process tree this many seconds "
                         "after the first training step")
     parser.add_argument("--kill-node", type=int, metavar="INDEX",
-                        help="the node --kill-node-after kills (default: the last one, not node 0)")
+                        help="the node --kill-node-after kills (default: the last one that trains: not node 0, not a spare)")
     parser.add_argument("--spec-rdzv-timeouts", action="store_true",
                         help="keep the spec's rendezvous timeouts (by default a local run shortens "
                         "lastCallSeconds and the keep-alive, see the printed note)")
@@ -156,7 +156,8 @@ def prepare(job: str, spec: DDPJobSpec, args: argparse.Namespace) -> tuple[Local
 def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str]:
     """What the run is about to do, including everything it changed from the spec."""
     ep, fp = plan.spec.elastic_policy, plan.spec.failure_policy
-    lines = [f"ddpjob run: job {plan.job}, {len(plan.nodes)} local node(s) (elastic {plan.spec.min_replicas}.."
+    spares = f" + {len(plan.spares)} warm spare(s)" if plan.spares else ""
+    lines = [f"ddpjob run: job {plan.job}, {plan.replicas} local node(s){spares} (elastic {plan.spec.min_replicas}.."
              f"{plan.spec.max_replicas}), {ep.rdzv_backend} rendezvous at {rdzv_endpoint(plan)}, "
              f"rdzv id {plan.rdzv_id}",
              f"run directory {run_dir}: snapshots/, logs/node-<i>.log, events.jsonl, launch.json, "
@@ -165,7 +166,7 @@ def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str
              f"{fp.max_backoff_seconds} s, permanent exit codes {fp.permanent_exit_codes}"]
     lines += [f"note: {note}" for note in plan.notes]
     if args.kill_node_after is not None:
-        victim = args.kill_node if args.kill_node is not None else len(plan.nodes) - 1
+        victim = args.kill_node if args.kill_node is not None else plan.replicas - 1
         when = ("the first training step" if reports_progress(plan.spec) else
                 "the start (the code does not use ddpjob_trainer, so no training step is reported)")
         lines.append(f"will SIGKILL node {victim} {args.kill_node_after:g} s after {when}")

@@ -76,6 +76,16 @@ class LocalPlan:
     notes: list[str] = field(default_factory=list)
     store: LocalNode | None = None  # the rendezvous store process (rdzvStore: pod), index -1
 
+    @property
+    def replicas(self) -> int:
+        """The nodes that train at first (0..replicas-1); `nodes` beyond them are the warm spares."""
+        return self.spec.desired_replicas
+
+    @property
+    def spares(self) -> list[int]:
+        """The indices of the spare nodes the run starts with (spec.elasticPolicy.spareReplicas)."""
+        return [node.index for node in self.nodes[self.replicas:]]
+
 
 def localize(value: str, mount_path: str | None, local_dir: Path | None) -> str:
     """`value` with a leading `mount_path` (the path itself or below it) replaced by `local_dir`."""
@@ -137,7 +147,8 @@ def _camel(name: str) -> str:
 def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torchrun: str,
                port: int | None = None, fast_rendezvous: bool = True,
                fast_restart: bool | None = None, runtime_dir: Path = Path("/tmp")) -> LocalPlan:
-    """One LocalNode per desired replica, from the Pods' launch plan.
+    """One LocalNode per desired replica and per spare (spec.elasticPolicy.spareReplicas, indices
+    after the replicas, as the spare pods'), from the Pods' launch plan.
 
     Args:
         job: metadata.name.
@@ -166,7 +177,11 @@ def local_plan(job: str, spec: DDPJobSpec, *, rdzv_id: str, run_dir: Path, torch
     snapshot_dir = run_dir / "snapshots" if spec.snapshot else None
     cwd = local_work_dir(spec, run_dir)
     nodes = []
-    for index in range(spec.desired_replicas):
+    spares = spec.elastic_policy.spare_replicas
+    if spares:
+        notes.append(f"{spares} warm spare node(s) ({_indices(spec.desired_replicas, spares)}): they wait outside "
+                     "the group and take a lost node's place at once")
+    for index in range(spec.desired_replicas + spares):
         launch = launch_plan(job=job, namespace="", uid=rdzv_id, spec=spec, node_index=index,
                              rdzv_host=LOOPBACK, snapshot_dir=str(snapshot_dir) if snapshot_dir else None,
                              zygote_dir=str(runtime_dir))
@@ -201,6 +216,10 @@ def exposed_listeners(spec: DDPJobSpec) -> list[str]:
     if ep.rdzv_backend == "c10d" and ep.store_on_node and not ep.fast_restart:
         notes.append(NOTE_TORCH_C10D_STORE)
     return notes
+
+
+def _indices(first: int, count: int) -> str:
+    return f"node {first}" if count == 1 else f"nodes {first}-{first + count - 1}"
 
 
 def local_runtime_dir(environ: Mapping[str, str]) -> Path:

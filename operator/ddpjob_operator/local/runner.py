@@ -7,7 +7,8 @@ running after training finished. Everything the runner does is appended to
 `events.jsonl` in the run directory (one JSON object per line with `time`, the
 run clock `t` in seconds, `event`, and `node` where one is concerned):
 
-    started  {node, pid, start}                 an agent was started (start > 1: a replacement)
+    started  {node, pid, start, spare}          an agent was started (start > 1: a replacement; spare: to wait outside the group)
+    promoted {node, replaces, message}          a warm spare took a lost node's place (the lost node's replacement is the new spare)
     killed   {node, pid, why}                   the injected failure (SIGKILL of the node's tree)
     exited   {node, code, action, message, incidents, replace_at}
     stopped  {node, why}                        stopped by the runner
@@ -21,6 +22,14 @@ process with rdzvStore: pod) restarts the whole group under the next
 rendezvous generation, as the operator does (topology.py): the other nodes
 are stopped, one incident is counted, and every node starts again after the
 backoff with PET_RDZV_ID `<id>-<generation>`.
+
+Warm spares (spec.elasticPolicy.spareReplicas): nodes replicas.. start with the others,
+but their agents join the rendezvous only once the group trains (DDPJOB_SPARE,
+ddpjob_trainer/rendezvous/early.py), so they wait in torch's redundancy list, warm (torch
+imported, fork server up), outside the group. When a training node is lost, a running spare
+joins the survivors' next round by itself (the rendezvous moves it to the wait list as the
+round loses a participant): the runner records it as promoted, and the lost node's
+replacement becomes the new spare (DDPJOB_SPARE follows the role, not the index).
 
 Run directory: `snapshots/` (spec.snapshot.mountPath of the Pods), `logs/node-<i>.log`
 (every incarnation of node i, appended), `launch.json` (each node's argv and the
@@ -40,13 +49,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from ddpjob_rdzv.contract import SPARE_ENV
+
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.launch import rdzv_id
 from .journal import Journal, MetricsFollower, write_timeline
 from .plan import LocalNode, LocalPlan, inherited_env
 from .policy import Action, Decision, FailureBudget, hold_replacements
 from .procs import NodeProcess, kill_marked_until_gone, remove_fork_server_dirs, stop_all
-from .state import RunState, apply_metric, apply_node_event
+from .state import RUNNING, SPARE, RunState, apply_metric, apply_node_event
 from .summary import Summary, summarize
 from .view import LiveView, PlainView
 
@@ -91,7 +102,7 @@ class Runner:
         self.plan, self.run_dir, self.options = plan, run_dir, options
         self.t0 = time.monotonic()
         self.view = LiveView(out) if options.live else PlainView(out)
-        self.state = RunState.new(plan.job, len(plan.nodes), plan.spec.failure_policy.max_restarts)
+        self.state = RunState.new(plan.job, plan.replicas, plan.spec.failure_policy.max_restarts, len(plan.spares))
         self.budget = FailureBudget(plan.spec.failure_policy)
         self.metrics = MetricsFollower(plan.metrics_file)
         self.journal = Journal(run_dir / "events.jsonl", self.clock)
@@ -100,6 +111,7 @@ class Runner:
         self.due: dict[int, float] = {}  # node index -> run-clock second its replacement starts
         self.store: NodeProcess | None = None  # the rendezvous store process (rdzvStore: pod)
         self.generation = 0  # whole-group restarts so far (status.rendezvousGeneration)
+        self.spares: set[int] = set(plan.spares)  # node indices in the spare role now (swapped at a promotion)
         self.first_step: float | None = None
         self.snapshot: dict | None = None  # newest complete snapshot in the metrics {step, epoch, time}
         self.last_step: float | None = None  # run clock of the latest step event read
@@ -170,7 +182,7 @@ class Runner:
             if line:
                 self.view.log(self.clock(), line)
         if self.state.phase == "Restarting" and not self.due and self.first_step is not None:
-            if all(n.state == "running" for n in self.state.nodes.values() if n.index in self.procs):
+            if all(n.state in (RUNNING, SPARE) for n in self.state.nodes.values() if n.index in self.procs):
                 self._set_phase("Running")
 
     def _scan_workers(self) -> None:
@@ -192,7 +204,7 @@ class Runner:
             return
         if self.clock() < origin + opts.kill_after:
             return
-        index = opts.kill_node if opts.kill_node is not None else len(self.plan.nodes) - 1
+        index = opts.kill_node if opts.kill_node is not None else self.plan.replicas - 1
         proc = self.procs.get(index)
         if proc is None:
             return  # not running right now (backoff): try again on the next pass
@@ -220,16 +232,42 @@ class Runner:
             if decision.action == Action.REPLACE:
                 replace_at = self.clock() + decision.delay
                 self.due[index] = replace_at
-                self.failed_at = self.clock()
                 message += f"; replacing it in {decision.delay:.0f} s"
-                self._set_phase("Restarting")
+                if index in self.spares:
+                    message += " (a spare: training goes on without a pause)"
+                else:
+                    self.failed_at = self.clock()
+                    self._set_phase("Restarting")
+                    message += self._promote_spare(index)
             elif decision.action == Action.FINISHED and self.finished_at is None:
                 self.finished_at = self.clock()
                 self.due.clear()  # the rendezvous is closed: replacements could never join
+                self._stop_spares()
             elif decision.action == Action.FAIL:
                 self.failure = decision.message
             self._event("exited", node=index, code=code, action=decision.action.value, message=message,
                         incidents=self.budget.charged, replace_at=replace_at)
+
+    def _promote_spare(self, lost: int) -> str:
+        """The lowest running spare takes lost node `lost`'s place: the rendezvous lets it join the
+        survivors' next round by itself (see the module docstring); here only the roles swap, so
+        that `lost`'s replacement starts as the new spare. Returns what the message adds."""
+        running = sorted(i for i in self.spares if i in self.procs)
+        if not running:
+            return ""
+        spare = running[0]
+        self.spares.discard(spare)
+        self.spares.add(lost)
+        self._event("promoted", node=spare, replaces=lost,
+                    message=f"spare node {spare} joins the group in node {lost}'s place")
+        return f" as the new spare (spare node {spare} takes its place)"
+
+    def _stop_spares(self) -> None:
+        """Training finished: a waiting spare has no group left to join (its agent would only
+        leave once it read the closed rendezvous), so it is stopped now, not after finish_grace."""
+        for index in sorted(self.spares & self.procs.keys()):
+            stop_all([self.procs.pop(index)])
+            self._event("stopped", node=index, why="training finished: a spare has no group left to join")
 
     def _hosts_store(self, index: int) -> bool:
         """Node `index` took the rendezvous down with it (node 0 hosting the c10d store)."""
@@ -286,7 +324,7 @@ class Runner:
     def _survivors_reforming(self, due: list[int]) -> bool:
         """Whether due replacements wait for the survivors (see policy.hold_replacements)."""
         if not hold_replacements(now=self.clock(), failed_at=self.failed_at, first_step=self.first_step,
-                                 last_step=self.last_step, running=len(self.procs),
+                                 last_step=self.last_step, running=len(self.procs.keys() - self.spares),
                                  min_replicas=self.plan.spec.min_replicas):
             return False
         if not self.holding:
@@ -308,9 +346,12 @@ class Runner:
 
     def _start(self, index: int) -> None:
         node = self.plan.nodes[index]
+        env = dict(node.env)
         if self.generation:
-            env = {**node.env, "PET_RDZV_ID": rdzv_id(self.plan.rdzv_id, self.generation)}
-            node = LocalNode(node.index, node.argv, env, node.cwd)
+            env["PET_RDZV_ID"] = rdzv_id(self.plan.rdzv_id, self.generation)
+        if index in self.spares:
+            env[SPARE_ENV] = "1"  # its agent joins once a group trains: it waits outside the group
+        node = LocalNode(node.index, node.argv, env, node.cwd)
         start = self.state.nodes[index].starts + 1
         log_path = self.run_dir / "logs" / f"node-{index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,7 +362,8 @@ class Runner:
             node.cwd.mkdir(parents=True, exist_ok=True)
         proc = NodeProcess.start(node, self.base_env, log_path, marker, cwd=node.cwd)
         self.procs[index] = proc
-        self._event("started", node=index, pid=proc.pid, start=start, rdzv_id=node.env["PET_RDZV_ID"])
+        self._event("started", node=index, pid=proc.pid, start=start, rdzv_id=node.env["PET_RDZV_ID"],
+                    spare=index in self.spares)
 
     def _stop_everything(self) -> None:
         """Stops every node; a second Ctrl-C cannot cut this short and leave orphans."""

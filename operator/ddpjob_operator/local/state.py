@@ -18,6 +18,7 @@ BACKOFF = "backoff"  # failed; the replacement waits for the failure policy's ba
 SUCCEEDED = "succeeded"
 FAILED = "failed"  # exited non-zero and is not replaced
 STOPPED = "stopped"  # stopped by the runner (run over, or Ctrl-C)
+SPARE = "spare"  # a warm spare: started, waiting outside the group for a lost node's place
 
 
 @dataclass
@@ -30,6 +31,7 @@ class NodeState:
     starts: int = 0  # incarnations started (1 + replacements)
     last_exit: int | None = None
     replace_at: float | None = None  # run-clock second the replacement is due (BACKOFF)
+    spare: bool = False  # in the spare role (spec.elasticPolicy.spareReplicas): waits outside the group
 
 
 @dataclass
@@ -52,8 +54,10 @@ class RunState:
     starts_seen: int = 0
 
     @classmethod
-    def new(cls, job: str, replicas: int, max_incidents: int) -> RunState:
-        return cls(job=job, nodes={i: NodeState(i) for i in range(replicas)}, max_incidents=max_incidents)
+    def new(cls, job: str, replicas: int, max_incidents: int, spares: int = 0) -> RunState:
+        """`replicas` nodes that train, then `spares` warm spares (the indices after them)."""
+        nodes = {i: NodeState(i, spare=i >= replicas) for i in range(replicas + spares)}
+        return cls(job=job, nodes=nodes, max_incidents=max_incidents)
 
 
 def parse_lines(buffer: str) -> tuple[list[dict[str, Any]], str]:
@@ -83,7 +87,7 @@ def apply_metric(state: RunState, event: dict[str, Any]) -> str | None:
         state.loss, state.samples_per_s = event.get("loss"), event.get("samples_per_s")
         state.world_size = event.get("world_size", state.world_size)
         for node in state.nodes.values():
-            if node.state == STARTING and node.pid is not None:
+            if node.state == STARTING and node.pid is not None and not node.spare:
                 node.state = RUNNING
         return None
     if kind == "snapshot":
@@ -112,8 +116,17 @@ def apply_node_event(state: RunState, event: dict[str, Any]) -> str | None:
     """Folds one runner event (see runner.Journal) into `state`; returns its log line."""
     kind, node = event["event"], state.nodes.get(event.get("node", -1))
     if kind == "started" and node:
-        node.state, node.pid, node.starts, node.replace_at = STARTING, event.get("pid"), node.starts + 1, None
-        return f"node {node.index} started (pid {node.pid})" + (" as a replacement" if node.starts > 1 else "")
+        node.spare = bool(event.get("spare"))
+        node.state = SPARE if node.spare else STARTING
+        node.pid, node.starts, node.replace_at = event.get("pid"), node.starts + 1, None
+        role = " as a replacement" if node.starts > 1 else ""
+        return f"node {node.index} started (pid {node.pid})" + role + (", a warm spare" if node.spare else "")
+    if kind == "promoted" and node:
+        node.spare, node.state = False, STARTING  # training once the survivors' next round is complete
+        lost = state.nodes.get(event.get("replaces", -1))
+        if lost:
+            lost.spare = True  # its replacement starts as the new spare
+        return event.get("message")
     if kind == "killed" and node:
         return f"node {node.index} killed: SIGKILL to its whole process group ({event.get('why', '')})"
     if kind == "exited" and node:

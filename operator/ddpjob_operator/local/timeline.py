@@ -14,8 +14,10 @@ data is there even where the plotting extra is not.
     kills           the injected SIGKILLs (--kill-node-after)
     failures        node or store exits with a non-zero code
     group_restarts  whole-group restarts under a new rendezvous generation
+    promotions      warm spares that took a lost node's place (spec.elasticPolicy.spareReplicas)
     pauses          the spans in phase Restarting (a failure until training resumed)
-    nodes_running   agents running over time, from the runner's started/exited/stopped
+    nodes_running   agents running over time, from the runner's started/exited/stopped (spares included)
+    spares_running  of those, the agents waiting as warm spares
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class Timeline:
     group_restarts: list[Mark]
     pauses: list[tuple[float, float]]
     nodes_running: list[tuple[float, int]]
+    promotions: list[Mark] = field(default_factory=list)
+    spares_running: list[tuple[float, int]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"
@@ -97,7 +101,10 @@ def build_timeline(job: str, events: list[dict[str, Any]], metrics: list[dict[st
         failures=_failures(events),
         group_restarts=[Mark(e["t"], f"group restart (generation {e.get('generation')})")
                         for e in events if e.get("event") == "group_restart"],
-        pauses=_pauses(events, end), nodes_running=_nodes_running(events))
+        pauses=_pauses(events, end), nodes_running=_nodes_running(events),
+        promotions=[Mark(e["t"], f"spare node {e.get('node')} for node {e.get('replaces')}", e.get("node"))
+                    for e in events if e.get("event") == "promoted"],
+        spares_running=_spares_running(events))
 
 
 def _origin(events: list[dict[str, Any]]) -> datetime | None:
@@ -194,4 +201,20 @@ def _nodes_running(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
         else:
             continue
         points.append((event["t"], len(running)))
+    return points
+
+
+def _spares_running(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
+    """Agents in the spare role over time: started as a spare, until promoted, exited or stopped."""
+    spares: set[Any] = set()
+    points = [(0.0, 0)]
+    for event in events:
+        kind, node = event.get("event"), event.get("node")
+        if kind == "started" and event.get("spare"):
+            spares.add(node)
+        elif kind in ("promoted", "exited", "stopped") and node in spares:
+            spares.discard(node)
+        else:
+            continue
+        points.append((event["t"], len(spares)))
     return points

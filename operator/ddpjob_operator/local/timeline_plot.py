@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from .timeline import Mark, Timeline
 
 STEP_COLOR, SNAPSHOT_COLOR, PAUSE_COLOR = "tab:blue", "tab:green", "0.85"
-MARK_COLORS = {"kill": "tab:red", "failure": "tab:orange", "group": "tab:purple"}
+MARK_COLORS = {"kill": "tab:red", "failure": "tab:orange", "group": "tab:purple", "spare": "tab:green"}
 MERGE_FRACTION = 0.015  # marks closer than this share of the run share one label
 STYLE = {"svg.fonttype": "none", "svg.hashsalt": "ddpjob-timeline", "font.size": 9}
 
@@ -88,7 +88,8 @@ def _draw_pauses(axes: Axes, timeline: Timeline) -> None:
 def _draw_marks(steps_axes: Axes, size_axes: Axes, timeline: Timeline) -> None:
     marks = sorted([(m, MARK_COLORS["kill"]) for m in timeline.kills]
                    + [(m, MARK_COLORS["failure"]) for m in timeline.failures]
-                   + [(m, MARK_COLORS["group"]) for m in timeline.group_restarts], key=lambda pair: pair[0].t)
+                   + [(m, MARK_COLORS["group"]) for m in timeline.group_restarts]
+                   + [(m, MARK_COLORS["spare"]) for m in timeline.promotions], key=lambda pair: pair[0].t)
     for axes in (steps_axes, size_axes):
         for mark, color in marks:
             axes.axvline(mark.t, color=color, linestyle=":", linewidth=1.2)

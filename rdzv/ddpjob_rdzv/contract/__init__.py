@@ -20,6 +20,10 @@ POD_NAME_ENV = "DDPJOB_POD_NAME"  # the node pod's name (pods only): the record'
 # interface, reached at the pod IP); ddpjob run sets loopback.
 LISTEN_HOST_ENV = "DDPJOB_LISTEN_HOST"
 ZYGOTE_SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the socket file of the node's worker fork server
+# "1" on a warm spare node (elasticPolicy.spareReplicas): its agent joins the rendezvous only once a
+# group trains, so it waits outside the group and never takes a place in the first round
+# (ddpjob_trainer/rendezvous/early.py; the ddpjob-c10d and etcd-v3 backends)
+SPARE_ENV = "DDPJOB_SPARE"
 # fastRestart: the secret each node's agent makes and hands its workers (never rendered: a pod's
 # spec is readable; ddpjob run's local plan sets it per agent)
 ZYGOTE_TOKEN_ENV = "DDPJOB_ZYGOTE_TOKEN"

@@ -32,6 +32,16 @@ server (``elasticPolicy.fastRestart``, :mod:`ddpjob_trainer.zygote`) finish impo
 the group restarts its workers only once the newcomer can start its own at once, so the
 group's pause does not include the newcomer's imports.
 
+A warm spare (``DDPJOB_SPARE=1``, elasticPolicy.spareReplicas) starts with the nodes but joins
+only once a group trains (or the rendezvous closed): the round then holds ``max_nodes``, so
+torch's join op puts it in the redundancy list, where it keeps its heartbeat, is not counted
+by ``num_nodes_waiting`` (the group does not restart for it) and waits without a join deadline.
+When a participant is lost, torch moves it to the wait list and it joins the survivors' next
+round (its join deadline renewed); the survivors' round completes early with it (it is a
+known node). Its fork server is warm before it joins, as for any node joining a running group.
+Started beside the nodes without waiting, a spare could take a place in the first round and
+leave a node waiting as the spare.
+
 torch's join loop re-reads the round state once a second while a node waits. Where the
 membership is known (the rounds above), a waiting node re-reads it every ``poll_interval``
 instead: a round another node opened or completed is seen within ~0.1 s, not up to 1 s, on
@@ -42,6 +52,8 @@ nodes), and in a larger group polls as torch does.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -49,6 +61,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler, _Action, _remove_participant_epilogue, _RendezvousContext, _RendezvousExitOp,
     _RendezvousJoinOp, create_handler,
 )
+
+from ddpjob_rdzv.contract import SPARE_ENV
 
 from ddpjob_trainer.rendezvous.liveness import Liveness, forget
 from ddpjob_trainer.rendezvous.notice import LossNotice
@@ -98,6 +112,7 @@ class EarlyJoinOp(_RendezvousJoinOp):
                  refresh: Callable[[], _RendezvousContext] | None = None) -> None:
         self._liveness, self._mark_dirty, self._complete_early = liveness, mark_dirty, complete_early
         self._refresh = refresh
+        self._said_redundant = False
 
     def __call__(self, ctx: _RendezvousContext, deadline: float) -> _Action:
         action = self._decide(ctx, deadline)
@@ -110,6 +125,9 @@ class EarlyJoinOp(_RendezvousJoinOp):
         return action
 
     def _decide(self, ctx: _RendezvousContext, deadline: float) -> _Action:
+        if not self._said_redundant and ctx.node in ctx.state.redundancy_list:
+            self._said_redundant = True
+            say_redundant(ctx)
         if self._liveness is not None and not ctx.state.closed and (gone := self._liveness.gone(ctx.state)):
             log.info("Removing %s from the rendezvous: its liveness beacon says it is gone",
                      ", ".join(map(repr, gone)))
@@ -122,6 +140,14 @@ class EarlyJoinOp(_RendezvousJoinOp):
         if self._complete_early and action in _WAITING and everyone_known_joined(ctx):
             return _Action.MARK_RENDEZVOUS_COMPLETE
         return action
+
+
+def say_redundant(ctx: _RendezvousContext) -> None:
+    """Says, once per wait, that this node waits in the redundancy list. On stderr, not through
+    logging (torchrun's agents show warnings only): a warm spare's log (a pod's, `ddpjob run`'s
+    logs/node-<i>.log) shows the moment it stands ready."""
+    print(f"ddpjob_trainer: waiting outside the group as a spare (round {ctx.state.round} holds max_nodes "
+          f"{ctx.settings.max_nodes}): joins the next round when a node is lost", file=sys.stderr, flush=True)
 
 
 class RejoiningExitOp:
@@ -180,9 +206,11 @@ class _EarlyExecutor:
 class EarlyRendezvousHandler(DynamicRendezvousHandler):
     """torch's handler whose re-rendezvous completes early (see the module docstring)."""
 
-    def __init__(self, *args, warm=None, **kwargs) -> None:
+    def __init__(self, *args, warm=None, spare: bool | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._warm = warm  # the node's prestarted fork server (zygote.Warm), if any
+        # A warm spare: its first join waits for a group that trains (see the module docstring).
+        self.spare = os.environ.get(SPARE_ENV) == "1" if spare is None else spare
         # Whether every node that belongs in the next round is in the state: after a round of
         # our own, or when joining a group that trains (only a job's first round has nodes
         # still starting that the state does not know yet).
@@ -193,16 +221,19 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
 
     @classmethod
     def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None,
-             warm=None) -> "EarlyRendezvousHandler":
+             warm=None, spare: bool | None = None) -> "EarlyRendezvousHandler":
         """A handler on the same node, settings, backend, store and state as torch's ``handler``
         (built by torch's create_handler, which parses the --rdzv_conf keys), named
-        ``backend_name`` (torch's registry checks it is the --rdzv_backend asked for)."""
+        ``backend_name`` (torch's registry checks it is the --rdzv_backend asked for); ``spare``:
+        a warm spare (None: as DDPJOB_SPARE says)."""
         return cls(handler._this_node, handler._settings, backend_name or handler._backend_name, handler._store,
-                   handler._state_holder, warm=warm)
+                   handler._state_holder, warm=warm, spare=spare)
 
     def next_rendezvous(self):
         self.liveness.start()
         self.notice.forget()  # the round this node leaves: its peers' beacons no longer matter
+        if self.spare and not self.membership_known:
+            self._wait_for_group()
         if not self.membership_known and self._group_running():
             self.membership_known = True
             if self._warm is not None:
@@ -224,6 +255,17 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
             self.notice.act(lost)
             return 1
         return super().num_nodes_waiting()
+
+    def _wait_for_group(self) -> None:
+        """A spare's first join: waits until a group trains (the round is complete) or the
+        rendezvous closed (then torch's join ends this agent), at most the join timeout (then
+        it joins as any node would)."""
+        deadline = time.monotonic() + self._settings.timeout.join.total_seconds()
+        while not self._group_running() and not self._state_holder.state.closed:
+            if time.monotonic() >= deadline:
+                log.warning("Spare: no group trained within the join timeout; joining the rendezvous as a node")
+                return
+            time.sleep(poll_interval(len(self._state_holder.state.last_heartbeats)))
 
     def _group_running(self) -> bool:
         """Whether other nodes train in a complete round now (so joining will restart them)."""
