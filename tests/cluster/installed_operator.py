@@ -66,11 +66,12 @@ def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess
 
 @contextlib.contextmanager
 def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory, *, release: str = RELEASE,
-                       extra_args: tuple[str, ...] = ()) -> Iterator[Installed]:
+                       extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None) -> Iterator[Installed]:
     """The chart installed as ``release`` in a namespace of its own that enforces Pod Security
     `restricted`, with hostPath volumes for the examples' claims, watching only that namespace;
     ``extra_args`` are further operator flags (the chart's extraArgs). Releases installed side by
-    side need distinct names: the chart's ClusterRole for Nodes is named after the release."""
+    side need distinct names: the chart's ClusterRole for Nodes is named after the release.
+    ``extra_env``: the operator's further environment (the chart's extraEnv)."""
     if not HELM.exists():
         pytest.fail(f"the operator tier needs {HELM}: build it with {BUILD_COMMAND}", pytrace=False)
     workdir = tmp_path_factory.mktemp("operator-on-cluster")
@@ -87,7 +88,8 @@ def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory, 
          # Progress and status.lastSnapshot are written at most once per this interval (decide/writes.py;
          # 600 s by default): the tests wait for a first snapshot to act mid-run.
          "--set-json", "extraArgs=" + json.dumps([
-             f"--status-write-interval-seconds={STATUS_WRITE_INTERVAL_SECONDS}", *extra_args]))
+             f"--status-write-interval-seconds={STATUS_WRITE_INTERVAL_SECONDS}", *extra_args]),
+         "--set-json", "extraEnv=" + json.dumps([{"name": k, "value": v} for k, v in (extra_env or {}).items()]))
     (deployment,) = kube.list("deployments", label_selector=operator_selector(release))
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     try:
@@ -127,17 +129,23 @@ def diagnosis(kube: KubeClient, kubelets) -> str:
             f"kubelet errors: {errors}")
 
 
-def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:
-    """Who created the pods ``<prefix>*`` in ``namespace``, from the API server's audit log."""
-    users = set()
+def pod_creates(control_plane: ControlPlane, namespace: str, prefix: str) -> list[dict]:
+    """The API server's audit events (oldest first) of every create, admitted or refused, of a pod
+    ``<prefix>*`` in ``namespace``."""
+    events = []
     for line in control_plane.layout.audit_log.read_text().splitlines():
         event = json.loads(line)
         ref = event.get("objectRef") or {}
         if (event.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("subresource")) == \
-                ("create", "pods", namespace, None) and event.get("responseStatus", {}).get("code") == 201 \
-                and ref.get("name", "").startswith(prefix):
-            users.add(event["user"]["username"])
-    return users
+                ("create", "pods", namespace, None) and ref.get("name", "").startswith(prefix):
+            events.append(event)
+    return events
+
+
+def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:
+    """Who created the pods ``<prefix>*`` in ``namespace``, from the API server's audit log."""
+    return {e["user"]["username"] for e in pod_creates(control_plane, namespace, prefix)
+            if e.get("responseStatus", {}).get("code") == 201}
 
 
 def job_phase(kube: KubeClient, name: str = "mlp") -> str | None:

@@ -26,11 +26,16 @@ from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane import ControlPlane
 from ddpjob_sandbox.control_plane.status_nodes import STATUS_ONLY_LABEL, STATUS_ONLY_TOLERATION
 from ddpjob_sandbox.jobs import make_manifest
+from ddpjob_sandbox.scripted import set_running, set_terminated
 from tests.cluster.installed_operator import Installed, diagnosis, installed_operator
 
 STATUS_ONLY_NODES = ("status-0", "status-1", "status-2")
 CLEAN_SECONDS = 60  # the operator's finalizer, the garbage collector and the Nodes removing the pods
 LOG_CHARS = 10**8  # the whole operator log: a test's part of it is what follows its start
+# An etcd-v3 job's deletion waits for the operator's finalizer to clean its rendezvous keys: three
+# attempts of 10 s against an etcd that is not there (these tests' jobs name one that never runs)
+# held each clean-up 40 s. One attempt of 1 s keeps the same path at test speed.
+RELEASE_ENV = {"DDPJOB_RDZV_CLEANUP_TIMEOUT_SECONDS": "1"}
 
 
 class Releases:
@@ -48,7 +53,7 @@ class Releases:
             # Distinct release names: the chart names its ClusterRole for Nodes after the release.
             self._by_args[args] = self._stack.enter_context(installed_operator(
                 self._control_plane, self._kubelets, self._tmp, release=f"ddpjob-s{next(self._numbers)}",
-                extra_args=args))
+                extra_args=args, extra_env=RELEASE_ENV))
         return self._by_args[args]
 
     def close(self) -> None:
@@ -92,8 +97,47 @@ def on_status_nodes(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def status_manifest(name: str, **fields: Any) -> dict[str, Any]:
-    """make_manifest's DDPJob ``name`` on the status-only Nodes."""
-    return on_status_nodes(make_manifest(name, **fields))
+    """make_manifest's DDPJob ``name`` on the status-only Nodes; a c10d job keeps its store in node
+    0 (rdzvStore node) unless ``elasticPolicy`` says otherwise.
+
+    Why: a store pod borrows the node pods' tolerations but not their nodeSelector (render/common.py
+    borrowed_scheduling), so the scheduler may put it on a kubelet's Node, which runs it for real
+    (torch imported, a 5 s graceful stop at clean-up). A test about the store pod asks for it with
+    ``elasticPolicy={"rdzvStore": "pod"}`` and reads or stops it as it runs."""
+    elastic = dict(fields.pop("elasticPolicy", {}))
+    if elastic.get("rdzvBackend", "c10d") == "c10d":
+        elastic.setdefault("rdzvStore", "node")
+    return on_status_nodes(make_manifest(name, elasticPolicy=elastic, **fields))
+
+
+def kubelet_container(operator: Operated, pod: dict):
+    """The process of ``pod`` where a kubelet runs it, else None (a status-only Node's pod)."""
+    return next((c for k in operator.installed.kubelets if k.name == pod["spec"].get("nodeName")
+                 for c in list(k.agent.pods.values()) if c.uid == pod["metadata"]["uid"]), None)
+
+
+def store_running(operator: Operated, store: str) -> None:
+    """The store pod runs: a store pod borrows the node pods' tolerations, not their nodeSelector
+    (render/common.py), so the scheduler may put it on a kubelet's Node, which runs it; on a
+    status-only Node the test reports it running."""
+    kube = operator.kube
+    pod = kube.wait_for(lambda: (p := kube.get("pods", store))["spec"].get("nodeName") and p, timeout=30,
+                        what="the scheduler placing the store pod")
+    if pod["spec"]["nodeName"] in {k.name for k in operator.installed.kubelets}:
+        kube.wait_for(lambda: (kube.get("pods", store).get("status") or {}).get("phase") == "Running", timeout=60,
+                      what="the kubelet running the store pod")
+    else:
+        set_running(kube, store)
+
+
+def fail_store(operator: Operated, store: str) -> None:
+    """The store pod's container dies: killed on its kubelet, or reported exited 1 on a status-only Node."""
+    pod = operator.kube.get("pods", store)
+    container = kubelet_container(operator, pod)
+    if container is not None:
+        container.kill()
+    else:
+        set_terminated(operator.kube, store, 1)
 
 
 def leftovers(kube: KubeClient) -> list[str]:

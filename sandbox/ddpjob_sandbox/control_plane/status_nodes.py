@@ -31,7 +31,7 @@ DELETION_POLL_SECONDS = 0.2
 
 
 class StatusOnlyNode(Node):
-    """A Node with its heartbeat (nodes.Node) and a loop that removes its pods marked for deletion."""
+    """A Node with its heartbeat (nodes.Node) and the taint that keeps pods meant to run off it."""
 
     def register(self) -> None:
         body = node_body(self.name, {STATUS_ONLY_LABEL: "true", **self.labels}, self.capacity)
@@ -43,23 +43,23 @@ class StatusOnlyNode(Node):
                 raise
         self.heartbeat()
 
-    def start(self) -> "StatusOnlyNode":
-        super().start()
-        self._reaper = threading.Thread(target=self._reap_loop, name=f"reaper-{self.name}", daemon=True)
-        self._reaper.start()
-        return self
 
-    def stop(self) -> None:
-        super().stop()
-        self._reaper.join(timeout=30)
+class Reaper:
+    """Removes the pods bound to the status-only Nodes once they are marked for deletion: one
+    list of all pods per poll for all the Nodes (a field selector matches one node only)."""
+
+    def __init__(self, client: KubeClient, nodes: list[str] | tuple[str, ...], poll_seconds: float = DELETION_POLL_SECONDS):
+        self.client, self.nodes, self.poll_seconds = client, set(nodes), poll_seconds
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="status-only-reaper", daemon=True)
 
     def remove_deleted_pods(self) -> list[str]:
-        """Removes every pod bound to this Node that is marked for deletion; returns their names."""
+        """Removes every pod of these Nodes that is marked for deletion; returns their names."""
         removed = []
-        bound = self.client.request("GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={self.name}"})
-        for pod in bound["items"]:
+        for pod in self.client.request("GET", "/api/v1/pods")["items"]:
             meta = pod["metadata"]
-            if not meta.get("deletionTimestamp"):
+            if not meta.get("deletionTimestamp") or pod["spec"].get("nodeName") not in self.nodes:
                 continue
             try:
                 self.client.delete("pods", meta["name"], namespace=meta["namespace"], gracePeriodSeconds=0,
@@ -70,8 +70,16 @@ class StatusOnlyNode(Node):
                     raise
         return removed
 
-    def _reap_loop(self) -> None:
-        while not self._stop.wait(DELETION_POLL_SECONDS):
+    def start(self) -> "Reaper":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
             try:
                 self.remove_deleted_pods()
             except Exception as e:  # noqa: BLE001  retried at the next poll, as a kubelet retries
@@ -80,14 +88,18 @@ class StatusOnlyNode(Node):
 
 @contextlib.contextmanager
 def running_status_only_nodes(client: KubeClient, names: list[str] | tuple[str, ...], **options) -> Iterator[list[StatusOnlyNode]]:
-    """Status-only Nodes ``names`` registered with ``client`` (the admin's) and kept Ready until the
-    block ends (their objects are left to the cluster, as running_nodes leaves them)."""
+    """Status-only Nodes ``names`` registered with ``client`` (the admin's), kept Ready and their
+    deleted pods removed until the block ends (their objects are left to the cluster, as
+    running_nodes leaves them)."""
     nodes = [StatusOnlyNode(name, client, **options) for name in names]
     started: list[StatusOnlyNode] = []
+    reaper = Reaper(client, names)
     try:
         for node in nodes:
             started.append(node.start())
+        reaper.start()
         yield nodes
     finally:
+        reaper.stop()
         for node in started:
             node.stop()

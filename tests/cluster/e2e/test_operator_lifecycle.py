@@ -27,7 +27,7 @@ def env_of(pod: dict) -> dict[str, str]:
 
 def test_a_new_job_gets_a_headless_service_and_one_torchrun_pod_per_node(operator):
     kube, job = operator.kube, operator.job
-    created = kube.create("ddpjobs", status_manifest(job, replicas=3))
+    created = kube.create("ddpjobs", status_manifest(job, replicas=3, elasticPolicy={"rdzvStore": "pod"}))
     uid = created["metadata"]["uid"]
     nodes = [f"{job}-node-{i}" for i in range(3)]
     kube.wait_for(lambda: pod_names(kube, job) == nodes, timeout=15, what="three node pods")
