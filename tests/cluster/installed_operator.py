@@ -8,6 +8,7 @@ per set of operator flags for the whole session.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import subprocess
@@ -129,17 +130,38 @@ def diagnosis(kube: KubeClient, kubelets) -> str:
             f"kubelet errors: {errors}")
 
 
-def pod_creates(control_plane: ControlPlane, namespace: str, prefix: str) -> list[dict]:
-    """The API server's audit events (oldest first) of every create, admitted or refused, of a pod
-    ``<prefix>*`` in ``namespace``."""
+def audit_offset(control_plane: ControlPlane) -> int:
+    """Where the audit log ends now: :func:`requests_by` from here counts what comes after."""
+    return control_plane.layout.audit_log.stat().st_size
+
+
+def audit_events(control_plane: ControlPlane, since: int = 0) -> list[dict]:
+    """The API server's audit events (oldest first) from the audit log's offset ``since``, each
+    request once, complete."""
+    with control_plane.layout.audit_log.open("rb") as log:
+        log.seek(since)
+        lines = log.read().decode(errors="replace").splitlines()
     events = []
-    for line in control_plane.layout.audit_log.read_text().splitlines():
-        event = json.loads(line)
-        ref = event.get("objectRef") or {}
-        if (event.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("subresource")) == \
-                ("create", "pods", namespace, None) and ref.get("name", "").startswith(prefix):
-            events.append(event)
+    for line in lines:
+        with contextlib.suppress(ValueError):  # a line the server is writing now
+            event = json.loads(line)
+            if event.get("stage") == "ResponseComplete":
+                events.append(event)
     return events
+
+
+def requests_by(control_plane: ControlPlane, user: str, since: int = 0) -> collections.Counter:
+    """How many requests of each verb (get, list, watch, create, patch, ...) ``user`` made since the
+    audit log's offset ``since``."""
+    return collections.Counter(e["verb"] for e in audit_events(control_plane, since) if e["user"]["username"] == user)
+
+
+def pod_creates(control_plane: ControlPlane, namespace: str, prefix: str) -> list[dict]:
+    """The audit events of every create, admitted or refused, of a pod ``<prefix>*`` in ``namespace``."""
+    return [e for e in audit_events(control_plane)
+            if (e.get("verb"), (e.get("objectRef") or {}).get("resource"), (e.get("objectRef") or {}).get("namespace"),
+                (e.get("objectRef") or {}).get("subresource")) == ("create", "pods", namespace, None)
+            and (e.get("objectRef") or {}).get("name", "").startswith(prefix)]
 
 
 def pods_created_by(control_plane: ControlPlane, namespace: str, prefix: str) -> set[str]:

@@ -27,7 +27,7 @@ from ddpjob_sandbox.control_plane import ControlPlane
 from ddpjob_sandbox.control_plane.status_nodes import STATUS_ONLY_LABEL, STATUS_ONLY_TOLERATION
 from ddpjob_sandbox.jobs import make_manifest
 from ddpjob_sandbox.scripted import set_running, set_terminated
-from tests.cluster.installed_operator import Installed, diagnosis, installed_operator
+from tests.cluster.installed_operator import OPERATOR_READY_SECONDS, Installed, diagnosis, installed_operator, wait
 
 STATUS_ONLY_NODES = ("status-0", "status-1", "status-2")
 CLEAN_SECONDS = 60  # the operator's finalizer, the garbage collector and the Nodes removing the pods
@@ -54,10 +54,23 @@ class Releases:
             self._by_args[args] = self._stack.enter_context(installed_operator(
                 self._control_plane, self._kubelets, self._tmp, release=f"ddpjob-s{next(self._numbers)}",
                 extra_args=args, extra_env=RELEASE_ENV))
+            wait_handling_jobs(self._by_args[args])
         return self._by_args[args]
 
     def close(self) -> None:
         self._stack.close()
+
+
+def wait_handling_jobs(installed: Installed) -> None:
+    """Waits until the operator handles jobs: `helm install --wait` saw its pod Ready, which kopf
+    answers before its watches have listed (on a loaded machine, many seconds before). A
+    suspended job it reports Suspended proves it, and costs no pod."""
+    kube, name = installed.kube, f"ready-{uuid.uuid4().hex[:6]}"
+    kube.create("ddpjobs", status_manifest(name, replicas=1, runPolicy={"suspend": True}))
+    wait(installed, lambda: (kube.get("ddpjobs", name).get("status") or {}).get("phase") == C.PHASE_SUSPENDED,
+         OPERATOR_READY_SECONDS, "the operator handling a first job")
+    kube.delete("ddpjobs", name)
+    wait(installed, lambda: kube.find("ddpjobs", name) is None, CLEAN_SECONDS, "the first job gone")
 
 
 @dataclass(frozen=True)
@@ -121,8 +134,8 @@ def store_running(operator: Operated, store: str) -> None:
     (render/common.py), so the scheduler may put it on a kubelet's Node, which runs it; on a
     status-only Node the test reports it running."""
     kube = operator.kube
-    pod = kube.wait_for(lambda: (p := kube.get("pods", store))["spec"].get("nodeName") and p, timeout=30,
-                        what="the scheduler placing the store pod")
+    pod = kube.wait_for(lambda: (p := kube.find("pods", store)) and p["spec"].get("nodeName") and p, timeout=30,
+                        what="the store pod created and placed by the scheduler")
     if pod["spec"]["nodeName"] in {k.name for k in operator.installed.kubelets}:
         kube.wait_for(lambda: (kube.get("pods", store).get("status") or {}).get("phase") == "Running", timeout=60,
                       what="the kubelet running the store pod")

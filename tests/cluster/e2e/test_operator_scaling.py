@@ -7,10 +7,12 @@ import pytest
 import yaml
 
 from ddpjob_operator.api import constants as C
+from ddpjob_operator.render.common import job_selector
 from ddpjob_sandbox.readers import pod_names, status
 from ddpjob_sandbox.scripted import set_running
 from tests.cluster.crds import REPO
-from tests.cluster.operators import on_status_nodes, status_manifest
+from tests.cluster.installed_operator import OPERATOR_READY_SECONDS, operator_selector
+from tests.cluster.operators import kubelet_container, on_status_nodes, status_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -106,3 +108,36 @@ def test_kubectl_describe_shows_the_jobs_history(operator):
     head, _, events_part = described.partition("\nEvents:")
     assert all(reason in events_part for reason in history), described
     assert "Phase:" in head and C.PHASE_RUNNING in head, described
+
+
+# One API request per second: the operator's first pass over a 6-node job takes seconds, so the
+# test can kill it in the middle (against the emulator, a write latency did this).
+SLOW_API = ("--kube-api-qps", "1", "--kube-api-burst", "1")
+
+
+@pytest.mark.operator_args(*SLOW_API)
+@pytest.mark.timeout(OPERATOR_READY_SECONDS + 180)
+def test_an_operator_killed_mid_pass_resumes_without_duplicate_pods(operator):
+    kube, job = operator.kube, operator.job
+    selector = operator_selector(operator.installed.release)
+    (first,) = kube.list("pods", label_selector=selector)
+    kube.create("ddpjobs", status_manifest(job, replicas=6))
+    kube.wait_for(lambda: kube.find("services", job) or pod_names(kube, job), timeout=30, interval=0.02,
+                  what="the operator to start writing")
+    kubelet_container(operator, first).kill()  # SIGKILL: no chance to finish or clean up
+    kube.delete("pods", first["metadata"]["name"], gracePeriodSeconds=0)  # its ReplicaSet starts another
+    created_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kube.list("pods", label_selector=job_selector(job))}
+    assert len(created_before) < 6, f"the first operator finished its pass before the kill: {created_before}"
+    kube.wait_for(lambda: any(p["metadata"]["uid"] != first["metadata"]["uid"]
+                              and (p.get("status") or {}).get("phase") == "Running"
+                              for p in kube.list("pods", label_selector=selector)),
+                  timeout=OPERATOR_READY_SECONDS, interval=0.5, what="the Deployment's new operator pod running")
+    kube.wait_for(lambda: pod_names(kube, job) == nodes(job, 6), timeout=90, interval=0.5,
+                  what="the restarted operator to finish the pods")
+    pods = kube.list("pods", label_selector=job_selector(job))
+    assert sorted(p["metadata"]["name"] for p in pods) == nodes(job, 6)
+    for pod in pods:  # pods from before the kill are kept, not deleted and created again
+        name = pod["metadata"]["name"]
+        assert created_before.get(name, pod["metadata"]["uid"]) == pod["metadata"]["uid"]
+    assert [s["metadata"]["name"] for s in kube.list("services", label_selector=job_selector(job))] == [job]
+    assert status(kube, job).get("restarts", 0) == 0

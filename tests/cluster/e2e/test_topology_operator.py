@@ -184,7 +184,7 @@ def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_sched
         kube.wait_for(lambda: (condition(kube, C.COND_NODES_UNSCHEDULABLE, job) or {}).get("status") == "True",
                       timeout=20, what="NodesUnschedulable after the pending timeout (a requeue, no other event)")
         current = status(kube, job)
-        assert current["phase"] == C.PHASE_RUNNING
+        assert current["phase"] == C.PHASE_RUNNING, (late, current)
         assert (current["desiredReplicas"], current["scheduledReplicas"], current["runningReplicas"]) == (3, 2, 2)
         [entry] = current["unschedulable"]
         assert entry.startswith(f"{late}: Unschedulable: 0/") and "Insufficient cpu" in entry, entry
