@@ -181,10 +181,13 @@ def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_sched
         kube.wait_for(lambda: placed(kube, running), timeout=30, what="the scheduler placing the other two")
         for name in running:
             set_running(kube, name)
-        kube.wait_for(lambda: (condition(kube, C.COND_NODES_UNSCHEDULABLE, job) or {}).get("status") == "True",
-                      timeout=20, what="NodesUnschedulable after the pending timeout (a requeue, no other event)")
+        # The real scheduler reports the late pod before the test reports the others running, so
+        # the pass that first writes NodesUnschedulable may not have seen them run yet: wait for both.
+        kube.wait_for(lambda: (condition(kube, C.COND_NODES_UNSCHEDULABLE, job) or {}).get("status") == "True"
+                      and status(kube, job).get("phase") == C.PHASE_RUNNING, timeout=20,
+                      what="NodesUnschedulable after the pending timeout (a requeue, no other event), the job running")
         current = status(kube, job)
-        assert current["phase"] == C.PHASE_RUNNING, (late, current)
+        assert current["phase"] == C.PHASE_RUNNING, (late, [(c["type"], c["status"], c.get("message")) for c in current["conditions"]], {k: v for k, v in current.items() if k != "conditions"})
         assert (current["desiredReplicas"], current["scheduledReplicas"], current["runningReplicas"]) == (3, 2, 2)
         [entry] = current["unschedulable"]
         assert entry.startswith(f"{late}: Unschedulable: 0/") and "Insufficient cpu" in entry, entry
