@@ -1,6 +1,7 @@
 """What a user reads of a DDPJob through the API: its node pods, status, conditions, Events."""
 from __future__ import annotations
 
+from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.common import selector
 
 from ddpjob_sandbox.client import KubeClient
@@ -23,9 +24,15 @@ def condition(k8s: KubeClient, type_: str, job: str = "mlp") -> dict | None:
 
 
 def events(k8s: KubeClient, job: str = "mlp") -> list[tuple[str, str, str]]:
-    """(type, reason, message) of every Event about the job, oldest first."""
-    return [(e["type"], e["reason"], e["message"]) for e in k8s.list("events")
-            if e["involvedObject"]["name"] == job]
+    """(type, reason, message) of every Event about the job, oldest first. By kind as well as name:
+    on a real cluster the job's headless Service, of the same name, gets Events of its own (the
+    EndpointSlice controller's FailedToUpdateEndpointSlices when pods go quickly)."""
+    ours = [e for e in k8s.list("events")
+            if e["involvedObject"]["name"] == job and e["involvedObject"].get("kind", C.KIND) == C.KIND]
+    # A real API server lists Events by name (<object>.<random suffix>), not in the order they
+    # came: sort by creation (whole seconds), then by resourceVersion (etcd's order of writes).
+    ours.sort(key=lambda e: (e["metadata"].get("creationTimestamp", ""), int(e["metadata"].get("resourceVersion") or 0)))
+    return [(e["type"], e["reason"], e["message"]) for e in ours]
 
 
 def wait_for_event(k8s: KubeClient, reason: str, timeout: float, job: str = "mlp") -> tuple[str, str, str]:
