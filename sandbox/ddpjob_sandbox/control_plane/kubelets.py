@@ -21,13 +21,16 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane.nodes import Node, identity_client, node_client
 from ddpjob_sandbox.control_plane.pki import CLUSTER_DNS
 from ddpjob_sandbox.node import NodeAgent
+from ddpjob_sandbox.node.container import PodProcess
 
 DEFAULT_NODES = ("node-0", "node-1", "node-2")
 NODE_LABEL = "ddpjob.io/sandbox-node"  # on every Node a sandbox kubelet runs: a nodeSelector for tests
@@ -62,6 +65,79 @@ class Kubelet:
             self.agent.stop()
         finally:
             self.node.stop()
+
+
+class Containers:
+    """One namespace's containers across the kubelets, read and faulted as a test reads one node
+    agent's (NodeAgent.current, wait_for_container, kill, pod_listening_on, logs).
+
+    On a real cluster the scheduler picks the Node, and a pod's replacement may run on another
+    Node than the pod it replaces: each look-up asks every kubelet, and the current container of
+    a pod is the one of the uid the API server holds (else, the pod gone, the last started).
+    A claim is the hostPath of the PersistentVolume it is bound to (the PV binder binds it).
+    """
+
+    def __init__(self, kubelets: Sequence[Kubelet], client: KubeClient, bind_seconds: float = 60):
+        self.kubelets = list(kubelets)
+        self.client = client
+        self.bind_seconds = bind_seconds
+
+    def _of(self, name: str) -> list[PodProcess]:
+        return [c for c in self._mine() if c.name == name]
+
+    def _mine(self) -> list[PodProcess]:
+        # list() copies each agent's dict at once (under the GIL) while its loop may add to it.
+        return [c for k in self.kubelets for c in list(k.agent.pods.values()) if c.namespace == self.client.namespace]
+
+    def current(self, name: str) -> PodProcess | None:
+        """The container of pod ``name`` as it is now in the API, else the last one started."""
+        found = self._of(name)
+        if not found:
+            return None
+        pod = self.client.find("pods", name)
+        uid = pod["metadata"]["uid"] if pod else None
+        return next((c for c in found if c.uid == uid), None) or max(found, key=lambda c: c.started_at)
+
+    def wait_for_container(self, name: str, timeout: float = 30, *, other_than: str | None = None) -> PodProcess:
+        """Waits until a container of pod ``name`` (with a uid other than ``other_than``) was started."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            container = self.current(name)
+            if container is not None and container.uid != other_than:
+                return container
+            time.sleep(0.05)
+        raise AssertionError(f"no container of pod {name} (other than uid {other_than}) started within {timeout} s; "
+                             f"kubelet errors: {self.errors()}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> PodProcess:
+        """Kills every process of pod ``name``'s running container (a node or OOM kill); returns it."""
+        container = self.current(name)
+        if container is None or container.process.poll() is not None:
+            raise AssertionError(f"pod {name} has no running container to kill: {container}")
+        container.kill(sig)
+        return container
+
+    def pod_listening_on(self, port: int) -> str | None:
+        """The pod whose process listens on TCP ``port`` (the c10d store host), if any."""
+        return next((name for k in self.kubelets if (name := k.agent.pod_listening_on(port))), None)
+
+    def claim_dir(self, claim: str) -> Path:
+        """The directory of claim ``claim`` of this namespace, once it is bound."""
+        volume = self.client.wait_for(
+            lambda: ((self.client.find("persistentvolumeclaims", claim) or {}).get("spec") or {}).get("volumeName"),
+            timeout=self.bind_seconds, interval=0.2, what=f"claim {claim} bound to a volume")
+        host_path = (self.client.get("persistentvolumes", volume)["spec"].get("hostPath") or {}).get("path")
+        if not host_path:
+            raise AssertionError(f"claim {claim} is bound to {volume}, which is no hostPath volume")
+        return Path(host_path)
+
+    def errors(self) -> dict[str, list[str]]:
+        return {k.name: k.agent.errors[-3:] for k in self.kubelets}
+
+    def logs(self, chars: int = 2500) -> str:
+        """The namespace's containers' logs, each under its pod, uid and Node."""
+        return "\n".join(f"--- pod {c.name} uid {c.uid[:8]} (exit {c.exit_code}) ---\n{c.log(chars)}"
+                         for c in self._mine()) + f"\nkubelet errors: {self.errors()}"
 
 
 def make_kubelet(pki: Path, api_url: str, name: str, root: Path, *, heartbeat_seconds: float = HEARTBEAT_SECONDS,

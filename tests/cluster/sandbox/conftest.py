@@ -1,0 +1,20 @@
+"""The sandbox's end-to-end tests on the real control plane: pods the real scheduler binds to the
+kubelets' Nodes, run as local processes by their node agents (control_plane.kubelets)."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from ddpjob_sandbox.client import KubeClient
+from ddpjob_sandbox.control_plane.kubelets import Containers
+
+
+@pytest.fixture
+def containers(kubelets, kube: KubeClient) -> Iterator[Containers]:
+    """The containers of ``kube``'s namespace on every kubelet; their logs are printed after the
+    test (shown when it fails)."""
+    found = Containers(kubelets, kube)
+    yield found
+    sys.stdout.write(f"\n--- sandbox containers of {kube.namespace} ---\n{found.logs()}\n")
