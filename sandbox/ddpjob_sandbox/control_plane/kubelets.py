@@ -75,19 +75,23 @@ class Containers:
     Node than the pod it replaces: each look-up asks every kubelet, and the current container of
     a pod is the one of the uid the API server holds (else, the pod gone, the last started).
     A claim is the hostPath of the PersistentVolume it is bound to (the PV binder binds it).
+    ``prefix``: only pods whose name starts with it (a test's jobs in a namespace tests share).
     """
 
-    def __init__(self, kubelets: Sequence[Kubelet], client: KubeClient, bind_seconds: float = 60):
+    def __init__(self, kubelets: Sequence[Kubelet], client: KubeClient, prefix: str = "", bind_seconds: float = 60):
         self.kubelets = list(kubelets)
         self.client = client
+        self.prefix = prefix
         self.bind_seconds = bind_seconds
 
     def _of(self, name: str) -> list[PodProcess]:
-        return [c for c in self._mine() if c.name == name]
+        return [c for c in self.all() if c.name == name]
 
-    def _mine(self) -> list[PodProcess]:
+    def all(self) -> list[PodProcess]:
+        """Every container started for these pods, finished ones included."""
         # list() copies each agent's dict at once (under the GIL) while its loop may add to it.
-        return [c for k in self.kubelets for c in list(k.agent.pods.values()) if c.namespace == self.client.namespace]
+        return [c for k in self.kubelets for c in list(k.agent.pods.values())
+                if c.namespace == self.client.namespace and c.name.startswith(self.prefix)]
 
     def current(self, name: str) -> PodProcess | None:
         """The container of pod ``name`` as it is now in the API, else the last one started."""
@@ -137,7 +141,7 @@ class Containers:
     def logs(self, chars: int = 2500) -> str:
         """The namespace's containers' logs, each under its pod, uid and Node."""
         return "\n".join(f"--- pod {c.name} uid {c.uid[:8]} (exit {c.exit_code}) ---\n{c.log(chars)}"
-                         for c in self._mine()) + f"\nkubelet errors: {self.errors()}"
+                         for c in self.all()) + f"\nkubelet errors: {self.errors()}"
 
 
 def make_kubelet(pki: Path, api_url: str, name: str, root: Path, *, heartbeat_seconds: float = HEARTBEAT_SECONDS,
@@ -149,6 +153,24 @@ def make_kubelet(pki: Path, api_url: str, name: str, root: Path, *, heartbeat_se
                       node_id=marker, dns_client=identity_client(pki, api_url, CLUSTER_DNS), **agent_options)
     node = Node(name, client, labels={NODE_LABEL: "true", **(labels or {})}, heartbeat_seconds=heartbeat_seconds)
     return Kubelet(node, agent)
+
+
+@contextlib.contextmanager
+def joining_kubelet(admin: KubeClient, pki: Path, api_url: str, name: str, root: Path, *,
+                    capacity: dict[str, str] | None = None, **options) -> Iterator[Kubelet]:
+    """A Node that joins the cluster for the block (``capacity`` on top of the default, as a
+    machine with a GPU), then leaves it: its kubelet stopped (every pod process of it killed) and
+    its Node deleted by ``admin``. A test's own Node: to lose it, fill it, or add capacity."""
+    kubelet = make_kubelet(pki, api_url, name, root, **options)
+    kubelet.node.capacity.update(capacity or {})
+    kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        try:
+            kubelet.stop()
+        finally:
+            admin.delete("nodes", name)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ import pytest
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane.kubelets import Containers
+from tests.cluster.operators import Operated
+from tests.cluster.sandbox.scenarios import Sandbox
 
 
 @pytest.fixture
@@ -18,3 +20,15 @@ def containers(kubelets, kube: KubeClient) -> Iterator[Containers]:
     found = Containers(kubelets, kube)
     yield found
     sys.stdout.write(f"\n--- sandbox containers of {kube.namespace} ---\n{found.logs()}\n")
+
+
+@pytest.fixture
+def sandbox(operator: Operated, kubelets, tmp_path) -> Iterator[Sandbox]:
+    """A test of the shared operator (``operator``, with its ``@pytest.mark.operator_args``) in
+    the sandbox: its namespace, its job name, the containers there, claims of its jobs' own."""
+    held = Sandbox(operator, Containers(kubelets, operator.kube, prefix=operator.job), tmp_path)
+    try:
+        yield held
+    finally:
+        sys.stdout.write(f"\n--- sandbox containers of {operator.kube.namespace} ---\n{held.nodes.logs()}\n")
+        held.close()

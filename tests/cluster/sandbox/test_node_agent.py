@@ -13,7 +13,7 @@ import pytest
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane.cluster import volume_body
-from ddpjob_sandbox.control_plane.kubelets import Containers, make_kubelet
+from ddpjob_sandbox.control_plane.kubelets import Containers, joining_kubelet
 from ddpjob_sandbox.node.launch import POD_ENV
 from ddpjob_sandbox.procs import free_port, marked_pids
 from tests.cluster.conftest import HEARTBEAT_SECONDS
@@ -48,10 +48,11 @@ def test_a_pod_runs_with_its_env_and_volumes_and_succeeds(containers: Containers
         """
         # A name of another namespace's Service is no pod of this one: it stays this machine's loopback.
         with socket.create_server(("127.0.0.1", 0)) as server:
+            volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "shared"}},
+                       {"name": "scratch", "emptyDir": {}}]
             body = pod("probe", script, env={"OUT": "/data", "SCRATCH": "/scratch",
                                              "PEER": f"x.y.svc.cluster.local:{server.getsockname()[1]}"},
-                       hostname="probe-host", volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "shared"}},
-                                                       {"name": "scratch", "emptyDir": {}}])
+                       hostname="probe-host", volumes=volumes)
             body["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"},
                                                              {"name": "scratch", "mountPath": "/scratch"}]
             kube.create("pods", body)
@@ -128,16 +129,11 @@ def test_the_pod_listening_on_a_port_is_found(containers: Containers, kube: Kube
 
 def test_stopping_a_kubelet_kills_every_process_it_started(control_plane, kube: KubeClient, tmp_path: Path):
     name = f"stopped-{kube.namespace}"
-    kubelet = make_kubelet(control_plane.layout.pki, control_plane.url, name, tmp_path,
-                           heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2)
-    kubelet.start()
-    try:
+    with joining_kubelet(kube, control_plane.layout.pki, control_plane.url, name, tmp_path,
+                         heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2) as kubelet:
         kube.create("pods", pod("left-running", SESSION_CHILD, node=name))
         container = Containers([kubelet], kube).wait_for_container("left-running", WAIT)
         kube.wait_for(lambda: len(container.pids()) == 2, timeout=WAIT, what="both processes started")
-    finally:
-        kubelet.stop()
-        kube.delete("nodes", name)
     assert marked_pids(container.uid, key=POD_ENV) == []
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_sandbox.client import KubeClient
-from ddpjob_sandbox.control_plane.kubelets import Containers, make_kubelet
+from ddpjob_sandbox.control_plane.kubelets import Containers, joining_kubelet
 from ddpjob_sandbox.scripted import set_disruption_target
 from tests.cluster.conftest import HEARTBEAT_SECONDS
 from tests.cluster.test_kubelet import WAIT, phase_in, pod
@@ -35,17 +35,11 @@ def test_a_pod_no_node_fits_stays_pending_with_the_schedulers_words_until_capaci
     assert kube.get("pods", "held")["status"]["phase"] == "Pending"
     # Capacity arrives: a Node with a GPU joins, and the scheduler places the pod there.
     name = f"gpu-{kube.namespace}"
-    kubelet = make_kubelet(control_plane.layout.pki, control_plane.url, name, tmp_path,
-                           heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2)
-    kubelet.node.capacity[GPU] = "1"
-    kubelet.start()
-    try:
+    with joining_kubelet(kube, control_plane.layout.pki, control_plane.url, name, tmp_path, capacity={GPU: "1"},
+                         heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2):
         done = phase_in(kube, "held", ("Succeeded",))
         assert done["spec"]["nodeName"] == name
         assert {c["type"]: c["status"] for c in done["status"]["conditions"]}["PodScheduled"] == "True"
-    finally:
-        kubelet.stop()
-        kube.delete("nodes", name)
 
 
 def test_a_disruption_target_survives_the_kubelets_status_writes(containers: Containers, kube: KubeClient):
@@ -60,16 +54,12 @@ def test_a_disruption_target_survives_the_kubelets_status_writes(containers: Con
 def test_a_dead_kubelet_leaves_its_deleted_pod_terminating_until_a_force_delete(control_plane, kube: KubeClient,
                                                                                 tmp_path: Path):
     name = f"doomed-{kube.namespace}"
-    kubelet = make_kubelet(control_plane.layout.pki, control_plane.url, name, tmp_path,
-                           heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2)
-    kubelet.start()
-    try:
+    with joining_kubelet(kube, control_plane.layout.pki, control_plane.url, name, tmp_path,
+                         heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2) as kubelet:
         kube.create("pods", pod("doomed", SLEEPER, grace=1, node=name))
         phase_in(kube, "doomed", ("Running",))
         container = Containers([kubelet], kube).wait_for_container("doomed", WAIT)
-    finally:
         kubelet.stop()  # the machine dies: its processes gone, its kubelet silent
-    try:
         assert not container.pids()
         kube.delete("pods", "doomed", gracePeriodSeconds=1)
         time.sleep(2.5)  # past its deadline: a live kubelet would have confirmed by now
@@ -77,5 +67,3 @@ def test_a_dead_kubelet_leaves_its_deleted_pod_terminating_until_a_force_delete(
         assert stuck["metadata"]["deletionTimestamp"] and stuck["status"]["phase"] == "Running", stuck
         kube.delete("pods", "doomed", gracePeriodSeconds=0)
         assert kube.find("pods", "doomed") is None
-    finally:
-        kube.delete("nodes", name)
