@@ -16,7 +16,9 @@ from ddpjob_sandbox.control_plane import (
     BUILD_COMMAND, DEFAULT_BIN_DIR, ControlPlane, missing_binaries, running_control_plane,
 )
 from ddpjob_sandbox.control_plane.kubelets import Kubelet, running_kubelets
+from ddpjob_sandbox.control_plane.status_nodes import StatusOnlyNode, running_status_only_nodes
 from tests.cluster.installed_operator import Installed, installed_operator
+from tests.cluster.operators import STATUS_ONLY_NODES, Operated, Releases, operated
 
 KUBELET_NAMES = ("kubelet-0", "kubelet-1", "kubelet-2")
 HEARTBEAT_SECONDS = 2.0
@@ -64,4 +66,33 @@ def installed(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterat
     """The operator helm-installed in a `restricted` namespace of its own (installed_operator),
     once per test module: a module's tests share its install and leave it to the next."""
     with installed_operator(control_plane, kubelets, tmp_path_factory) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def status_nodes(control_plane: ControlPlane) -> Iterator[list[StatusOnlyNode]]:
+    """Nodes that run no process (status_nodes.py): a test writes the status of the pods bound to
+    them. Registered by the admin; tainted, so only pods that tolerate it (operators.on_status_nodes)
+    land there."""
+    with running_status_only_nodes(control_plane.client(), STATUS_ONLY_NODES,
+                                   heartbeat_seconds=HEARTBEAT_SECONDS) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def operator_releases(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterator[Releases]:
+    """The chart helm-installed once per set of operator flags, for the whole session (operators.py)."""
+    releases = Releases(control_plane, kubelets, tmp_path_factory)
+    try:
+        yield releases
+    finally:
+        releases.close()
+
+
+@pytest.fixture
+def operator(operator_releases: Releases, status_nodes, request: pytest.FixtureRequest) -> Iterator[Operated]:
+    """The helm-installed operator of this test's flags (``@pytest.mark.operator_args(...)``), its
+    namespace and a job name of the test's own; the test's DDPJobs and their pods are gone after it."""
+    marker = request.node.get_closest_marker("operator_args")
+    with operated(operator_releases, tuple(marker.args) if marker else ()) as running:
         yield running

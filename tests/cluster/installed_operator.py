@@ -3,7 +3,8 @@ control plane, and what the cluster tests of it share: bounded waits that dump t
 on failure, the test-speed c10d example, the audit log's record of who created a job's pods.
 
 The fixture ``installed`` (tests/cluster/conftest.py) wraps :func:`installed_operator`, one
-install per test module.
+install per test module; the fixture ``operator`` (tests/cluster/operators.py) keeps one install
+per set of operator flags for the whole session.
 """
 from __future__ import annotations
 
@@ -29,7 +30,14 @@ from tests.cluster.crds import REPO, chart_crd, install_crd
 HELM = DEFAULT_BIN_DIR / "helm"
 CHART = REPO / "charts" / "ddpjob-operator"
 RELEASE = "ddpjob"
-OPERATOR_SELECTOR = f"app.kubernetes.io/name=ddpjob-operator,app.kubernetes.io/instance={RELEASE}"
+
+
+def operator_selector(release: str) -> str:
+    """The label selector of release ``release``'s operator pods."""
+    return f"app.kubernetes.io/name=ddpjob-operator,app.kubernetes.io/instance={release}"
+
+
+OPERATOR_SELECTOR = operator_selector(RELEASE)
 OPERATOR_READY_SECONDS = 120  # scheduling + the operator importing kopf on a busy 2-core machine
 STATUS_WRITE_INTERVAL_SECONDS = 5
 JOB_SECONDS = 240  # 2 torchrun agents and their workers importing torch, then a short training (~2 min at load 19)
@@ -41,6 +49,12 @@ class Installed:
     account: str  # the operator's ServiceAccount, as the API server names its user
     workdir: Path
     kubelets: list
+    release: str = RELEASE
+
+    def operator_log(self, chars: int = 4000) -> str:
+        """The operator pod's log, read from its kubelet (the sandbox's Nodes have no address for
+        `kubectl logs`); empty before it ran."""
+        return operator_log(self.kube.namespace, self.kubelets, chars)
 
 
 def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess:
@@ -51,9 +65,12 @@ def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess
 
 
 @contextlib.contextmanager
-def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory) -> Iterator[Installed]:
-    """The chart installed in a namespace of its own that enforces Pod Security `restricted`, with
-    hostPath volumes for the examples' claims, watching only that namespace."""
+def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory, *, release: str = RELEASE,
+                       extra_args: tuple[str, ...] = ()) -> Iterator[Installed]:
+    """The chart installed as ``release`` in a namespace of its own that enforces Pod Security
+    `restricted`, with hostPath volumes for the examples' claims, watching only that namespace;
+    ``extra_args`` are further operator flags (the chart's extraArgs). Releases installed side by
+    side need distinct names: the chart's ClusterRole for Nodes is named after the release."""
     if not HELM.exists():
         pytest.fail(f"the operator tier needs {HELM}: build it with {BUILD_COMMAND}", pytrace=False)
     workdir = tmp_path_factory.mktemp("operator-on-cluster")
@@ -63,19 +80,20 @@ def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory) 
     kube.wait_for(lambda: kube.find("serviceaccounts", "default"), timeout=30, what="the default service account")
     install_crd(kube, chart_crd())  # the corpus tests may have left a variant of it
     make_volumes(kube, workdir / "volumes", prefix=f"{kube.namespace}-pv")
-    helm(control_plane, "install", RELEASE, str(CHART), "--namespace", kube.namespace, "--wait",
+    helm(control_plane, "install", release, str(CHART), "--namespace", kube.namespace, "--wait",
          "--timeout", f"{OPERATOR_READY_SECONDS}s",
          "--set", f"watchNamespaces={{{kube.namespace}}}", "--set", f"livenessPort={free_port()}",
          "--set", "progressPollSeconds=2", "--set-json", f'nodeSelector={json.dumps({NODE_LABEL: "true"})}',
          # Progress and status.lastSnapshot are written at most once per this interval (decide/writes.py;
          # 600 s by default): the tests wait for a first snapshot to act mid-run.
-         "--set-json", f"extraArgs={json.dumps([f'--status-write-interval-seconds={STATUS_WRITE_INTERVAL_SECONDS}'])}")
-    (deployment,) = kube.list("deployments", label_selector=OPERATOR_SELECTOR)
+         "--set-json", "extraArgs=" + json.dumps([
+             f"--status-write-interval-seconds={STATUS_WRITE_INTERVAL_SECONDS}", *extra_args]))
+    (deployment,) = kube.list("deployments", label_selector=operator_selector(release))
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     try:
-        yield Installed(kube, f"system:serviceaccount:{kube.namespace}:{account}", workdir, kubelets)
+        yield Installed(kube, f"system:serviceaccount:{kube.namespace}:{account}", workdir, kubelets, release)
     finally:
-        subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), "uninstall", RELEASE,
+        subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), "uninstall", release,
                         "--namespace", kube.namespace, "--wait", "--timeout", "60s"], capture_output=True, timeout=90)
         kube.delete("namespaces", kube.namespace)
 
@@ -88,19 +106,24 @@ def wait(installed: Installed, predicate, timeout: float, what: str):
         raise AssertionError(f"{e}\n{diagnosis(installed.kube, installed.kubelets)}") from None
 
 
+def operator_log(namespace: str, kubelets, chars: int = 4000) -> str:
+    """The log of the operator pods in ``namespace`` (each release has a namespace of its own),
+    from their kubelets: the sandbox's Nodes have no address for `kubectl logs`."""
+    return "\n".join(c.log(chars) for k in kubelets for c in list(k.agent.pods.values())
+                     if c.namespace == namespace and "-ddpjob-operator-" in c.name)
+
+
 def diagnosis(kube: KubeClient, kubelets) -> str:
-    """What a failed wait shows: the operator's log (from its kubelet: the sandbox's Nodes have no
-    address for `kubectl logs`), the jobs' status, the Events, the pods and budgets as stored, the
-    kubelets' errors."""
-    operator_log = "\n".join(c.log(4000) for k in kubelets for c in list(k.agent.pods.values())
-                             if c.name.startswith(f"{RELEASE}-ddpjob-operator-"))
+    """What a failed wait shows: the operator's log, the jobs' status, the Events, the pods and
+    budgets as stored, the kubelets' errors."""
+    operator_log_text = operator_log(kube.namespace, kubelets)
     pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), (p.get("status") or {}).get("phase"),
              p["metadata"].get("deletionTimestamp")) for p in kube.list("pods")]
     jobs = {j["metadata"]["name"]: j.get("status") for j in kube.list("ddpjobs")}
     events = [(e["involvedObject"]["name"], e["reason"], e["message"]) for e in kube.list("events")][-15:]
     errors = {k.name: k.agent.errors[-3:] for k in kubelets}
     budgets = [(b["metadata"]["name"], b["spec"], b.get("status")) for b in kube.list("poddisruptionbudgets")]
-    return (f"operator log:\n{operator_log}\njobs: {jobs}\nevents: {events}\npods: {pods}\nbudgets: {budgets}\n"
+    return (f"operator log:\n{operator_log_text}\njobs: {jobs}\nevents: {events}\npods: {pods}\nbudgets: {budgets}\n"
             f"kubelet errors: {errors}")
 
 
