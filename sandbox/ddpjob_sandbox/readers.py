@@ -1,6 +1,7 @@
 """What a user reads of a DDPJob through the API: its node pods, status, conditions, Events."""
 from __future__ import annotations
 
+from ddpjob_operator.api import constants as C
 from ddpjob_operator.render.common import selector
 
 from ddpjob_sandbox.client import KubeClient
@@ -23,9 +24,10 @@ def condition(k8s: KubeClient, type_: str, job: str = "mlp") -> dict | None:
 
 
 def events(k8s: KubeClient, job: str = "mlp") -> list[tuple[str, str, str]]:
-    """(type, reason, message) of every Event about the job, oldest first."""
+    """(type, reason, message) of every Event about the job, oldest first: about the DDPJob, not
+    the objects named after it (a real cluster's controllers post Events on the job's Service)."""
     return [(e["type"], e["reason"], e["message"]) for e in k8s.list("events")
-            if e["involvedObject"]["name"] == job]
+            if (e["involvedObject"].get("kind"), e["involvedObject"]["name"]) == (C.KIND, job)]
 
 
 def wait_for_event(k8s: KubeClient, reason: str, timeout: float, job: str = "mlp") -> tuple[str, str, str]:
