@@ -23,10 +23,10 @@ def containers(kubelets, kube: KubeClient) -> Iterator[Containers]:
 
 
 @pytest.fixture
-def sandbox(operator: Operated, kubelets, tmp_path) -> Iterator[Sandbox]:
+def sandbox(operator: Operated, kubelets, control_plane, tmp_path) -> Iterator[Sandbox]:
     """A test of the shared operator (``operator``, with its ``@pytest.mark.operator_args``) in
     the sandbox: its namespace, its job name, the containers there, claims of its jobs' own."""
-    held = Sandbox(operator, Containers(kubelets, operator.kube, prefix=operator.job), tmp_path)
+    held = Sandbox(operator, Containers(kubelets, operator.kube, prefix=operator.job), tmp_path, control_plane)
     try:
         yield held
     finally:

@@ -15,16 +15,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpjob_sandbox.client import ApiError, KubeClient
+from ddpjob_sandbox.control_plane import ControlPlane
 from ddpjob_sandbox.control_plane.cluster import volume_body
-from ddpjob_sandbox.control_plane.kubelets import Containers
+from ddpjob_sandbox.control_plane.kubelets import Containers, Kubelet, joining_kubelet
 from ddpjob_sandbox.examples import kubectl_apply
 from ddpjob_sandbox.metrics import JobProgress
+from tests.cluster.conftest import HEARTBEAT_SECONDS
 from tests.cluster.installed_operator import OPERATOR_READY_SECONDS, example_body
 from tests.cluster.operators import Operated
 
 # pytest's timeout for one of these tests: the suite's 300 s of training and waits, plus what its
 # setup may pay first (the control plane starting and a helm install of the operator it asks for).
 TEST_SECONDS = 300 + 60 + OPERATOR_READY_SECONDS
+# An extended resource (as a GPU is) that only a test's own Nodes have (Sandbox.join_node): a job
+# whose node pods ask one each (with_slot) runs one pod per such Node, and no pod elsewhere.
+SLOT = "example.com/slot"
+
+
+def with_slot(spec: dict) -> None:
+    """The example's resources, plus one SLOT per node pod."""
+    spec["resources"] = {"requests": {**spec["resources"]["requests"], SLOT: "1"},
+                         "limits": {**spec["resources"]["limits"], SLOT: "1"}}
 
 
 @dataclass
@@ -32,6 +43,7 @@ class Sandbox:
     operated: Operated
     nodes: Containers
     workdir: Path
+    control_plane: ControlPlane
     volumes: list[str] = field(default_factory=list)
 
     @property
@@ -41,6 +53,14 @@ class Sandbox:
     @property
     def job(self) -> str:
         return self.operated.job
+
+    def join_node(self, name: str) -> contextlib.AbstractContextManager[Kubelet]:
+        """Node ``<job>-<name>`` with one SLOT, its kubelet running for the block (joining_kubelet);
+        its pods' containers are among ``nodes``'."""
+        kubelet = joining_kubelet(self.kube, self.control_plane.layout.pki, self.control_plane.url,
+                                  f"{self.job}-{name}", self.workdir / "nodes" / name, capacity={SLOT: "1"},
+                                  heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2)
+        return _joined(kubelet, self.nodes)
 
     def claim(self, job: str) -> str:
         """A snapshot claim of job ``job``'s own, bound to a new hostPath volume under the workdir."""
@@ -90,3 +110,10 @@ class Sandbox:
                                               ("persistentvolumes", volume, None)):
                 with contextlib.suppress(ApiError):  # 404: gone already
                     self.kube.request("DELETE", self.kube.path(resource, name, namespace))
+
+
+@contextlib.contextmanager
+def _joined(joining: contextlib.AbstractContextManager[Kubelet], nodes: Containers):
+    with joining as kubelet:
+        nodes.kubelets.append(kubelet)
+        yield kubelet

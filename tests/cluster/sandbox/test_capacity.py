@@ -3,8 +3,8 @@ scheduled, the job trains at minReplicas with the helm-installed operator, real 
 real training, says why in its status (the real scheduler's words), and grows when the capacity
 arrives.
 
-Each node pod asks one ``example.com/slot``, an extended resource (as a GPU is) that only the
-test's Nodes have: one slot at first, so the real scheduler places one pod and leaves the other
+Each node pod asks one ``example.com/slot`` (scenarios.SLOT), an extended resource (as a GPU
+is) that only the test's Nodes have: one slot at first, so the real scheduler places one pod and leaves the other
 Pending (PodScheduled False, Unschedulable, "... Insufficient example.com/slot"); then a second
 Node with a slot joins. Test-speed overrides as in test_c10d.py (see
 ddpjob_sandbox.examples.example_job); rdzvStore ``node``.
@@ -14,18 +14,15 @@ from __future__ import annotations
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_sandbox.control_plane.kubelets import joining_kubelet
 from ddpjob_sandbox.examples import trainer_args
 from ddpjob_sandbox.metrics import is_event
 from ddpjob_sandbox.readers import condition, events
-from tests.cluster.conftest import HEARTBEAT_SECONDS
-from tests.cluster.sandbox.scenarios import TEST_SECONDS, Sandbox
+from tests.cluster.sandbox.scenarios import SLOT, TEST_SECONDS, Sandbox, with_slot
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(TEST_SECONDS)]
 
 START_TIMEOUT = 120  # operator + a torchrun agent + a worker importing torch on 2 shared cores
-SLOT = "example.com/slot"
 
 
 def unscheduled(k8s, pod: str) -> dict | None:
@@ -36,7 +33,7 @@ def unscheduled(k8s, pod: str) -> dict | None:
 
 @pytest.mark.slow  # ~35-40 s alone, more on a loaded machine: real training on two shared cores
 def test_an_unschedulable_node_lets_training_start_at_min_replicas_and_joins_when_scheduled(
-        sandbox: Sandbox, control_plane, tmp_path):
+        sandbox: Sandbox):
     k8s, nodes, job = sandbox.kube, sandbox.nodes, sandbox.job
     epochs, pending_timeout = 2, 3
 
@@ -44,14 +41,9 @@ def test_an_unschedulable_node_lets_training_start_at_min_replicas_and_joins_whe
         spec["replicas"] = 2
         spec["elasticPolicy"]["minReplicas"] = 1
         spec["scheduling"] = {**(spec.get("scheduling") or {}), "pendingTimeoutSeconds": pending_timeout}
-        spec["resources"] = {"requests": {"cpu": "1", "memory": "1Gi", SLOT: "1"},
-                             "limits": {"cpu": "2", "memory": "2Gi", SLOT: "1"}}
+        with_slot(spec)
 
-    def slotted(name: str):
-        return joining_kubelet(k8s, control_plane.layout.pki, control_plane.url, f"{job}-{name}", tmp_path,
-                               capacity={SLOT: "1"}, heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2)
-
-    with slotted("first") as first:
+    with sandbox.join_node("first") as first:
         args = trainer_args(epochs=epochs, samples=2048, step_sleep=0.1, snapshot_every_steps=10)
         progress, _ = sandbox.start_job(args=args, edit=policy)
         progress.wait(is_event("start", world_size=1), START_TIMEOUT, "one node training alone")
@@ -71,7 +63,7 @@ def test_an_unschedulable_node_lets_training_start_at_min_replicas_and_joins_whe
         assert (C.EVENT_WARNING, C.REASON_UNSCHEDULABLE, message) in events(k8s, job)
         assert nodes.current(held) is None, "the held pod must not run"
 
-        with slotted("second") as second:  # capacity arrives: a Node with a slot joins
+        with sandbox.join_node("second") as second:  # capacity arrives: a Node with a slot joins
             joined = progress.wait(is_event("start", world_size=2), START_TIMEOUT,
                                    f"{held} joining after it was scheduled")
             placed = {k8s.get("pods", p)["spec"]["nodeName"] for p in (f"{job}-node-0", f"{job}-node-1")}

@@ -21,18 +21,15 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, world_size_phases
-from ddpjob_sandbox.control_plane.kubelets import joining_kubelet
 from ddpjob_sandbox.readers import events
 from ddpjob_sandbox.scripted import set_disruption_target
 from ddpjob_sandbox.examples import trainer_args
 from ddpjob_sandbox.metrics import is_event
-from tests.cluster.conftest import HEARTBEAT_SECONDS
-from tests.cluster.sandbox.scenarios import TEST_SECONDS, Sandbox
+from tests.cluster.sandbox.scenarios import TEST_SECONDS, Sandbox, with_slot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(TEST_SECONDS)]
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
-SLOT = "example.com/slot"  # one per node pod: one per test Node places each pod on a Node of its own
 UNREACHABLE = "node.kubernetes.io/unreachable"
 
 
@@ -80,25 +77,20 @@ def test_a_preempted_node_costs_no_restart_even_before_any_snapshot(sandbox: San
 
 @pytest.mark.slow  # ~2 min: the node-lifecycle grace, the survivor re-forms alone, then the replacement joins
 def test_a_pod_stuck_terminating_on_a_dead_node_is_force_deleted_and_its_replacement_joins(
-        sandbox: Sandbox, control_plane, tmp_path):
+        sandbox: Sandbox, control_plane):
     k8s, nodes, job = sandbox.kube, sandbox.nodes, sandbox.job
     epochs, force_after = 3, 3
 
     def policy(spec: dict) -> None:
         spec["failurePolicy"].update(maxRestarts=0, forceDeleteTerminatingAfterSeconds=force_after)
-        spec["resources"] = {"requests": {"cpu": "1", "memory": "1Gi", SLOT: "1"},
-                             "limits": {"cpu": "2", "memory": "2Gi", SLOT: "1"}}
+        with_slot(spec)  # one node pod per Node of the test's own
         # The user's choice: give up on a lost Node at once (the API server's default is 300 s).
         spec["scheduling"]["tolerations"] = [
             {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}]
 
-    def slotted(name: str):
-        return joining_kubelet(k8s, control_plane.layout.pki, control_plane.url, f"{job}-{name}", tmp_path / name,
-                               capacity={SLOT: "1"}, heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=0.2)
-
     args = trainer_args(epochs=epochs, samples=2048, step_sleep=0.1, snapshot_every_steps=10)
     # The store in a pod of its own (no slot: on the session's Nodes), so either node pod may go.
-    with slotted("a") as a, slotted("b") as b:
+    with sandbox.join_node("a"), sandbox.join_node("b") as b:
         progress, _ = sandbox.start_job(args=args, rdzv_store="pod", edit=policy)
         progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
         snapshot = progress.wait(is_event("snapshot", step=lambda s: s >= 10), 60, "a snapshot")
@@ -110,7 +102,7 @@ def test_a_pod_stuck_terminating_on_a_dead_node_is_force_deleted_and_its_replace
         stuck = k8s.wait_for(lambda: (p := k8s.find("pods", victim)) and p["metadata"].get("deletionTimestamp") and p,
                              timeout=grace + 60, interval=0.2, what=f"the taint manager deleting {victim}")
         assert stuck["metadata"]["uid"] == lost.uid, "the dead kubelet confirmed nothing: the pod stays Terminating"
-        with slotted("spare") as spare:  # a Node for the replacement (the survivor holds a's slot)
+        with sandbox.join_node("spare") as spare:  # a Node for the replacement (the survivor holds a's slot)
             replacement = nodes.wait_for_container(victim, START_TIMEOUT, other_than=lost.uid)
             replaced = k8s.get("pods", victim)
             progress.wait(is_event("start", world_size=2), START_TIMEOUT, "the replacement joining the training")
