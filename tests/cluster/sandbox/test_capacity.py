@@ -7,7 +7,7 @@ Each node pod asks one ``example.com/slot`` (scenarios.SLOT), an extended resour
 is) that only the test's Nodes have: one slot at first, so the real scheduler places one pod and leaves the other
 Pending (PodScheduled False, Unschedulable, "... Insufficient example.com/slot"); then a second
 Node with a slot joins. Test-speed overrides as in test_c10d.py (see
-ddpjob_sandbox.examples.example_job); rdzvStore ``node``.
+ddpjob_sandbox.examples.example_job); rdzvStore ``pod``.
 """
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ def test_an_unschedulable_node_lets_training_start_at_min_replicas_and_joins_whe
 
     with sandbox.join_node("first") as first:
         args = trainer_args(epochs=epochs, samples=2048, step_sleep=0.1, snapshot_every_steps=10)
-        progress, _ = sandbox.start_job(args=args, edit=policy)
+        # The store in a pod of its own (no slot: on the session's Nodes): with rdzvStore node,
+        # node 0 hosts it, and the scheduler may leave node 0 the one Pending.
+        progress, _ = sandbox.start_job(args=args, rdzv_store="pod", edit=policy)
         progress.wait(is_event("start", world_size=1), START_TIMEOUT, "one node training alone")
         progress.wait(is_event("snapshot", step=lambda s: s >= 10), 60, "a snapshot at world size 1")
         # Either pod may be the one the scheduler placed on the one slot.
