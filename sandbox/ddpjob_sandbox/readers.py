@@ -24,11 +24,10 @@ def condition(k8s: KubeClient, type_: str, job: str = "mlp") -> dict | None:
 
 
 def events(k8s: KubeClient, job: str = "mlp") -> list[tuple[str, str, str]]:
-    """(type, reason, message) of every Event about the job, oldest first. By kind as well as name:
-    on a real cluster the job's headless Service, of the same name, gets Events of its own (the
-    EndpointSlice controller's FailedToUpdateEndpointSlices when pods go quickly)."""
+    """(type, reason, message) of every Event about the job, oldest first: about the DDPJob, not
+    the objects named after it (a real cluster's controllers post Events on the job's Service)."""
     ours = [e for e in k8s.list("events")
-            if e["involvedObject"]["name"] == job and e["involvedObject"].get("kind", C.KIND) == C.KIND]
+            if (e["involvedObject"].get("kind"), e["involvedObject"]["name"]) == (C.KIND, job)]
     # A real API server lists Events by name (<object>.<random suffix>), not in the order they
     # came: sort by creation (whole seconds), then by resourceVersion (etcd's order of writes).
     ours.sort(key=lambda e: (e["metadata"].get("creationTimestamp", ""), int(e["metadata"].get("resourceVersion") or 0)))

@@ -2,7 +2,7 @@
 position, the metrics lines `ddpjob run` follows and the progress record the operator polls.
 
 In one process without torchrun (rank 0 of 1); tests/local/test_local_foreign.py and
-tests/sandbox/test_foreign_script.py run it under real torchrun.
+tests/cluster/sandbox/test_foreign_script.py run it under real torchrun.
 """
 import fractions
 import json

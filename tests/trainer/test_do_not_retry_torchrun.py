@@ -1,7 +1,7 @@
 """Real torchrun, one node: a DoNotRetry stops the agent, so the container exits at once with
 ``fatal`` in its termination message instead of torchrun restarting the workers --max_restarts
 times (each of which would raise again). The fast twin of the sandbox scenario in
-tests/sandbox/test_hangs.py."""
+tests/cluster/sandbox/test_hangs.py."""
 from __future__ import annotations
 
 import signal

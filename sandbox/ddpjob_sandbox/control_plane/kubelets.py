@@ -21,13 +21,16 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane.nodes import Node, identity_client, node_client
 from ddpjob_sandbox.control_plane.pki import CLUSTER_DNS
 from ddpjob_sandbox.node import NodeAgent
+from ddpjob_sandbox.node.container import PodProcess
 
 DEFAULT_NODES = ("node-0", "node-1", "node-2")
 NODE_LABEL = "ddpjob.io/sandbox-node"  # on every Node a sandbox kubelet runs: a nodeSelector for tests
@@ -64,6 +67,83 @@ class Kubelet:
             self.node.stop()
 
 
+class Containers:
+    """One namespace's containers across the kubelets, read and faulted as a test reads one node
+    agent's (NodeAgent.current, wait_for_container, kill, pod_listening_on, logs).
+
+    On a real cluster the scheduler picks the Node, and a pod's replacement may run on another
+    Node than the pod it replaces: each look-up asks every kubelet, and the current container of
+    a pod is the one of the uid the API server holds (else, the pod gone, the last started).
+    A claim is the hostPath of the PersistentVolume it is bound to (the PV binder binds it).
+    ``prefix``: only pods whose name starts with it (a test's jobs in a namespace tests share).
+    """
+
+    def __init__(self, kubelets: Sequence[Kubelet], client: KubeClient, prefix: str = "", bind_seconds: float = 60):
+        self.kubelets = list(kubelets)
+        self.client = client
+        self.prefix = prefix
+        self.bind_seconds = bind_seconds
+
+    def _of(self, name: str) -> list[PodProcess]:
+        return [c for c in self.all() if c.name == name]
+
+    def all(self) -> list[PodProcess]:
+        """Every container started for these pods, finished ones included."""
+        # list() copies each agent's dict at once (under the GIL) while its loop may add to it.
+        return [c for k in self.kubelets for c in list(k.agent.pods.values())
+                if c.namespace == self.client.namespace and c.name.startswith(self.prefix)]
+
+    def current(self, name: str) -> PodProcess | None:
+        """The container of pod ``name`` as it is now in the API, else the last one started."""
+        found = self._of(name)
+        if not found:
+            return None
+        pod = self.client.find("pods", name)
+        uid = pod["metadata"]["uid"] if pod else None
+        return next((c for c in found if c.uid == uid), None) or max(found, key=lambda c: c.started_at)
+
+    def wait_for_container(self, name: str, timeout: float = 30, *, other_than: str | None = None) -> PodProcess:
+        """Waits until a container of pod ``name`` (with a uid other than ``other_than``) was started."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            container = self.current(name)
+            if container is not None and container.uid != other_than:
+                return container
+            time.sleep(0.05)
+        raise AssertionError(f"no container of pod {name} (other than uid {other_than}) started within {timeout} s; "
+                             f"kubelet errors: {self.errors()}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> PodProcess:
+        """Kills every process of pod ``name``'s running container (a node or OOM kill); returns it."""
+        container = self.current(name)
+        if container is None or container.process.poll() is not None:
+            raise AssertionError(f"pod {name} has no running container to kill: {container}")
+        container.kill(sig)
+        return container
+
+    def pod_listening_on(self, port: int) -> str | None:
+        """The pod whose process listens on TCP ``port`` (the c10d store host), if any."""
+        return next((name for k in self.kubelets if (name := k.agent.pod_listening_on(port))), None)
+
+    def claim_dir(self, claim: str) -> Path:
+        """The directory of claim ``claim`` of this namespace, once it is bound."""
+        volume = self.client.wait_for(
+            lambda: ((self.client.find("persistentvolumeclaims", claim) or {}).get("spec") or {}).get("volumeName"),
+            timeout=self.bind_seconds, interval=0.2, what=f"claim {claim} bound to a volume")
+        host_path = (self.client.get("persistentvolumes", volume)["spec"].get("hostPath") or {}).get("path")
+        if not host_path:
+            raise AssertionError(f"claim {claim} is bound to {volume}, which is no hostPath volume")
+        return Path(host_path)
+
+    def errors(self) -> dict[str, list[str]]:
+        return {k.name: k.agent.errors[-3:] for k in self.kubelets}
+
+    def logs(self, chars: int = 2500) -> str:
+        """The namespace's containers' logs, each under its pod, uid and Node."""
+        return "\n".join(f"--- pod {c.name} uid {c.uid[:8]} (exit {c.exit_code}) ---\n{c.log(chars)}"
+                         for c in self.all()) + f"\nkubelet errors: {self.errors()}"
+
+
 def make_kubelet(pki: Path, api_url: str, name: str, root: Path, *, heartbeat_seconds: float = HEARTBEAT_SECONDS,
                  poll_seconds: float = POLL_SECONDS, labels: dict[str, str] | None = None,
                  pod_api_url: str | None = None, **agent_options) -> Kubelet:
@@ -76,6 +156,30 @@ def make_kubelet(pki: Path, api_url: str, name: str, root: Path, *, heartbeat_se
                       node_id=marker, dns_client=identity_client(pki, api_url, CLUSTER_DNS), **agent_options)
     node = Node(name, client, labels={NODE_LABEL: "true", **(labels or {})}, heartbeat_seconds=heartbeat_seconds)
     return Kubelet(node, agent)
+
+
+@contextlib.contextmanager
+def joining_kubelet(admin: KubeClient, pki: Path, api_url: str, name: str, root: Path, *,
+                    capacity: dict[str, str] | None = None, **options) -> Iterator[Kubelet]:
+    """A Node that joins the cluster for the block (``capacity`` on top of the default, as a
+    machine with a GPU), then leaves it: its kubelet stopped (every pod process of it killed), its
+    Node deleted by ``admin``, and the pods still bound to it force-deleted, as the pod garbage
+    collector does for a deleted Node's pods (after 40 s: the test's cleanup would wait for them).
+    A test's own Node: to lose it, fill it, or add capacity."""
+    kubelet = make_kubelet(pki, api_url, name, root, **options)
+    kubelet.node.capacity.update(capacity or {})
+    kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        try:
+            kubelet.stop()
+        finally:
+            admin.delete("nodes", name)
+            for pod in admin.request("GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={name}"})["items"]:
+                meta = pod["metadata"]
+                with contextlib.suppress(ApiError):  # 404: gone meanwhile
+                    admin.delete("pods", meta["name"], meta["namespace"], gracePeriodSeconds=0)
 
 
 @contextlib.contextmanager

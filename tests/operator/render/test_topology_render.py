@@ -53,7 +53,7 @@ def top_level_imports(source: str) -> set[str]:
 
 def test_the_store_program_needs_only_the_standard_library_and_torch_and_stays_small():
     """It runs with `python -c` in the user's image, where no ddpjob package may be installed
-    (run there by tests/trainer/test_store_server.py and tests/sandbox/test_plain_image.py)."""
+    (run there by tests/trainer/test_store_server.py and tests/cluster/sandbox/test_plain_image.py)."""
     assert top_level_imports(STORE_PROGRAM) - {"torch"} <= sys.stdlib_module_names
     assert len(STORE_PROGRAM.encode()) <= STORE_PROGRAM_MAX_BYTES
 

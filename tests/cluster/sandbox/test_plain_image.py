@@ -1,9 +1,9 @@
 """A plain PyTorch image runs a c10d job on the default topology: no ddpjob package in it.
 
-The node agent maps the job's image to an environment with torch and every other package of
+The kubelets map the job's image to an environment with torch and every other package of
 this one except ddpjob's (ddpjob_sandbox.images.torch_only_env: ``import ddpjob_trainer``
-fails there, torchrun knows none of ddpjob's rendezvous backends). The real operator renders
-the store pod (``python -c`` with ddpjob_rdzv/store_program.py's text) and two node pods
+fails there, torchrun knows none of ddpjob's rendezvous backends). The helm-installed
+operator renders the store pod (``python -c`` with ddpjob_rdzv/store_program.py's text) and two node pods
 (torchrun running tests/byo_scripts/tutorial_multinode.py, a script with no ddpjob import);
 both run in that environment, and the job trains to Succeeded through the store pod.
 
@@ -14,35 +14,41 @@ missing and how to fix it (decide.failure.trainer_missing).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_sandbox.examples import example_job, kubectl_apply
-from ddpjob_sandbox.node import running_node_agent
-from ddpjob_sandbox.procs import free_port
+from ddpjob_sandbox.control_plane.kubelets import Containers
 from ddpjob_sandbox.readers import events
+from tests.cluster.sandbox.scenarios import TEST_SECONDS, Sandbox
 
-SCRIPT = Path(__file__).resolve().parents[1] / "byo_scripts" / "tutorial_multinode.py"
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(TEST_SECONDS)]
+
+SCRIPT = Path(__file__).resolve().parents[2] / "byo_scripts" / "tutorial_multinode.py"
 PLAIN_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # torch and Python, no ddpjob
 START_TIMEOUT = 150  # store + 2 agents + 2 workers importing torch on 2 shared cores
 EPOCHS = 4
 
 
 @pytest.fixture
-def plain_image_node(k8s, tmp_path, torch_only_env):
-    """A node agent that runs PLAIN_IMAGE in the torch-only environment."""
-    with running_node_agent(k8s, tmp_path / "node", images={PLAIN_IMAGE: torch_only_env}) as agent:
-        yield agent
-        print(f"\n--- sandbox node containers ---\n{agent.logs()}\nnode agent API errors: {agent.errors}")
+def plain_image(sandbox: Sandbox, torch_only_env: Path) -> Iterator[Containers]:
+    """Every kubelet runs PLAIN_IMAGE in the torch-only environment for this test."""
+    agents = [k.agent for k in sandbox.nodes.kubelets]
+    for agent in agents:
+        agent.images[PLAIN_IMAGE] = torch_only_env
+    try:
+        yield sandbox.nodes
+    finally:
+        for agent in agents:
+            agent.images.pop(PLAIN_IMAGE, None)
 
 
-def plain_script_job(port: int) -> dict:
+def plain_script_job(sandbox: Sandbox) -> dict:
     """The c10d example as a user of a plain image writes it: their image and script, and no
     fastRestart (it needs ddpjob-trainer in the image; off by default)."""
-    body = example_job(args=[str(EPOCHS), "1"], rdzv_port=port)
-    body["metadata"]["name"] = "plain"
+    body = sandbox.body([str(EPOCHS), "1"], rdzv_store=None)
     spec = body["spec"]
     del spec["module"], spec["elasticPolicy"]["fastRestart"], spec["elasticPolicy"]["rdzvStore"]
     spec.update(image=PLAIN_IMAGE, script=str(SCRIPT), env=[{"name": "TUTORIAL_STEP_SLEEP", "value": "0.05"}])
@@ -50,42 +56,41 @@ def plain_script_job(port: int) -> dict:
 
 
 def test_a_plain_torch_image_runs_a_plain_script_to_success_through_the_store_pod(
-        k8s, operator, plain_image_node, tmp_path, torch_only_env):
-    agent, port = plain_image_node, free_port()
-    kubectl_apply(k8s, plain_script_job(port), tmp_path)
+        sandbox: Sandbox, plain_image: Containers, torch_only_env: Path):
+    k8s, nodes, job = sandbox.kube, plain_image, sandbox.job
+    body = plain_script_job(sandbox)
+    port = body["spec"]["elasticPolicy"]["rdzvPort"]
+    sandbox.apply(body)
 
-    store = agent.wait_for_container("plain-rdzv", START_TIMEOUT)
-    k8s.wait_for(lambda: agent.pod_listening_on(port) == "plain-rdzv", timeout=START_TIMEOUT,
+    store = nodes.wait_for_container(f"{job}-rdzv", START_TIMEOUT)
+    k8s.wait_for(lambda: nodes.pod_listening_on(port) == f"{job}-rdzv", timeout=START_TIMEOUT,
                  what="the store pod listening on the rendezvous port")
-    k8s.wait_for(lambda: k8s.get("ddpjobs", "plain").get("status", {}).get("phase") == C.PHASE_SUCCEEDED,
+    k8s.wait_for(lambda: k8s.get("ddpjobs", job).get("status", {}).get("phase") == C.PHASE_SUCCEEDED,
                  timeout=START_TIMEOUT + 120, what="the job Succeeded")
-
-    nodes = [agent.current(f"plain-node-{i}") for i in range(2)]
+    node_pods = [nodes.current(f"{job}-node-{i}") for i in range(2)]
     image_bin = torch_only_env / "bin"
     # Every container ran the image's own Python, without this machine's PYTHONPATH.
     assert store.process.args[:2] == [str(image_bin / "python"), "-c"], store.process.args[:2]
-    assert [n.process.args[:2] for n in nodes] == [[str(image_bin / "torchrun"), str(SCRIPT)]] * 2
-    assert all(n.exit_code == 0 and f"Epoch {EPOCHS - 1}" in n.log(200_000) for n in nodes), agent.logs()
+    assert [n.process.args[:2] for n in node_pods] == [[str(image_bin / "torchrun"), str(SCRIPT)]] * 2
+    assert all(n.exit_code == 0 and f"Epoch {EPOCHS - 1}" in n.log(200_000) for n in node_pods), nodes.logs()
     assert "ddpjob rendezvous store listening on 0.0.0.0" in store.log()
-    status = k8s.get("ddpjobs", "plain")["status"]
+    status = k8s.get("ddpjobs", job)["status"]
     assert status.get("restarts", 0) == 0 and "lastSnapshot" not in status, status
-    # Every sandbox pod is 127.0.0.1 and serves progress on one port (29410): a trainer of another
-    # test on this machine may answer the poll, and the operator refuses its record (another job's uid).
-    foreign = "the record of another job or pod"
-    warnings = [(reason, message) for kind, reason, message in events(k8s, "plain")
-                if kind == C.EVENT_WARNING and not (reason == C.REASON_INVALID_PROGRESS_RECORD and foreign in message)]
+    # Each pod serves progress on its own address (the emulator's pods shared 127.0.0.1:29410, and
+    # a trainer of another test could answer the poll): no Warning at all.
+    warnings = [(reason, message) for kind, reason, message in events(k8s, job) if kind == C.EVENT_WARNING]
     assert warnings == [], warnings
 
 
 def test_fast_restart_in_a_plain_image_fails_the_job_at_once_naming_what_is_missing(
-        k8s, operator, plain_image_node, tmp_path):
+        sandbox: Sandbox, plain_image: Containers):
     """fastRestart runs torchrun with ddpjob-trainer's ddpjob-c10d backend, which a plain image lacks:
     the job fails on the first node failure with the fix, not after spending its restart budget."""
-    body = plain_script_job(free_port())
+    k8s, job = sandbox.kube, sandbox.job
+    body = plain_script_job(sandbox)
     body["spec"]["elasticPolicy"]["fastRestart"] = True
-    kubectl_apply(k8s, body, tmp_path)
-
-    status = k8s.wait_for(lambda: (s := k8s.get("ddpjobs", "plain").get("status", {})).get("phase") == C.PHASE_FAILED
+    sandbox.apply(body)
+    status = k8s.wait_for(lambda: (s := k8s.get("ddpjobs", job).get("status", {})).get("phase") == C.PHASE_FAILED
                           and s, timeout=START_TIMEOUT, what="the job Failed")
     failed = next(c for c in status["conditions"] if c["type"] == C.COND_FAILED)
     assert failed["reason"] == C.REASON_TRAINER_NOT_IN_IMAGE

@@ -1,10 +1,10 @@
-"""Code of your own in the sandbox: the real operator, real torchrun, a plain-torch script shaped
-like the DDP tutorial's (tests/byo_scripts/tutorial_multinode.py) and the same script adopting
-ddpjob_trainer.Job.
+"""Code of your own on the real control plane: the helm-installed operator, real torchrun, a
+plain-torch script shaped like the DDP tutorial's (tests/byo_scripts/tutorial_multinode.py) and
+the same script adopting ddpjob_trainer.Job.
 
 The plain script saves `snapshot.pt` relative to its working directory; the node pods work in
-`<snapshot mountPath>/work`, in the job's own directory of the claim (render.launch.working_dir),
-so a replaced pod finds it. With Job the script reports its steps: the status shows them and a failure after a snapshot is free.
+`<snapshot mountPath>/work/<job>` (render.launch.working_dir), so a replaced pod finds it. With
+Job the script reports its steps: the status shows them and a failure after a snapshot is free.
 Fast twin: tests/operator/render/test_render_workdir.py (the rendered workingDir, localized by
 the sandbox node onto the claim).
 """
@@ -18,28 +18,26 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_trainer.report.record import POLL_SECONDS
-from ddpjob_sandbox.jobs import job_snapshot_dir
-from ddpjob_sandbox.examples import example_job, kubectl_apply
 from ddpjob_sandbox.metrics import JobProgress, is_event
-from ddpjob_sandbox.procs import free_port
+from tests.cluster.sandbox.scenarios import TEST_SECONDS, Sandbox
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "byo_scripts"
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(TEST_SECONDS)]
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "byo_scripts"
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 SAVED = re.compile(r"Epoch (\d+) \| Training snapshot saved")
 
 
-def start(k8s, agent, tmp_path, script: str, *, epochs: int, max_restarts: int = 5) -> tuple[JobProgress, Path]:
+def start(sandbox: Sandbox, script: str, *, epochs: int, max_restarts: int = 5) -> tuple[JobProgress, Path]:
     """The example job (test-speed overrides, see example_job) running `script` with one save per epoch."""
-    body = example_job(args=[str(epochs), "1"], rdzv_port=free_port())
-    body["metadata"]["name"] = "tut"
+    body = sandbox.body([str(epochs), "1"], rdzv_store=None)
     spec = body["spec"]
     del spec["module"]
     spec["script"] = str(SCRIPTS / script)
     spec["env"] = [{"name": "TUTORIAL_STEP_SLEEP", "value": "0.05"}]
     spec["failurePolicy"]["maxRestarts"] = max_restarts
-    kubectl_apply(k8s, body, tmp_path)
-    job_dir = job_snapshot_dir(agent.claim_dir(spec["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]), "tut")
-    return JobProgress(k8s, agent, "tut", job_dir / "metrics.jsonl"), job_dir
+    progress = sandbox.apply(body)
+    return progress, progress.metrics_path.parent
 
 
 def saved_epochs(agent, pod: str) -> list[int]:
@@ -49,17 +47,18 @@ def saved_epochs(agent, pod: str) -> list[int]:
 
 
 @pytest.mark.slow  # ~70 s: two pods training, one replaced
-def test_the_plain_tutorial_script_resumes_from_its_last_save_in_a_replaced_pod(k8s, operator, node_agent, tmp_path):
-    agent = node_agent
-    progress, claim = start(k8s, agent, tmp_path, "tutorial_multinode.py", epochs=12)
-    k8s.wait_for(lambda: len(saved_epochs(agent, "tut-node-0") + saved_epochs(agent, "tut-node-1")) >= 3,
+def test_the_plain_tutorial_script_resumes_from_its_last_save_in_a_replaced_pod(sandbox: Sandbox):
+    k8s, nodes, job = sandbox.kube, sandbox.nodes, sandbox.job
+    agent = nodes
+    progress, claim = start(sandbox, "tutorial_multinode.py", epochs=12)
+    k8s.wait_for(lambda: len(saved_epochs(agent, f"{job}-node-0") + saved_epochs(agent, f"{job}-node-1")) >= 3,
                  timeout=START_TIMEOUT, what="three saves of snapshot.pt")
-    killed = agent.kill("tut-node-1")
-    saved = saved_epochs(agent, "tut-node-0") + [int(n) for n in SAVED.findall(killed.log(200_000))]
-    replacement = agent.wait_for_container("tut-node-1", 60, other_than=killed.uid)
+    killed = agent.kill(f"{job}-node-1")
+    saved = saved_epochs(agent, f"{job}-node-0") + [int(n) for n in SAVED.findall(killed.log(200_000))]
+    replacement = agent.wait_for_container(f"{job}-node-1", 60, other_than=killed.uid)
     status = progress.wait_phase(C.PHASE_SUCCEEDED, 240)
 
-    assert (job_dir / "work" / "snapshot.pt").is_file()
+    assert (claim / "work" / "snapshot.pt").is_file()  # claim: the job's own directory of it
     resumed = [int(n) for n in re.findall(r"Resuming training from snapshot at Epoch (\d+)", replacement.log(200_000))]
     # The tutorial stores the epoch it finished, so it runs that one again: never epoch 0 here.
     assert resumed and resumed[0] >= max(saved) >= 2, (resumed, saved)
@@ -67,14 +66,15 @@ def test_the_plain_tutorial_script_resumes_from_its_last_save_in_a_replaced_pod(
 
 
 @pytest.mark.slow  # ~70 s
-def test_with_job_the_status_shows_the_step_and_a_failure_after_a_snapshot_is_free(k8s, operator, node_agent, tmp_path):
-    agent = node_agent
-    progress, _ = start(k8s, agent, tmp_path, "tutorial_job.py", epochs=8, max_restarts=0)
+def test_with_job_the_status_shows_the_step_and_a_failure_after_a_snapshot_is_free(sandbox: Sandbox):
+    k8s, nodes, job = sandbox.kube, sandbox.nodes, sandbox.job
+    agent = nodes
+    progress, _ = start(sandbox, "tutorial_job.py", epochs=8, max_restarts=0)
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     snapshot = progress.wait(is_event("snapshot", epoch=lambda e: e >= 2), 90, "a second snapshot")
     time.sleep(POLL_SECONDS + 2)  # node 1 copies progress.json from the shared claim at most this often
-    killed = agent.kill("tut-node-1")
-    agent.wait_for_container("tut-node-1", 60, other_than=killed.uid)
+    killed = agent.kill(f"{job}-node-1")
+    agent.wait_for_container(f"{job}-node-1", 60, other_than=killed.uid)
     resumed = progress.wait(is_event("start", resume_epoch=lambda e: e >= snapshot["epoch"]), START_TIMEOUT,
                             "training resumed at the epoch after a save")
     status = progress.wait_phase(C.PHASE_SUCCEEDED, 240)

@@ -1,5 +1,6 @@
-"""Progress-aware recovery end to end: real torchrun and trainer pods on the sandbox node,
-whose kubelet stand-in reports termination messages; the real operator reads them."""
+"""Progress-aware recovery end to end on the real control plane: real torchrun and trainer pods
+on the kubelets' Nodes, which report termination messages; the helm-installed operator reads
+them, and the snapshots the running pods serve on their progress port."""
 from __future__ import annotations
 
 import time
@@ -8,29 +9,27 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_trainer.report.record import POLL_SECONDS
-from ddpjob_sandbox.jobs import job_snapshot_dir
-from ddpjob_sandbox.procs import free_port
-from ddpjob_sandbox.metrics import JobProgress, is_event
-from ddpjob_sandbox.examples import example_job, kubectl_apply, trainer_args
+from ddpjob_sandbox.metrics import is_event
+from ddpjob_sandbox.examples import trainer_args
+from tests.cluster.sandbox.scenarios import TEST_SECONDS, Sandbox
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(TEST_SECONDS)]
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 
 
 @pytest.mark.slow  # ~80 s of real training on two shared cores
-def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progress(
-        k8s, operator, node_agent, tmp_path):
-    agent = node_agent
-    body = example_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
-                       rdzv_port=free_port())
+def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progress(sandbox: Sandbox):
+    k8s, nodes, job = sandbox.kube, sandbox.nodes, sandbox.job
+    body = sandbox.body(trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
+                        rdzv_store=None)
     body["spec"]["failurePolicy"]["maxRestarts"] = 0  # without progress the first failure would end the job
-    kubectl_apply(k8s, body, tmp_path)
-    claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    progress = JobProgress(k8s, agent, "mlp", job_snapshot_dir(agent.claim_dir(claim), "mlp") / "metrics.jsonl")
+    progress = sandbox.apply(body)
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     progress.wait(is_event("snapshot", step=lambda s: s >= 10), 60, "a snapshot")
     time.sleep(POLL_SECONDS + 2)  # node 1 copies progress.json from the shared claim at most this often
-    killed = agent.kill("mlp-node-1")
-    agent.wait_for_container("mlp-node-1", 60, other_than=killed.uid)
+    killed = nodes.kill(f"{job}-node-1")
+    nodes.wait_for_container(f"{job}-node-1", 60, other_than=killed.uid)
     status = progress.wait_phase(C.PHASE_SUCCEEDED, 180)
 
     snapshots = [e for e in progress.events() if e["event"] == "snapshot"]
@@ -38,7 +37,7 @@ def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progr
     assert status["lastSnapshot"]["step"] == snapshots[-1]["step"] and status["lastSnapshot"]["path"].endswith(
         snapshots[-1]["path"].rsplit("/", 1)[-1])
     failure = status["failures"][0]
-    assert (failure["pod"], failure["cause"], failure["exitCode"]) == ("mlp-node-1", "Error", 137)
+    assert (failure["pod"], failure["cause"], failure["exitCode"]) == (f"{job}-node-1", "Error", 137)
     recovery = status["recovery"]
     assert 0 < recovery["lastRecoverySeconds"] < 120 and recovery["lostSeconds"] > 0
     print(f"time to recover {recovery['lastRecoverySeconds']:.1f} s, lost {recovery['lostSeconds']:.1f} s")
@@ -46,19 +45,16 @@ def test_a_failure_after_a_new_snapshot_costs_no_restart_and_status_learns_progr
 
 @pytest.mark.slow  # ~50 s of real training on two shared cores
 @pytest.mark.operator_args("--progress-poll-seconds", "1", "--status-write-interval-seconds", "2")
-def test_the_status_follows_the_snapshots_of_a_job_that_never_fails(k8s, operator, node_agent, tmp_path):
-    agent = node_agent
-    body = example_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
-                       rdzv_port=free_port())
-    kubectl_apply(k8s, body, tmp_path)
-    claim = body["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]["claimName"]
-    progress = JobProgress(k8s, agent, "mlp", job_snapshot_dir(agent.claim_dir(claim), "mlp") / "metrics.jsonl")
+def test_the_status_follows_the_snapshots_of_a_job_that_never_fails(sandbox: Sandbox):
+    k8s, nodes, job = sandbox.kube, sandbox.nodes, sandbox.job
+    progress = sandbox.start_job(args=trainer_args(epochs=3, samples=2048, step_sleep=0.1, snapshot_every_steps=10),
+                                 rdzv_store=None)[0]
     progress.wait(is_event("start", world_size=2), START_TIMEOUT, "both nodes training")
     first = progress.wait(is_event("snapshot", step=lambda s: s >= 20), 60, "a second snapshot")
     # No container has exited: only the progress endpoint can tell the operator this.
     seen = k8s.wait_for(lambda: (s := progress.status()).get("lastSnapshot", {}).get("step", 0) >= first["step"] and s,
                         timeout=20, what="status.lastSnapshot from the running pods")
-    assert all(agent.current(name).poll() is None for name in ("mlp-node-0", "mlp-node-1")), "a container exited"
+    assert all(nodes.current(name).poll() is None for name in (f"{job}-node-0", f"{job}-node-1")), "a container exited"
     assert seen["phase"] == C.PHASE_RUNNING and seen["restarts"] == 0
     later = seen["lastSnapshot"]["step"] + 20
     progress.wait(is_event("snapshot", step=lambda s: s >= later), 60, "a later snapshot")

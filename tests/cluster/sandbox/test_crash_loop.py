@@ -1,4 +1,4 @@
-"""A crash loop end to end in the sandbox: real torchrun and real training that fails at the
+"""A crash loop end to end on the real control plane: real torchrun and real training that fails at the
 same step after every restart; the real operator stops it by progress, not by the budget.
 
 How the loop is made: the example's ``--fail-at-step 15`` raises on every rank when global
@@ -8,7 +8,7 @@ failure ends the pod; each replacement pod is a fresh torchrun (restart count 0 
 resumes from the snapshot at step 10 and fails at step 15 again. Nothing in the node agent
 is needed for that.
 
-Test-speed overrides as in tests/sandbox/test_c10d.py (see ddpjob_sandbox.examples.example_job).
+Test-speed overrides as in test_c10d.py (see ddpjob_sandbox.examples.example_job).
 """
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ import pytest
 
 from ddpjob_operator.api import constants as C
 from ddpjob_sandbox.readers import condition, events, wait_for_event
-from tests.sandbox.scenarios import start_job
+from tests.cluster.sandbox.scenarios import TEST_SECONDS, Sandbox
 from ddpjob_sandbox.examples import trainer_args
 from ddpjob_sandbox.metrics import is_event
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(TEST_SECONDS)]
 
 START_TIMEOUT = 120  # operator + 2 torchrun agents + 2 workers importing torch on 2 shared cores
 FAIL_AT, SNAPSHOT_EVERY = 15, 10
 
 
 @pytest.mark.slow  # ~50 s alone: three generations of pods, each importing torch
-def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the_step(
-        k8s, operator, node_agent, tmp_path):
+def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the_step(sandbox: Sandbox):
+    k8s, nodes, job = sandbox.kube, sandbox.nodes, sandbox.job
     without_progress = 1
 
     def crash_loop_policy(spec: dict) -> None:
@@ -35,20 +37,21 @@ def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the
 
     args = trainer_args(epochs=2, samples=2048, step_sleep=0.1, snapshot_every_steps=SNAPSHOT_EVERY,
                         extra=("--fail-at-step", str(FAIL_AT)))
-    progress, _ = start_job(k8s, node_agent, tmp_path, args=args, edit=crash_loop_policy)
+    progress, _ = sandbox.start_job(args=args, edit=crash_loop_policy)
     progress.wait(is_event("step", step=FAIL_AT), START_TIMEOUT, "the first run reaching the failing step")
     for attempt in (1, 2):  # the first failure followed a new snapshot (free); the next ones did not
         progress.wait(is_event("start", resume_step=SNAPSHOT_EVERY), START_TIMEOUT, f"restart {attempt}")
         progress.wait(is_event("step", step=FAIL_AT), 60, f"restart {attempt} reaching the failing step")
     status = progress.wait_phase(C.PHASE_FAILED, 60)
 
-    failed = condition(k8s, C.COND_FAILED)
+    failed = condition(k8s, C.COND_FAILED, job)
     assert failed["status"] == "True" and failed["reason"] == C.REASON_NO_PROGRESS, failed
     assert failed["message"].startswith(
         f"{without_progress + 1} failure incidents in a row without a newer snapshot (still at step {SNAPSHOT_EVERY}, "
         f"epoch 0) exceed spec.failurePolicy.maxRestartsWithoutProgress ({without_progress}); last: "), failed
     assert f"fail_at_step={FAIL_AT}" in failed["message"], failed["message"]  # the trainer's error, from the pod
-    assert wait_for_event(k8s, C.REASON_NO_PROGRESS, 10) == (C.EVENT_WARNING, C.REASON_NO_PROGRESS, failed["message"])
+    assert wait_for_event(k8s, C.REASON_NO_PROGRESS, 10, job) == \
+        (C.EVENT_WARNING, C.REASON_NO_PROGRESS, failed["message"])
     assert status["restartsWithoutProgress"] == without_progress + 1, status
     assert status["lastSnapshot"]["step"] == SNAPSHOT_EVERY, status
     raw = progress.events()
@@ -58,6 +61,7 @@ def test_a_crash_loop_at_the_same_step_fails_the_job_with_no_progress_naming_the
     assert len(starts) >= 3 and starts[0] == 0 and set(starts[1:]) == {SNAPSHOT_EVERY}, starts
     assert max(e["step"] for e in raw if e["event"] == "step") == FAIL_AT
     assert not [e for e in raw if e["event"] == "done"]
-    assert not [e for e in events(k8s) if e[1] == C.REASON_RESTARTS_EXHAUSTED], "the budget, not progress, ended it"
-    k8s.wait_for(lambda: all(c.exit_code is not None for c in node_agent.pods.values()), timeout=30,
+    assert not [e for e in events(k8s, job) if e[1] == C.REASON_RESTARTS_EXHAUSTED], \
+        "the budget, not progress, ended it"
+    k8s.wait_for(lambda: all(c.exit_code is not None for c in nodes.all()), timeout=30,
                  what="every node process gone")
