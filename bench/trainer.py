@@ -11,11 +11,14 @@ Run with ``python -m bench trainer``. In one run on the same machine:
     snapshot every epoch (sync, async) over throughput with none.
 (c) loop overhead: ddpjob's Trainer without snapshots over a hand-written
     DDP loop (``bench/_baselines/handwritten.py``), same model and data.
-(d) fast snapshot tier: throughput of the Trainer copying its whole state
-    (a ~9 M-parameter MLP + Adam: >= 100 MB) to /dev/shm after every step,
-    over the same job without it; no step sleep. The copy runs in a thread
-    beside training, so the wall-clock ratio is the figure that counts (the
-    training thread's CPU time leaves the copy out).
+(d) fast snapshot tier: the Trainer copying its whole state (a ~9 M-parameter
+    MLP + Adam: >= 100 MB) to /dev/shm after every step (the default), over the
+    same job with the tier off; no step sleep. The copy runs in a thread beside
+    training, so wall clock is the figure that counts (target: the median step
+    at most 3 % slower); the training thread's CPU time per step stands beside
+    it as the steadier measure (what the copy costs the training thread: the
+    wait for it, the state's flattening, memory bandwidth), and the process's
+    CPU time (the copy thread's work included) beside that.
 
 ``BENCH_TRAINER_PARTS`` picks parts (e.g. ``cd``; default ``abcd``), ``BENCH_TRAINER_REPEATS``
 the rounds (default 6).
@@ -61,7 +64,7 @@ from ddpjob_sandbox.metrics import MetricsWatcher, is_event, read_events
 
 REPEATS = int(os.environ.get("BENCH_TRAINER_REPEATS", "6"))  # rounds of (b), (c), (d)
 RECOVERY_REPEATS = 4
-TARGETS = {"recovery": 1.2, "async_overhead": 0.02, "loop": 0.99, "fast_tier": 0.98}
+TARGETS = {"recovery": 1.2, "async_overhead": 0.02, "loop": 0.99, "fast_tier": 0.97}
 
 # Throughput model: ~2.4 M parameters (snapshot with Adam state ~29 MB), so
 # a snapshot is a visible cost next to an epoch of a few seconds on a CPU.
@@ -154,12 +157,13 @@ def mse(model: torch.nn.Module, batch) -> torch.Tensor:
 @dataclass
 class Throughput:
     """Samples per second of one run: wall clock, training thread's CPU time, and of its median
-    single step in wall-clock and CPU time."""
+    single step in wall-clock and CPU time; the process's CPU time beside them."""
 
     wall: float
     cpu: float
     step: float = 0.0
     step_cpu: float = 0.0
+    process_cpu: float = 0.0  # samples per second of the whole process's CPU time (every thread)
 
 
 def step_clock(optimizer: torch.optim.Optimizer) -> list[tuple[float, float]]:
@@ -170,9 +174,9 @@ def step_clock(optimizer: torch.optim.Optimizer) -> list[tuple[float, float]]:
     return ends
 
 
-def set_step_figures(result: Throughput, ends: list[tuple[float, float]]) -> Throughput:
+def set_step_figures(result: Throughput, ends: list[tuple[float, float]], batch: int = BATCH) -> Throughput:
     """Fills in the median single step's samples/s, wall clock and CPU time, from step_clock's marks."""
-    result.step, result.step_cpu = (BATCH / statistics.median(b[i] - a[i] for a, b in zip(ends, ends[1:]))
+    result.step, result.step_cpu = (batch / statistics.median(b[i] - a[i] for a, b in zip(ends, ends[1:]))
                                     for i in (0, 1))
     return result
 
@@ -180,9 +184,10 @@ def set_step_figures(result: Throughput, ends: list[tuple[float, float]]) -> Thr
 @contextlib.contextmanager
 def timed(result: list[Throughput], samples: int = SAMPLES * EPOCHS) -> Iterator[None]:
     """Times the block; appends its Throughput for ``samples`` samples."""
-    wall, cpu = time.perf_counter(), time.thread_time()
+    wall, cpu, process = time.perf_counter(), time.thread_time(), time.process_time()
     yield
-    result.append(Throughput(samples / (time.perf_counter() - wall), samples / (time.thread_time() - cpu)))
+    result.append(Throughput(samples / (time.perf_counter() - wall), samples / (time.thread_time() - cpu),
+                             process_cpu=samples / (time.process_time() - process)))
 
 
 def ddpjob_throughput(env, workdir: Path, snapshots: str) -> Throughput:
@@ -196,6 +201,7 @@ def ddpjob_throughput(env, workdir: Path, snapshots: str) -> Throughput:
         snapshot_dir=str(workdir / "snapshots") if snapshots != "none" else None,
         snapshot_every_epochs=1,
         async_snapshot=snapshots == "async",
+        fast_snapshot_every_steps=0,  # the volume snapshot's cost alone: (d) measures the fast tier's
         metrics_file=str(workdir / "metrics.jsonl"),
         progress_bar=False,
     )
@@ -291,10 +297,11 @@ def fast_tier_throughput(env, workdir: Path, every: int) -> Throughput:
     config = TrainerConfig(epochs=1, batch_size=FAST_BATCH, snapshot_dir=str(workdir / "snapshots"),
                            snapshot_every_epochs=0, fast_snapshot_every_steps=every, progress_bar=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    ends = step_clock(optimizer)
     result: list[Throughput] = []
     with timed(result, FAST_SAMPLES):
         Trainer(model, optimizer, make_dataset(samples=FAST_SAMPLES), config, loss_fn=mse, env=env).train()
-    return result[0]
+    return set_step_figures(result[0], ends, FAST_BATCH)
 
 
 def fast_tier_runs() -> dict[str, list[Throughput]]:
@@ -316,12 +323,24 @@ def fast_tier_runs() -> dict[str, list[Throughput]]:
 
 
 def fast_tier_rows(runs: dict[str, list[Throughput]]) -> list[tuple[str, str, str]]:
-    wall = paired(runs, "every step", "off", "wall")
-    ok = statistics.median(wall) >= TARGETS["fast_tier"]
-    off = statistics.median(r.wall for r in runs["off"])
-    return [("(d) fast tier every step / off, wall", ratio_cell(wall, overhead=False),
-             f"{off:.0f} samples/s off; cpu {ratio_cell(paired(runs, 'every step', 'off', 'cpu'), overhead=False)}; "
-             f"target >= {TARGETS['fast_tier']}x: {_verdict(ok)}")]
+    """The copy's cost as a fraction of the step: wall clock (the target) and the training thread's
+    CPU time per median step side by side, then the whole run's wall clock and the process's CPU."""
+    def ms(name: str, field: str) -> str:
+        return f"{statistics.median(FAST_BATCH / getattr(r, field) for r in runs[name]) * 1000:.1f} ms"
+
+    step = paired(runs, "every step", "off", "step")
+    ok = 1 - statistics.median(step) <= 1 - TARGETS["fast_tier"]
+    return [
+        ("(d) fast tier cost, median step wall", ratio_cell(step, overhead=True),
+         f"{ms('off', 'step')} off, {ms('every step', 'step')} every step; "
+         f"target <= {1 - TARGETS['fast_tier']:.0%}: {_verdict(ok)}"),
+        ("(d) fast tier cost, median step cpu", ratio_cell(paired(runs, "every step", "off", "step_cpu"), overhead=True),
+         f"training thread: {ms('off', 'step_cpu')} off, {ms('every step', 'step_cpu')} every step"),
+        ("(d) fast tier cost, whole run", ratio_cell(paired(runs, "every step", "off", "wall"), overhead=True),
+         f"wall (slot allocation included); training thread cpu "
+         f"{ratio_cell(paired(runs, 'every step', 'off', 'cpu'), overhead=True)}; process cpu (copy thread "
+         f"included) {ratio_cell(paired(runs, 'every step', 'off', 'process_cpu'), overhead=True)}"),
+    ]
 
 
 def snapshot_blocking_seconds(async_save: bool, saves: int = 5) -> float:

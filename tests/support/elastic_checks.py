@@ -3,7 +3,8 @@
 The trainer's ``read_metrics`` and the harness's independent
 ``effective_history`` must agree, and both must show every global step and
 every epoch exactly once; ``start`` events must resume from the newest
-complete snapshot, never from scratch once one exists.
+complete snapshot, never from scratch once one exists, or from a newer step the
+job had trained (the fast snapshot tier's copy, on by default), never past it.
 """
 from __future__ import annotations
 
@@ -37,21 +38,28 @@ def assert_ran_exactly_once(metrics_path: Path, epochs: int) -> list[dict]:
 
 
 def assert_resumed_from_snapshots(raw: list[dict]) -> list[dict]:
-    """Every restart resumes at the newest snapshot recorded before it; returns the restart ``start`` events."""
+    """Every restart resumes at the newest snapshot recorded before it, or at a newer step trained
+    before it (a fast snapshot tier copy: the volume does not record those), and trains on from
+    the next step; returns the restart ``start`` events."""
     last_snapshot = None
+    trained = 0  # the newest step any attempt trained so far
     starts = []
     for index, event in enumerate(raw):
         if event["event"] == "snapshot":
             last_snapshot = event
+        elif event["event"] == "step":
+            trained = max(trained, event["step"])
         elif event["event"] == "start":
             expected = last_snapshot["step"] if last_snapshot else 0
-            assert event["resume_step"] == expected, (
-                f"start event {event} must resume at step {expected}, the newest snapshot before it"
+            assert expected <= event["resume_step"] <= max(trained, expected), (
+                f"start event {event} must resume at step {expected}, the newest snapshot before it, "
+                f"or at a newer step trained before it (at most {trained})"
             )
+            resumed = event["resume_step"]
             first_step = next((e for e in raw[index + 1:] if e["event"] in ("step", "start")), None)
             if first_step is not None and first_step["event"] == "step":
-                assert first_step["step"] == expected + 1, (
-                    f"first step after {event} is {first_step['step']}, expected {expected + 1}"
+                assert first_step["step"] == resumed + 1, (
+                    f"first step after {event} is {first_step['step']}, expected {resumed + 1}"
                 )
             starts.append(event)
     return starts[1:]

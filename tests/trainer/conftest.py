@@ -22,3 +22,17 @@ def env():
     finally:
         for name, value in saved.items():
             os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_tier_in_a_temporary_root(tmp_path_factory):
+    """The fast snapshot tier is on by default: its copies go under a temporary root (inherited by
+    the torchrun workers the tests start), not into the machine's /dev/shm, where every test that
+    ends in a crash would leave two copies of its state behind."""
+    saved = os.environ.get("DDPJOB_FAST_SNAPSHOT_ROOT")
+    os.environ["DDPJOB_FAST_SNAPSHOT_ROOT"] = str(tmp_path_factory.mktemp("fast-tier"))
+    yield
+    if saved is None:
+        os.environ.pop("DDPJOB_FAST_SNAPSHOT_ROOT", None)
+    else:
+        os.environ["DDPJOB_FAST_SNAPSHOT_ROOT"] = saved

@@ -23,6 +23,9 @@ from tests.support.elastic_checks import (
 # Generous: a restart costs ~7-15 s here, more when other tests load both cores.
 EVENT_TIMEOUT = 120
 BACKENDS = ["c10d", "etcd"]
+# These tests prove the volume snapshot's path (what a resume does where the fast tier is off or
+# has no room): with the tier on, a kill between steps loses nothing (test_elastic_lose_nothing.py).
+VOLUME_ONLY = ["--fast-snapshot-every-steps", "0"]
 
 
 @contextlib.contextmanager
@@ -53,7 +56,7 @@ def wait_for_first_snapshot(watcher: MetricsWatcher, world_size: int) -> None:
 @pytest.mark.parametrize("backend", ["c10d", pytest.param("etcd", marks=pytest.mark.slow)])
 def test_killed_worker_restarts_the_group_which_resumes_from_the_snapshot_without_repeating_steps(tmp_path, backend):
     epochs = 4
-    target = example_target(tmp_path, epochs=epochs, samples=512, step_sleep=0.15)
+    target = [*example_target(tmp_path, epochs=epochs, samples=512, step_sleep=0.15), *VOLUME_ONLY]
     with rendezvous(backend) as rdzv, AgentGroup(tmp_path, rdzv, target) as group:
         group.start(rdzv_conf_extra=host_conf(backend, True))
         second = group.start(rdzv_conf_extra=host_conf(backend, False))
@@ -77,7 +80,7 @@ def test_killed_worker_restarts_the_group_which_resumes_from_the_snapshot_withou
 def test_job_survives_worker_kill_scale_up_and_node_loss_with_each_step_once(tmp_path, backend):
     """Worker SIGKILL -> restart; a third node joins -> world 3; that node dies -> world 2; job completes."""
     epochs = 12
-    target = example_target(tmp_path, epochs=epochs, samples=1024, step_sleep=0.1)
+    target = [*example_target(tmp_path, epochs=epochs, samples=1024, step_sleep=0.1), *VOLUME_ONLY]
     with rendezvous(backend) as rdzv, AgentGroup(tmp_path, rdzv, target) as group:
         group.start(rdzv_conf_extra=host_conf(backend, True))
         second = group.start(rdzv_conf_extra=host_conf(backend, False))

@@ -72,6 +72,17 @@ def test_a_restart_that_ignores_the_snapshot_is_caught():
         assert_resumed_from_snapshots(raw)
 
 
+def test_a_restart_from_a_fast_tier_copy_newer_than_the_snapshot_passes(tmp_path):
+    raw = assert_ran_exactly_once(write(tmp_path, restarted_job(resume_step=6)), epochs=2)
+    assert [r["resume_step"] for r in assert_resumed_from_snapshots(raw)] == [6]
+    assert steps_redone(raw) == []
+
+
+def test_a_restart_past_every_step_trained_is_caught():
+    with pytest.raises(AssertionError, match=r"must resume at step 4, .* or at a newer step trained before it \(at most 6\)"):
+        assert_resumed_from_snapshots(restarted_job(resume_step=7))
+
+
 def test_a_first_step_that_skips_ahead_after_resume_is_caught():
     raw = [e for e in restarted_job() if not (e["event"] == "step" and e["step"] == 5 and e["world_size"] == 3)]
     with pytest.raises(AssertionError, match="expected 5"):

@@ -27,7 +27,8 @@ def save(directory, state_meta):
 
 
 def agree(directory, rank, volume_step=-1):
-    fast = FastSnapshot(directory, 0)
+    """Each rank's agreement; ``directory`` None for a rank whose tier could not start (no /dev/shm)."""
+    fast = FastSnapshot(directory, 0) if directory is not None else None
     choice, meta, incarnation = fast_resume.agree(fast, volume_step if rank == 0 else -1, rank, 2, torch.device("cpu"))
     state = fast_resume.load(choice, fast, meta, rank, torch.device("cpu")) if choice else None
     return choice, incarnation, state
@@ -51,6 +52,11 @@ def worker(rank, port, root, results):
         # 3. The volume holds a newer step: the fast tier stands back, and a new round begins anyway.
         choice, incarnation, _ = agree(node, rank, volume_step=8)
         results[f"3-{rank}"] = (choice, incarnation)
+        # 4. Rank 1's tier could not start at all: it still takes part and gets rank 0's copy.
+        if rank == 0:
+            save(node, copy_of(12, 12.0, 3, rank=0))
+        choice, incarnation, state = agree(node if rank == 0 else None, rank)
+        results[f"4-{rank}"] = (choice.step, choice.source, incarnation, float(state["model"]["w"][0, 0]))
     finally:
         torch_dist.destroy_process_group()
 
@@ -74,3 +80,7 @@ def test_a_copy_from_an_older_round_is_ignored_even_at_a_later_step(results):
 
 def test_a_newer_volume_snapshot_wins_and_still_starts_a_new_round(results):
     assert results["3-0"] == results["3-1"] == (None, 2)
+
+
+def test_a_rank_whose_tier_could_not_start_takes_part_and_gets_the_copy_broadcast(results):
+    assert results["4-0"] == results["4-1"] == (12, 0, 4, 12.0)

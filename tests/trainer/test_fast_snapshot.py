@@ -1,15 +1,18 @@
 """The fast snapshot tier in one process: the shared-memory copy itself, and a resume from it
 that loses only the step in flight and ends with an uninterrupted run's weights."""
 import dataclasses
+import logging
 import os
 import stat
+import subprocess
 
 import pytest
 import torch
 
 from ddpjob_trainer import SnapshotStore, Trainer, TrainerConfig, read_metrics
 from ddpjob_trainer.examples.mlp import fault_injection, make_dataset, mse
-from ddpjob_trainer.snapshots.fast import FastSnapshot, UnsafeDirectory, fast_root, flatten, unflatten
+from ddpjob_trainer.snapshots import fast as fast_module
+from ddpjob_trainer.snapshots.fast import FastSnapshot, Room, UnsafeDirectory, fast_root, flatten, shortfall, unflatten
 from ddpjob_trainer.report.metrics import read_raw_metrics
 
 DATA = make_dataset(200, seed=3)
@@ -91,11 +94,13 @@ def build():
     return model, optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.99)
 
 
-def run(env, directory, fast_root_dir, restart_count=0, fail_at_step=None, fast_every=1):
+def run(env, directory, fast_root_dir, restart_count=0, fail_at_step=None, fast_every=None):
+    """The Trainer on a small model; ``fast_every`` None leaves the fast tier at its default."""
     model, optimizer, scheduler = build()
+    fast = {} if fast_every is None else {"fast_snapshot_every_steps": fast_every}
     config = TrainerConfig(epochs=2, batch_size=8, accumulation_steps=2, snapshot_dir=str(directory),
                            snapshot_every_steps=10, metrics_file=str(directory / "metrics.jsonl"), progress_bar=False,
-                           fast_snapshot_every_steps=fast_every, fast_snapshot_root=str(fast_root_dir))
+                           fast_snapshot_root=str(fast_root_dir), **fast)
     trainer = Trainer(model, optimizer, DATA, config, loss_fn=mse, scheduler=scheduler,
                       env=dataclasses.replace(env, restart_count=restart_count),
                       on_step=fault_injection(0.0, fail_at_step, restart_count))
@@ -103,7 +108,7 @@ def run(env, directory, fast_root_dir, restart_count=0, fail_at_step=None, fast_
 
 
 @pytest.mark.parametrize("fail_at", [18, 13])  # mid epoch 1; the last step of epoch 0 (copied after its end)
-def test_a_crash_resumes_from_shared_memory_losing_only_the_step_in_flight(env, tmp_path, fail_at):
+def test_by_default_a_crash_resumes_from_shared_memory_losing_only_the_step_in_flight(env, tmp_path, fail_at):
     reference, crashed, shm = tmp_path / "reference", tmp_path / "crashed", tmp_path / "shm"
     run(env, reference, tmp_path / "shm-reference", fast_every=0)
     with pytest.raises(RuntimeError, match=f"fail_at_step={fail_at}"):
@@ -118,6 +123,103 @@ def test_a_crash_resumes_from_shared_memory_losing_only_the_step_in_flight(env, 
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7, msg=name)
     assert not any(shm.iterdir()), "a finished job removes its copies"
+
+
+def test_the_tier_is_off_when_asked_and_a_crash_then_resumes_from_the_volume(env, tmp_path):
+    with pytest.raises(RuntimeError, match="fail_at_step=18"):
+        run(env, tmp_path / "crashed", tmp_path / "shm", fail_at_step=18, fast_every=0)
+    trainer, result = run(env, tmp_path / "crashed", tmp_path / "shm", restart_count=1, fail_at_step=18, fast_every=0)
+    assert trainer.fast is None and not (tmp_path / "shm").exists()
+    assert trainer.resumed_from.step == 13 and result.step == STEPS  # the volume's newest: epoch 0's end
+
+
+# --- the tier is on by default, so it must never be what fails a job: no room turns it off ---
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("needed, found, problem", [
+    (100 * MiB, Room(free=300 * MiB), None),
+    (301 * MiB, Room(free=300 * MiB), "needs 301.0 MiB and its filesystem has 300.0 MiB free"),
+    (100 * MiB, Room(free=300 * MiB, memory_limit=1000 * MiB, memory_left=200 * MiB), None),
+    (101 * MiB, Room(free=300 * MiB, memory_limit=1000 * MiB, memory_left=200 * MiB),
+     "needs 101.0 MiB and the memory limit (1000.0 MiB) has 200.0 MiB left, of which 10% of the limit stays free"),
+    (1 * MiB, Room(free=300 * MiB, memory_limit=1000 * MiB, memory_left=-5 * MiB),
+     "needs 1.0 MiB and the memory limit (1000.0 MiB) has 0.0 MiB left, of which 10% of the limit stays free"),
+])
+def test_the_slots_must_fit_the_filesystem_and_leave_a_tenth_of_the_memory_limit(needed, found, problem):
+    assert shortfall(needed, found) == problem
+
+
+def big_state(step):
+    """Two copies of it (2 x 1.4 MiB) do not fit in a 1 MiB tmpfs."""
+    return {"model": {"w": torch.full((600, 600), float(step))}, "step": step}
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 1 MiB tmpfs (as a small /dev/shm is); mounting one needs root."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def fills_nothing(fast: FastSnapshot, caplog) -> str:
+    """Saves three times into ``fast``, which has no room; the one warning it logged."""
+    with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.snapshots.fast"):
+        for step in (1, 2, 3):
+            fast.save(big_state(step), step=step)
+            fast.wait()
+    warnings = [r.getMessage() for r in caplog.records if "fast snapshot tier off" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert fast.newest() is None and list(fast.directory.iterdir()) == [], "its files went, their memory with them"
+    return warnings[0]
+
+
+def test_a_tmpfs_without_room_for_the_slots_turns_the_tier_off_with_one_warning(tiny_tmpfs, caplog):
+    fast = FastSnapshot(tiny_tmpfs / "node", local_rank=0, local_world_size=2)
+    warning = fills_nothing(fast, caplog)
+    assert warning.startswith(f"fast snapshot tier off for local rank 0: {tiny_tmpfs / 'node'}: 2 slot(s) of 1.4 MiB "
+                              "for each of the node's 2 worker(s) needs 5.5 MiB and its filesystem has 1.0 MiB free; "
+                              "a SIGKILL now loses the steps since the last volume snapshot")
+    assert "set fast_snapshot_every_steps=0" in warning and fast.off is not None
+
+
+def test_a_tmpfs_filled_after_the_check_answers_enospc_not_sigbus(tiny_tmpfs, caplog, monkeypatch):
+    """Another worker may take the room between the check and the allocation: the slots are
+    reserved with posix_fallocate, so the copy thread never writes into a page the tmpfs lacks."""
+    monkeypatch.setattr(fast_module, "room", lambda directory: Room(free=1 << 40))
+    warning = fills_nothing(FastSnapshot(tiny_tmpfs / "node", local_rank=0), caplog)
+    assert f"{tiny_tmpfs / 'node'} has no room for 1.4 MiB: No space left on device" in warning
+
+
+def test_without_room_training_goes_on_and_a_crash_resumes_exactly_from_the_volume(env, tmp_path, monkeypatch):
+    monkeypatch.setattr(fast_module, "room", lambda directory: Room(free=4096))
+    reference, crashed = tmp_path / "reference", tmp_path / "crashed"
+    run(env, reference, tmp_path / "shm-reference", fast_every=0)
+    with pytest.raises(RuntimeError, match="fail_at_step=18"):
+        run(env, crashed, tmp_path / "shm", fail_at_step=18)
+    trainer, result = run(env, crashed, tmp_path / "shm", restart_count=1, fail_at_step=18)
+    assert trainer.fast.off is not None
+    assert trainer.resumed_from.step == 13 and result.step == STEPS  # the volume's newest: epoch 0's end
+    assert [e["step"] for e in read_metrics(crashed / "metrics.jsonl") if e["event"] == "step"] == list(range(1, 27))
+    expected = SnapshotStore(reference).load_latest()[1]["model"]
+    actual = SnapshotStore(crashed).load_latest()[1]["model"]
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_without_a_directory_to_copy_into_the_tier_is_off_and_training_goes_on(env, tmp_path, caplog):
+    (tmp_path / "file").write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="ddpjob_trainer.trainer"):
+        trainer, result = run(env, tmp_path / "run", tmp_path / "file" / "shm")
+    assert trainer.fast is None and result.step == STEPS
+    assert any(r.getMessage().startswith("fast snapshot tier off for local rank 0: cannot create ")
+               for r in caplog.records)
 
 
 # --- /dev/shm is shared by every user of the machine: the node's directory must be ours alone ---

@@ -31,7 +31,10 @@ def build(seed=0, dropout=0.2):
 
 
 def run(env, directory, *, restart_count=0, extra=None, fail_at_step=None, **overrides):
+    """The loop resuming from the volume snapshot: the fast tier (on by default) is off unless
+    ``overrides`` turn it on; its own resume is test_fast_snapshot.py's."""
     model, optimizer, scheduler = build()
+    overrides = {"fast_snapshot_every_steps": 0, **overrides}
     config = TrainerConfig(
         epochs=2, batch_size=8, accumulation_steps=2, snapshot_dir=str(directory), snapshot_every_steps=4,
         metrics_file=str(directory / "metrics.jsonl"), progress_bar=False, **overrides,

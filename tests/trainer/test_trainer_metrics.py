@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from ddpjob_trainer.report.metrics import MetricsWriter, TensorBoardSink, WandbSink, read_metrics, read_raw_metrics
+from ddpjob_trainer.report.metrics import (MetricsWriter, TensorBoardSink, WandbSink, read_metrics, read_raw_metrics,
+                                           redone_per_resume)
 
 
 def write_events(path, *events):
@@ -50,6 +51,23 @@ def test_a_restart_rolls_back_steps_after_the_resumed_snapshot(tmp_path):
     ]
     raw_steps = [e["step"] for e in read_raw_metrics(path) if e["event"] == "step"]
     assert raw_steps == [1, 2, 3, 4, 3, 4], "the raw log keeps the lost work"
+
+
+def test_each_resume_names_the_steps_it_rolled_back_to_train_again(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write_events(path, start(), step(0, 1), step(0, 2), step(0, 3), step(0, 4),   # killed after step 4
+                 start(resume_step=2, restart=1), step(0, 3), step(0, 4), step(0, 5),  # a volume snapshot at 2
+                 start(resume_step=5, restart=2), step(0, 6),                         # a copy of step 5: none lost
+                 start(resume_step=5, restart=3), step(0, 6), {"event": "done", "epoch": 0, "step": 6})
+    assert [(s["restart_count"], steps) for s, steps in redone_per_resume(path)] == [(1, [3, 4]), (2, []), (3, [6])]
+    raw = sum(1 for e in read_raw_metrics(path) if e["event"] == "step")
+    effective = sum(1 for e in read_metrics(path) if e["event"] == "step")
+    assert raw - effective == 3, "the same count as raw minus effective steps"
+
+
+def test_a_run_that_never_resumed_has_no_resumes(tmp_path):
+    write_events(tmp_path / "metrics.jsonl", start(), step(0, 1), {"event": "done", "epoch": 0, "step": 1})
+    assert redone_per_resume(tmp_path / "metrics.jsonl") == []
 
 
 def test_a_restart_drops_the_end_of_an_epoch_that_runs_again_and_earlier_done_events(tmp_path):

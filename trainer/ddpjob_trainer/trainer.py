@@ -55,7 +55,7 @@ from ddpjob_trainer.report.heartbeats import Heartbeats
 from ddpjob_trainer.report.metrics import Sink, TensorBoardSink, WandbSink
 from ddpjob_trainer.snapshots import fast_resume
 from ddpjob_trainer.snapshots.agree import load_agreed
-from ddpjob_trainer.snapshots.fast import FastSnapshot, fast_root
+from ddpjob_trainer.snapshots.fast import FastSnapshot, UnsafeDirectory, fast_root
 from ddpjob_trainer.snapshots.store import SnapshotInfo
 
 log = logging.getLogger(__name__)
@@ -169,14 +169,27 @@ class Trainer:
                             metrics_file=cfg.metrics_file, keep=cfg.snapshot_keep, async_save=cfg.async_snapshot,
                             trusted=cfg.trust_snapshots, on_unreadable=cfg.snapshot_on_unreadable)
 
+    @property
+    def fast_wanted(self) -> bool:
+        """The configuration asks for the fast tier: the same answer on every rank, so every rank
+        takes part in the fast tier's resume collective, whether its own tier could start or not."""
+        return bool(self.config.fast_snapshot_every_steps and self.config.snapshot_dir)
+
     def _make_fast(self) -> FastSnapshot | None:
-        if not self.config.fast_snapshot_every_steps:
-            return None
-        if not self.config.snapshot_dir:
-            log.warning("fast_snapshot_every_steps needs snapshot_dir: the fast tier is off")
+        if not self.fast_wanted:
+            if self.config.fast_snapshot_every_steps and self.env.is_rank0:
+                log.warning("the fast snapshot tier needs snapshot_dir: it is off")
             return None
         directory = fast_root(self.config.snapshot_dir, self.config.fast_snapshot_root)
-        return FastSnapshot(directory, self.env.local_rank)
+        try:
+            return FastSnapshot(directory, self.env.local_rank, self.env.local_world_size)
+        except UnsafeDirectory:
+            raise  # someone else's directory in our place: refused by name (docs/security.md)
+        except OSError as error:  # no /dev/shm (not Linux), a read-only root: the tier is an optimization
+            log.warning("fast snapshot tier off for local rank %d: cannot create %s (%s); a SIGKILL now loses the "
+                        "steps since the last volume snapshot (set fast_snapshot_every_steps=0 to turn the tier "
+                        "off without this warning)", self.env.local_rank, directory, error)
+            return None
 
     def _make_heartbeats(self) -> Heartbeats:
         # Every rank beats into the group's store; each node's reporter gathers them (docs/hangs.md).
@@ -221,7 +234,7 @@ class Trainer:
     def _resume_fast(self) -> SnapshotInfo | None:
         """Resumes from the fast tier when the group agrees it holds a newer step than the volume
         (snapshots/fast_resume.py; a collective whenever the fast tier is on, so every rank takes part)."""
-        if self.fast is None:  # the same on every rank: off everywhere
+        if not self.fast_wanted:  # the same on every rank: off everywhere, no collective
             return None
         complete = self.store.complete() if self.env.is_rank0 else []
         volume_step = complete[-1].step if complete else -1
@@ -234,7 +247,8 @@ class Trainer:
         if self.env.is_rank0:
             log.info("resumed from the fast tier at step %d (%s)", choice.step,
                      "each rank's own copy" if choice.source < 0 else f"broadcast from rank {choice.source}")
-        return SnapshotInfo(path=str(self.fast.directory), epoch=state["epoch"], step=state["step"],
+        directory = fast_root(self.config.snapshot_dir, self.config.fast_snapshot_root)  # this node's (where it saves from now on)
+        return SnapshotInfo(path=str(directory), epoch=state["epoch"], step=state["step"],
                             samples_consumed=state["samples_consumed"], time=state["time"])
 
     def _choose_snapshot(self) -> tuple[SnapshotInfo | None, dict[str, Any] | None]:

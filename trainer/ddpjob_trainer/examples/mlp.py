@@ -49,8 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--snapshot-every-epochs", type=int, default=1, help="0 = off")
     parser.add_argument("--snapshot-every-steps", type=int, default=0, help="0 = off")
     parser.add_argument("--snapshot-keep", type=int, default=2, help="complete snapshots to keep")
-    parser.add_argument("--fast-snapshot-every-steps", type=int, default=0,
-                        help="also copy the state to /dev/shm every N steps (0 = off): a restart loses at most one step")
+    parser.add_argument("--fast-snapshot-every-steps", type=int, default=TrainerConfig.fast_snapshot_every_steps,
+                        help="also copy the state to /dev/shm every N steps (default %(default)s; 0 = off): "
+                             "a SIGKILL loses at most N steps")
     parser.add_argument("--amp", action="store_true", help="mixed precision with a GradScaler (CUDA only)")
     parser.add_argument("--async-snapshot", action="store_true", help="write snapshots in a background thread")
     parser.add_argument("--metrics-file", default=os.environ.get(METRICS_FILE_ENV),

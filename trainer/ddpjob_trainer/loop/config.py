@@ -44,8 +44,10 @@ class TrainerConfig:
             be read; None reads ``DDPJOB_SNAPSHOT_ON_UNREADABLE``, which the
             operator renders from ``spec.snapshot.onUnreadable`` (default ``Fail``).
         fast_snapshot_every_steps: also copy every rank's state to node-local shared memory
-            after every N optimizer steps (0 = off; needs snapshot_dir): a worker restart then
-            resumes from there, losing at most the step in flight (snapshots/fast.py).
+            after every N optimizer steps (default 1: every step; 0 = off; needs snapshot_dir): a
+            worker restart then resumes from there, losing at most the steps since the copy
+            (snapshots/fast.py). Where the two copies do not fit (the filesystem or the memory
+            limit), the tier turns itself off with one warning and training goes on.
         fast_snapshot_root: where those copies live (None: $DDPJOB_FAST_SNAPSHOT_ROOT, else /dev/shm).
     """
 
@@ -67,7 +69,7 @@ class TrainerConfig:
     wandb_project: str | None = None
     trust_snapshots: bool | None = None
     snapshot_on_unreadable: str | None = None
-    fast_snapshot_every_steps: int = 0
+    fast_snapshot_every_steps: int = 1
     fast_snapshot_root: str | None = None
 
     def __post_init__(self) -> None:

@@ -107,6 +107,23 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     return history
 
 
+def redone_per_resume(path: str | os.PathLike) -> list[tuple[dict[str, Any], list[int]]]:
+    """Each resume in ``path`` (every ``start`` after the first) with the steps it rolled back:
+    steps trained before it and trained again after it (the effective history holds each step
+    once, so a rolled-back step of a run that went on to finish was trained twice)."""
+    history: list[dict[str, Any]] = []
+    resumes: list[tuple[dict[str, Any], list[int]]] = []
+    for event in _parse_lines(Path(path)):
+        if event.get("event") == "start":
+            kept = _roll_back(history, event.get("resume_epoch", 0), event.get("resume_step", 0))
+            if any(e.get("event") == "start" for e in history):
+                still = {id(e) for e in kept}
+                resumes.append((event, [e["step"] for e in history if e.get("event") == "step" and id(e) not in still]))
+            history = kept
+        history.append(event)
+    return resumes
+
+
 def read_raw_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Every event in ``path`` as written, including rolled-back ones."""
     return list(_parse_lines(Path(path)))

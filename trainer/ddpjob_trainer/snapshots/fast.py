@@ -23,7 +23,13 @@ membership change) at almost no cost to throughput:
   the state from a rank that has it (``Trainer._resume_fast`` agrees on the newest step every
   rank can load and broadcasts it), and the volume snapshot stays the fallback.
 
-Each worker keeps two copies of the whole state in ``/dev/shm``: size its limit for it.
+Each worker keeps two copies of the whole state in ``/dev/shm``. The tier is on by default, so it
+must never be what fails a job: before the slots are allocated, their size times the node's
+workers is checked against the free space of the directory's filesystem and the headroom of the
+worker's memory cgroup (tmpfs pages count against a pod's memory limit), and the slots are then
+reserved with ``posix_fallocate``, which on a tmpfs fails with ENOSPC instead of letting a later
+write into a mapped page raise SIGBUS. Where they do not fit the tier turns itself off with one
+warning (``NoRoom``), and a SIGKILL then loses the steps since the last volume snapshot.
 
 ``/dev/shm`` is shared by every user of a machine (a local run's), and the directory's name is
 predictable. So the node's directory is created with mode 0700 in one mkdir, and an existing one
@@ -44,11 +50,13 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import errno
 import hashlib
 import logging
 import os
 import shutil
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +75,10 @@ ALIGN = 64  # bytes: every tensor's offset in a slot, enough for any dtype's ali
 _TENSOR = "__fast_tensor__"  # placeholder key in the skeleton: {_TENSOR: index into the slot's tensors}
 DIR_MODE = 0o700  # the node's directory: its state is nobody else's to read or replace
 FILE_MODE = 0o600
+# Of a memory cgroup's limit, the part the slots must leave free: the worker's own memory grows
+# after the first step too (validation, a larger last batch, the volume snapshot's serialization).
+MEMORY_RESERVE = 0.1
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class UnsafeDirectory(DoNotRetry):
@@ -111,6 +123,56 @@ def _unsafe(found: os.stat_result) -> str | None:
     return None
 
 
+class NoRoom(Exception):
+    """The two slots do not fit in the directory's filesystem or the worker's memory cgroup."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the slots may take: free bytes in the directory's filesystem and, under a memory
+    cgroup with a limit (a pod's), that limit and the bytes it has left (None: no limit)."""
+
+    free: int
+    memory_limit: int | None = None
+    memory_left: int | None = None
+
+
+def room(directory: Path) -> Room:
+    """The Room of ``directory`` (its filesystem) and of this process's memory cgroup (v2)."""
+    found = os.statvfs(directory)
+    limit, used = _cgroup_memory()
+    return Room(found.f_bavail * found.f_frsize, limit, None if limit is None or used is None else limit - used)
+
+
+def _cgroup_memory() -> tuple[int | None, int | None]:
+    """(memory.max, memory.current) of this process's cgroup v2, or (None, None) without a limit."""
+    try:
+        line = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+        group = CGROUP_ROOT / line[3:].lstrip("/")
+        limit = (group / "memory.max").read_text().strip()
+        if limit == "max":
+            return None, None
+        return int(limit), int((group / "memory.current").read_text())
+    except (OSError, StopIteration, ValueError):  # cgroup v1, no /proc: no limit we can read
+        return None, None
+
+
+def shortfall(needed: int, found: Room) -> str | None:
+    """Why ``needed`` bytes of slots do not fit in ``found``, or None when they do."""
+    if needed > found.free:
+        return f"needs {_mb(needed)} and its filesystem has {_mb(found.free)} free"
+    if found.memory_limit is not None and found.memory_left is not None:
+        spare = found.memory_left - int(found.memory_limit * MEMORY_RESERVE)
+        if needed > spare:
+            return (f"needs {_mb(needed)} and the memory limit ({_mb(found.memory_limit)}) has "
+                    f"{_mb(max(found.memory_left, 0))} left, of which {MEMORY_RESERVE:.0%} of the limit stays free")
+    return None
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
 def create_private(path: Path) -> int:
     """A new file at ``path`` (a stale one of ours is removed first), mode FILE_MODE, write-only;
     never through a link (O_NOFOLLOW) nor onto an existing file (O_EXCL)."""
@@ -137,15 +199,24 @@ class FastSnapshot:
     Args:
         directory: this node's directory (fast_root); created here (own_directory).
         local_rank: names this worker's files (stable across restarts on the node).
+        local_world_size: the node's workers, each allocating slots alike: the room for the
+            slots is checked for all of them at once (they check at about the same moment).
+
+    Attributes:
+        off: why this worker's tier turned itself off (NoRoom), else None: ``save`` then does
+            nothing and a restart resumes from the volume.
 
     Raises:
         UnsafeDirectory: see own_directory.
+        OSError: the directory cannot be created (no /dev/shm).
     """
 
-    def __init__(self, directory: str | os.PathLike, local_rank: int):
+    def __init__(self, directory: str | os.PathLike, local_rank: int, local_world_size: int = 1):
         self.directory = Path(directory)
         own_directory(self.directory)  # before anything is read from it (a resume) or written
         self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.off: str | None = None
         self._copying = BackgroundJob("ddpjob-fast-snapshot", daemon=True)
         self._layout: list[tuple[torch.dtype, tuple[int, ...], int]] | None = None
         self._slots: list[list[torch.Tensor]] = []
@@ -165,12 +236,19 @@ class FastSnapshot:
         """Starts copying ``state`` into the free slot; ``meta`` (e.g. step) is stored with it.
 
         The caller must not change the big tensors (parameters, optimizer state) before ``wait``.
+        Does nothing once the tier is :attr:`off`; turns it off when the slots do not fit.
         """
         self.wait()
+        if self.off is not None:
+            return
         tensors: list[torch.Tensor] = []
         skeleton = _flatten(state, tensors)
         layout = [(t.dtype, tuple(t.shape), t.numel() * t.element_size()) for t in tensors]
-        slot, targets = self._targets(layout)
+        try:
+            slot, targets = self._targets(layout)
+        except NoRoom as error:
+            self._turn_off(str(error))
+            return
         big = [(src, dst) for src, dst in zip(tensors, targets) if src.numel() > SMALL_NUMEL]
         for src, dst in zip(tensors, targets):
             if src.numel() <= SMALL_NUMEL:
@@ -191,6 +269,17 @@ class FastSnapshot:
         self.wait()
         self._slots = []
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _turn_off(self, why: str) -> None:
+        """Off for the rest of this worker's run, with one warning; its files go (they hold memory,
+        and a meta naming slots that were never written must not be resumed from)."""
+        self.off = why
+        self._slots, self._layout = [], None
+        for path in (self.meta_path, self._slot_path(0), self._slot_path(1)):
+            path.unlink(missing_ok=True)
+        log.warning("fast snapshot tier off for local rank %d: %s; a SIGKILL now loses the steps since the last "
+                    "volume snapshot (give %s more room, or set fast_snapshot_every_steps=0 to turn the tier off "
+                    "without this warning)", self.local_rank, why, self.directory.parent)
 
     def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], ready: Any, record: dict[str, Any]) -> None:
         if ready is not None:  # CUDA: copy on a side stream once the step's kernels are done
@@ -222,13 +311,17 @@ class FastSnapshot:
         if layout != self._layout:
             own_directory(self.directory)  # remove() took it away after a finished run
             current = self.newest()
-            if current is not None and _parse_layout(current["layout"]) == layout:
-                self._next = 1 - current["slot"]
-                self._slots = [_map_slot(self._slot_path(i), layout, create=i == self._next) for i in (0, 1)]
-            else:
+            keep = current is not None and _parse_layout(current["layout"]) == layout
+            created = [i for i in (0, 1) if not keep or i != current["slot"]]
+            size = _offsets(layout)[1]
+            problem = shortfall(size * len(created) * self.local_world_size, room(self.directory))
+            if problem is not None:
+                raise NoRoom(f"{self.directory}: {len(created)} slot(s) of {_mb(size)} for each of the node's "
+                             f"{self.local_world_size} worker(s) {problem}")
+            if not keep:
                 self.meta_path.unlink(missing_ok=True)  # it describes slots about to be reallocated
-                self._slots = [_map_slot(self._slot_path(i), layout) for i in (0, 1)]
-                self._next = 0
+            self._slots = [_map_slot(self._slot_path(i), layout, create=i in created) for i in (0, 1)]
+            self._next = 1 - current["slot"] if keep else 0
             self._layout = layout
         return self._next, self._slots[self._next]
 
@@ -324,7 +417,14 @@ def _map_slot(path: Path, layout: list[tuple[torch.dtype, tuple[int, ...], int]]
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         fd = create_private(tmp)
         try:
-            os.ftruncate(fd, total)
+            # Reserved now, not on first write: a tmpfs that fills up (another worker, another job)
+            # answers ENOSPC here; a sparse file would answer with SIGBUS in the copy thread.
+            os.posix_fallocate(fd, 0, total)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise NoRoom(f"{path.parent} has no room for {_mb(total)}: {error.strerror}") from error
+            raise
         finally:
             os.close(fd)
         os.replace(tmp, path)  # replaces whatever is at `path`, a link included, never its target

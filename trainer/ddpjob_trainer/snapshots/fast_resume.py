@@ -64,9 +64,10 @@ def agree(fast: FastSnapshot | None, volume_step: int, rank: int, world_size: in
     return FastResume(best, source), (meta if holds else None), newest + 1
 
 
-def load(choice: FastResume, fast: FastSnapshot, meta: dict[str, Any] | None, rank: int,
+def load(choice: FastResume, fast: FastSnapshot | None, meta: dict[str, Any] | None, rank: int,
          device: torch.device) -> dict[str, Any]:
-    """The agreed state on every rank, with ``rng`` the gathered per-old-rank RNG states."""
+    """The agreed state on every rank, with ``rng`` the gathered per-old-rank RNG states
+    (``fast`` None on a rank whose tier could not start: it receives the broadcast)."""
     if choice.source < 0:
         state = fast.load(meta, map_location=device)
     else:
@@ -75,7 +76,7 @@ def load(choice: FastResume, fast: FastSnapshot, meta: dict[str, Any] | None, ra
     return state
 
 
-def _broadcast(fast: FastSnapshot, meta: dict[str, Any] | None, source: int, rank: int,
+def _broadcast(fast: FastSnapshot | None, meta: dict[str, Any] | None, source: int, rank: int,
                device: torch.device) -> dict[str, Any]:
     box = [skeleton_layout(meta) if rank == source else None]
     torch_dist.broadcast_object_list(box, src=source)
