@@ -7,7 +7,10 @@ import uuid
 import pytest
 
 from ddpjob_operator.local.plan import LocalNode
-from ddpjob_operator.local.procs import MARKER_ENV, marked_pids, marked_processes, remove_fork_server_dirs
+from ddpjob_operator.local.procs import (
+    MARKER_ENV, marked_pids, marked_processes, remove_fast_tier_dirs, remove_fork_server_dirs,
+)
+from ddpjob_rdzv.contract.fast_tier import FAST_ROOT_ENV, fast_tier_dir
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -66,3 +69,26 @@ def test_the_fork_server_directories_of_a_finished_run_are_removed_but_not_throu
     remove_fork_server_dirs(nodes)
     assert not ours.exists()
     assert (target / "socket").read_text() == "keep"
+
+
+def test_the_fast_tier_copies_a_run_left_are_removed_but_not_through_a_link_nor_another_runs(tmp_path):
+    """A node killed mid-run leaves its fast-tier copies (twice the state per worker) in /dev/shm,
+    memory nothing else frees; the run removes them once its processes are gone, found by the same
+    rule the trainer names them with."""
+    root, snapshots = tmp_path / "shm", tmp_path / "run" / "snapshots"
+    root.mkdir()
+    env = {"DDPJOB_SNAPSHOT_DIR": str(snapshots), FAST_ROOT_ENV: str(root)}
+    ours = fast_tier_dir(snapshots, "0", root)
+    ours.mkdir(mode=0o700)
+    (ours / "slot-0").write_bytes(b"x" * 1024)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "slot-0").write_text("keep")
+    fast_tier_dir(snapshots, "1", root).symlink_to(target)  # put there by someone else
+    other_run = fast_tier_dir(tmp_path / "other-run" / "snapshots", "0", root)
+    other_run.mkdir()
+    nodes = [LocalNode(i, ["torchrun"], {**env, "DDPJOB_NODE_INDEX": str(i)}) for i in (0, 1)]
+    remove_fast_tier_dirs(nodes + [LocalNode(2, ["torchrun"], {})])
+    assert not ours.exists()
+    assert (target / "slot-0").read_text() == "keep"
+    assert other_run.is_dir()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -20,6 +21,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from ddpjob_rdzv import contract
+from ddpjob_rdzv.contract.fast_tier import FAST_ROOT_ENV, fast_tier_dir
 
 from ddpjob_operator.api import constants as C
 
@@ -195,6 +199,24 @@ def stop_all(nodes: list[NodeProcess], grace: float = STOP_GRACE_SECONDS) -> Non
         time.sleep(0.1)
     for node in nodes:
         node.kill()
+
+
+def remove_fast_tier_dirs(nodes: list[LocalNode]) -> None:
+    """Removes the nodes' fast snapshot tier directories (ddpjob_rdzv.contract.fast_tier) once every
+    process of the run is gone. The trainer removes its own when training finishes; a node killed,
+    a failed or an interrupted run leaves its copies, twice the training state per worker, in
+    /dev/shm: memory nothing else frees on this machine (in a pod it goes with the pod). Nothing
+    resumes from them: a new run has a new snapshot directory. Only a directory of this user, not
+    a link, as for the fork server's."""
+    for node in nodes:
+        snapshot_dir, index = node.env.get(contract.SNAPSHOT_DIR_ENV), node.env.get(contract.NODE_INDEX_ENV)
+        if not snapshot_dir or index is None:
+            continue
+        directory = fast_tier_dir(snapshot_dir, index, node.env.get(FAST_ROOT_ENV))
+        with contextlib.suppress(OSError):
+            info = os.lstat(directory)
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                shutil.rmtree(directory)
 
 
 def remove_fork_server_dirs(nodes: list[LocalNode]) -> None:

@@ -56,7 +56,7 @@ from ddpjob_operator.render.launch import rdzv_id
 from .journal import Journal, MetricsFollower, write_timeline
 from .plan import LocalNode, LocalPlan, inherited_env
 from .policy import Action, Decision, FailureBudget, hold_replacements
-from .procs import NodeProcess, kill_marked_until_gone, remove_fork_server_dirs, stop_all
+from .procs import NodeProcess, kill_marked_until_gone, remove_fast_tier_dirs, remove_fork_server_dirs, stop_all
 from .state import RUNNING, SPARE, RunState, apply_metric, apply_node_event
 from .summary import Summary, summarize
 from .view import LiveView, PlainView
@@ -385,6 +385,7 @@ class Runner:
             # started may write into the run directory after the run ended.
             kill_marked_until_gone(f"{self.plan.rdzv_id}.", prefix=True)
             remove_fork_server_dirs(self.plan.nodes)
+            remove_fast_tier_dirs(self.plan.nodes)
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)

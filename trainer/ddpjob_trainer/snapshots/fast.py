@@ -51,7 +51,6 @@ from __future__ import annotations
 import copy
 import ctypes
 import errno
-import hashlib
 import logging
 import os
 import shutil
@@ -62,14 +61,14 @@ from typing import Any
 
 import torch
 from ddpjob_rdzv.contract import NODE_INDEX_ENV
+from ddpjob_rdzv.contract.fast_tier import FAST_ROOT_ENV, fast_tier_dir
 
 from ddpjob_trainer.errors import DoNotRetry
 from ddpjob_trainer.snapshots.background import BackgroundJob
 
 log = logging.getLogger(__name__)
 
-ROOT_ENV = "DDPJOB_FAST_SNAPSHOT_ROOT"  # where the copies live (default /dev/shm)
-DEFAULT_ROOT = "/dev/shm"
+ROOT_ENV = FAST_ROOT_ENV  # where the copies live (default /dev/shm)
 SMALL_NUMEL = 1 << 16  # tensors up to this size are copied at once (the forward pass may change buffers)
 ALIGN = 64  # bytes: every tensor's offset in a slot, enough for any dtype's alignment
 _TENSOR = "__fast_tensor__"  # placeholder key in the skeleton: {_TENSOR: index into the slot's tensors}
@@ -181,16 +180,12 @@ def create_private(path: Path) -> int:
 
 
 def fast_root(snapshot_dir: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
-    """This node's directory for the job that snapshots to ``snapshot_dir``.
-
-    Keyed by the snapshot directory (one job's, wherever several jobs share a machine) and the
-    node: ``DDPJOB_NODE_INDEX`` where the operator or ``ddpjob run`` set it, else torchrun's
-    agent (the worker's parent), whose life is the one a worker restart happens within.
+    """This node's directory for the job that snapshots to ``snapshot_dir`` (the contract's
+    fast_tier_dir). The node: ``DDPJOB_NODE_INDEX`` where the operator or ``ddpjob run`` set it,
+    else torchrun's agent (the worker's parent), whose life is the one a worker restart happens
+    within.
     """
-    base = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
-    job = hashlib.sha256(str(Path(snapshot_dir).resolve()).encode()).hexdigest()[:12]
-    node = os.environ.get(NODE_INDEX_ENV) or f"agent{os.getppid()}"
-    return base / f"ddpjob-fast-{job}-{node}"
+    return fast_tier_dir(snapshot_dir, os.environ.get(NODE_INDEX_ENV) or f"agent{os.getppid()}", root)
 
 
 class FastSnapshot:
