@@ -37,6 +37,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "poddisruptionbudgets": ("/apis/policy/v1", True),
     "customresourcedefinitions": ("/apis/apiextensions.k8s.io/v1", False),
     "kopfpeerings": ("/apis/kopf.dev/v1", True),
+    "roles": ("/apis/rbac.authorization.k8s.io/v1", True),
 }
 
 

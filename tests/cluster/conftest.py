@@ -91,8 +91,10 @@ def operator_releases(control_plane: ControlPlane, kubelets, tmp_path_factory) -
 
 @pytest.fixture
 def operator(operator_releases: Releases, status_nodes, request: pytest.FixtureRequest) -> Iterator[Operated]:
-    """The helm-installed operator of this test's flags (``@pytest.mark.operator_args(...)``), its
-    namespace and a job name of the test's own; the test's DDPJobs and their pods are gone after it."""
+    """The helm-installed operator of this test's flags (``@pytest.mark.operator_args(...)``) and
+    chart values (``@pytest.mark.operator_values(key=value)``), its namespace and a job name of the
+    test's own; the test's DDPJobs and their pods are gone after it."""
     marker = request.node.get_closest_marker("operator_args")
-    with operated(operator_releases, tuple(marker.args) if marker else ()) as running:
+    values = request.node.get_closest_marker("operator_values")
+    with operated(operator_releases, tuple(marker.args) if marker else (), values.kwargs if values else None) as running:
         yield running

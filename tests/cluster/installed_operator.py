@@ -57,6 +57,12 @@ class Installed:
         `kubectl logs`); empty before it ran."""
         return operator_log(self.kube.namespace, self.kubelets, chars)
 
+    def pod_log(self, pod: str, chars: int = 10**8) -> str:
+        """The log of operator pod ``pod`` alone, from its kubelet ("" before it ran, or once its
+        kubelet removed it)."""
+        return "\n".join(c.log(chars) for k in self.kubelets for c in list(k.agent.pods.values())
+                         if (c.namespace, c.name) == (self.kube.namespace, pod))
+
 
 def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess:
     done = subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), *args],
@@ -67,12 +73,14 @@ def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess
 
 @contextlib.contextmanager
 def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory, *, release: str = RELEASE,
-                       extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None) -> Iterator[Installed]:
+                       extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
+                       values: dict[str, object] | None = None) -> Iterator[Installed]:
     """The chart installed as ``release`` in a namespace of its own that enforces Pod Security
     `restricted`, with hostPath volumes for the examples' claims, watching only that namespace;
     ``extra_args`` are further operator flags (the chart's extraArgs). Releases installed side by
     side need distinct names: the chart's ClusterRole for Nodes is named after the release.
-    ``extra_env``: the operator's further environment (the chart's extraEnv)."""
+    ``extra_env``: the operator's further environment (the chart's extraEnv); ``values``: further
+    chart values (``--set-json key=value``, e.g. ``{"replicaCount": 2}``)."""
     if not HELM.exists():
         pytest.fail(f"the operator tier needs {HELM}: build it with {BUILD_COMMAND}", pytrace=False)
     workdir = tmp_path_factory.mktemp("operator-on-cluster")
@@ -90,7 +98,8 @@ def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory, 
          # 600 s by default): the tests wait for a first snapshot to act mid-run.
          "--set-json", "extraArgs=" + json.dumps([
              f"--status-write-interval-seconds={STATUS_WRITE_INTERVAL_SECONDS}", *extra_args]),
-         "--set-json", "extraEnv=" + json.dumps([{"name": k, "value": v} for k, v in (extra_env or {}).items()]))
+         "--set-json", "extraEnv=" + json.dumps([{"name": k, "value": v} for k, v in (extra_env or {}).items()]),
+         *(arg for key, value in (values or {}).items() for arg in ("--set-json", f"{key}={json.dumps(value)}")))
     (deployment,) = kube.list("deployments", label_selector=operator_selector(release))
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import sys
 import uuid
 from dataclasses import dataclass
@@ -39,23 +40,24 @@ RELEASE_ENV = {"DDPJOB_RDZV_CLEANUP_TIMEOUT_SECONDS": "1"}
 
 
 class Releases:
-    """Helm releases of the chart, one per tuple of extra operator flags, installed on first use
-    and uninstalled when the session ends."""
+    """Helm releases of the chart, one per tuple of extra operator flags and further chart values,
+    installed on first use and uninstalled when the session ends."""
 
     def __init__(self, control_plane: ControlPlane, kubelets, tmp_path_factory):
         self._control_plane, self._kubelets, self._tmp = control_plane, kubelets, tmp_path_factory
         self._stack = contextlib.ExitStack()
-        self._by_args: dict[tuple[str, ...], Installed] = {}
+        self._by_args: dict[tuple[tuple[str, ...], str], Installed] = {}
         self._numbers = itertools.count()
 
-    def get(self, args: tuple[str, ...] = ()) -> Installed:
-        if args not in self._by_args:
+    def get(self, args: tuple[str, ...] = (), values: dict[str, Any] | None = None) -> Installed:
+        key = (args, json.dumps(values or {}, sort_keys=True))
+        if key not in self._by_args:
             # Distinct release names: the chart names its ClusterRole for Nodes after the release.
-            self._by_args[args] = self._stack.enter_context(installed_operator(
+            self._by_args[key] = self._stack.enter_context(installed_operator(
                 self._control_plane, self._kubelets, self._tmp, release=f"ddpjob-s{next(self._numbers)}",
-                extra_args=args, extra_env=RELEASE_ENV))
-            wait_handling_jobs(self._by_args[args])
-        return self._by_args[args]
+                extra_args=args, extra_env=RELEASE_ENV, values=values))
+            wait_handling_jobs(self._by_args[key])
+        return self._by_args[key]
 
     def close(self) -> None:
         self._stack.close()
@@ -181,8 +183,8 @@ def clean(operated: Operated) -> None:
 
 
 @contextlib.contextmanager
-def operated(releases: Releases, args: tuple[str, ...]):
-    installed = releases.get(args)
+def operated(releases: Releases, args: tuple[str, ...], values: dict[str, Any] | None = None):
+    installed = releases.get(args, values)
     start = len(installed.operator_log(LOG_CHARS))
     running = Operated(installed, unique_job_name())
     try:

@@ -17,16 +17,8 @@ that may not have ddpjob), and is imported from there: one rule, wherever it run
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
-from ddpjob_rdzv.contract import LISTEN_HOST_ENV  # "" or unset: every interface; ddpjob run: 127.0.0.1
+from ddpjob_rdzv.contract import LISTEN_HOST_ENV, listen_host  # "" or unset: every interface; ddpjob run: 127.0.0.1
 from ddpjob_rdzv.store_program import EVERY_INTERFACE, connect_host, listening_socket, tcp_store_server
 
 __all__ = ["EVERY_INTERFACE", "LISTEN_HOST_ENV", "connect_host", "listen_host", "listening_socket",
            "tcp_store_server"]
-
-
-def listen_host(environ: Mapping[str, str] = os.environ) -> str:
-    """The address ddpjob's listeners bind: $DDPJOB_LISTEN_HOST, "" (every interface) when unset."""
-    return environ.get(LISTEN_HOST_ENV, "").strip()

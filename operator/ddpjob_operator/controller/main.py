@@ -24,6 +24,8 @@ from typing import Any
 
 import kopf
 
+from ddpjob_rdzv import contract
+
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import MAX_REPLICAS
 from ddpjob_operator.controller import kube, metrics
@@ -114,6 +116,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def liveness_endpoint(port: int, host: str = "") -> str | None:
+    """kopf's /healthz URL (None for port 0): on ``host``, ddpjob's listen address (contract.listen_host;
+    every interface when ""), so two operator pods that share a host's network (the sandbox's
+    kubelets) each serve their own address."""
+    if not port:
+        return None
+    address = f"[{host}]" if ":" in host else (host or "0.0.0.0")
+    return f"http://{address}:{port}/healthz"
+
+
 def _env_number(name: str, default: float) -> Any:
     """A flag's default from the environment (the chart sets these), else ``default``; the
     flag's own check reports a bad value."""
@@ -183,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     import ddpjob_operator.controller.handlers  # noqa: F401  (registers the handlers with kopf)
 
     kopf.configure(verbose=args.verbose, debug=args.verbose)
-    metrics.serve(args.metrics_port)
+    host = contract.listen_host()
+    metrics.serve(args.metrics_port, host)
     settings = settings_for(args)
     if args.peering is not None:
         logging.getLogger("ddpjob_operator").info(
@@ -200,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         peering_name=args.peering,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
-        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+        liveness_endpoint=liveness_endpoint(args.liveness_port, host),
     )
     return 0
 

@@ -208,7 +208,8 @@ def timed_pass() -> Iterator[None]:
         RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
 
-def serve(port: int) -> None:
-    """Starts the /metrics HTTP endpoint in a background thread (no-op for port 0)."""
+def serve(port: int, host: str = "") -> None:
+    """Starts the /metrics HTTP endpoint in a background thread (no-op for port 0), on ``host``
+    (ddpjob's listen address, contract.listen_host; every interface when "")."""
     if port:
-        prometheus_client.start_http_server(port, registry=REGISTRY)
+        prometheus_client.start_http_server(port, addr=host or "0.0.0.0", registry=REGISTRY)

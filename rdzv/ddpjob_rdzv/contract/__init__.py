@@ -9,6 +9,9 @@ Environment variables, each rendered by the operator and read by the trainer:
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 SNAPSHOT_DIR_ENV = "DDPJOB_SNAPSHOT_DIR"  # the snapshot volume's mount: where the trainer reads and writes snapshots
 METRICS_FILE_ENV = "DDPJOB_METRICS_FILE"  # ddpjob run: where rank 0 writes metrics (default <snapshot dir>/metrics.jsonl)
 JOB_NAME_ENV = "DDPJOB_JOB_NAME"  # metadata.name of the job, for logs and metrics
@@ -16,8 +19,9 @@ NODE_INDEX_ENV = "DDPJOB_NODE_INDEX"  # this pod's (or local agent's) node index
 NAMESPACE_ENV = "DDPJOB_NAMESPACE"  # the job's namespace ("" for local runs): the rendezvous keys' prefix
 JOB_UID_ENV = "DDPJOB_JOB_UID"  # metadata.uid of the job (a local run's rendezvous id): the record's ``jobUID``
 POD_NAME_ENV = "DDPJOB_POD_NAME"  # the node pod's name (pods only): the record's ``pod``
-# Where the trainer's own listeners bind (ddpjob_trainer/listen.py): unset in pods (every
-# interface, reached at the pod IP); ddpjob run sets loopback.
+# Where ddpjob's own listeners bind (:func:`listen_host`; the trainer's, ddpjob_trainer/listen.py, and
+# the operator's /healthz and /metrics): unset in pods (every interface, reached at the pod IP);
+# ddpjob run sets loopback; the sandbox's kubelets set each pod's own loopback address.
 LISTEN_HOST_ENV = "DDPJOB_LISTEN_HOST"
 ZYGOTE_SOCKET_ENV = "DDPJOB_ZYGOTE_SOCKET"  # fastRestart: the socket file of the node's worker fork server
 # "1" on a warm spare node (elasticPolicy.spareReplicas): its agent joins the rendezvous only once a
@@ -32,3 +36,8 @@ SNAPSHOT_ON_UNREADABLE_ENV = "DDPJOB_SNAPSHOT_ON_UNREADABLE"
 TERMINATION_LOG_ENV = "DDPJOB_TERMINATION_LOG"  # where the trainer writes its progress record (the pod's terminationMessagePath)
 PROGRESS_PORT_ENV = "DDPJOB_PROGRESS_PORT"  # the trainer serves its progress record here (GET /progress)
 COLLECTIVE_TIMEOUT_ENV = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"  # the process group's timeout (spec.failurePolicy)
+
+
+def listen_host(environ: Mapping[str, str] = os.environ) -> str:
+    """The address ddpjob's listeners bind: $DDPJOB_LISTEN_HOST, "" (every interface) when unset."""
+    return environ.get(LISTEN_HOST_ENV, "").strip()

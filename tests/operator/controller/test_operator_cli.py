@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddpjob_operator.controller.main import parse_args, settings_for, watched_namespaces
+from ddpjob_operator.controller.main import liveness_endpoint, parse_args, settings_for, watched_namespaces
 from ddpjob_sandbox.jobs import make_manifest
 from ddpjob_sandbox.readers import pod_names, status
 from ddpjob_sandbox.scripted import set_terminated
@@ -109,6 +109,29 @@ def sample(text: str, series: str, **labels: str) -> float | None:
     """The value of one series in Prometheus' text format (None when absent)."""
     return next((s.value for family in text_string_to_metric_families(text) for s in family.samples
                  if s.name == series and s.labels == labels), None)
+
+
+def test_the_healthz_url_binds_the_listen_address_or_every_interface():
+    assert liveness_endpoint(0, "127.3.4.5") is None
+    assert liveness_endpoint(8080) == "http://0.0.0.0:8080/healthz"
+    assert liveness_endpoint(8080, "127.3.4.5") == "http://127.3.4.5:8080/healthz"
+    assert liveness_endpoint(8080, "::1") == "http://[::1]:8080/healthz"
+
+
+def test_two_operators_on_one_network_serve_healthz_and_metrics_each_on_its_listen_address(cluster, k8s, tmp_path):
+    """Pods that share a host's network (the sandbox's kubelets; DDPJOB_LISTEN_HOST is each pod's
+    own address) must not collide on the chart's one livenessPort: each binds its address only."""
+    liveness, metrics = free_port(), free_port()
+    command = [sys.executable, "-m", "ddpjob_operator", "--namespace", k8s.namespace,
+               "--liveness-port", str(liveness), "--metrics-port", str(metrics)]
+    with OperatorProcess(cluster, command, tmp_path / "a.log", env={"DDPJOB_LISTEN_HOST": "127.0.7.1"}), \
+            OperatorProcess(cluster, command, tmp_path / "b.log", env={"DDPJOB_LISTEN_HOST": "127.0.7.2"}):
+        for host in ("127.0.7.1", "127.0.7.2"):
+            assert k8s.wait_for(lambda: _get_or_none(f"http://{host}:{liveness}/healthz"), timeout=60,
+                                what=f"/healthz on {host}")[0] == 200
+            assert k8s.wait_for(lambda: _get_or_none(f"http://{host}:{metrics}/metrics"), timeout=30,
+                                what=f"/metrics on {host}")[0] == 200
+        assert _get_or_none(f"http://127.0.0.1:{liveness}/healthz") is None, "bound every interface"
 
 
 def test_without_namespaces_the_operator_serves_every_namespace(cluster, tmp_path):

@@ -3,8 +3,7 @@
 Moving onto the real control plane (issue #22): the operator's e2e tests that run there live in
 tests/cluster/e2e/ (the helm-installed operator, the real API server, scheduler and garbage
 collector). What is still here either needs what the real API server cannot be made to do on
-demand (each file's docstring says why) or is not ported yet: etcd cleanup, the managed etcd,
-peering, live progress and the soak.
+demand (a throttled create, test_operator_throttled.py says why) or is not ported yet: the soak.
 
 Apart from controller/ because these test no one module but the operator as a whole, every
 room through kopf, with the kubelet played by ddpjob_sandbox.scripted (pods never run).

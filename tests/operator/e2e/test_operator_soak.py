@@ -3,8 +3,8 @@ restart in the middle: afterwards every job has exactly its desired pods, none f
 its status agrees with them. Real operator against the API emulator.
 
 A soak (`make soak`): the default suite keeps one scenario of each kind it mixes, in
-test_operator_scaling.py (scale, suspend and resume, an operator killed mid-pass) and
-test_operator_policies.py / test_progress_operator.py (failures against the restart budget).
+tests/cluster/e2e/: test_operator_scaling.py (scale, suspend and resume, an operator killed
+mid-pass) and test_operator_policies.py / test_progress_operator.py (failures against the restart budget).
 """
 import random
 import time
