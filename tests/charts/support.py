@@ -23,8 +23,9 @@ MANIFESTS_CRD = ROOT / "manifests" / "crds" / "ddpjobs.ddpjob.io.yaml"
 EXAMPLES_DIR = ROOT / "manifests" / "examples"
 INSTALL_FILE = ROOT / "manifests" / "install.yaml"
 
-# Oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and a recent one.
-KUBE_VERSIONS = ["1.29.0", "1.35.0"]
+# Oldest Kubernetes the chart declares (Chart.yaml kubeVersion: the oldest the cluster tier ran
+# on) and the pinned one (scripts/cluster/build-binaries.py).
+KUBE_VERSIONS = ["1.35.0", "1.37.0"]
 RELEASE = "ddpjob-operator"
 NAMESPACE = "ddpjob-system"
 

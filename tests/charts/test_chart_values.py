@@ -8,7 +8,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.charts.support import CHART_DIR, one, render
+from tests.charts.support import CHART_DIR, KUBE_VERSIONS, one, render
 
 VALUES_TEXT = (CHART_DIR / "values.yaml").read_text()
 SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
@@ -135,7 +135,7 @@ def test_chart_metadata_declares_kube_and_app_versions():
     with helm.Chart.load(CHART_DIR) as chart:
         metadata = chart.metadata
     assert metadata["apiVersion"] == "v2" and metadata["appVersion"] == "0.1.0"
-    assert metadata["kubeVersion"].startswith(">=1.29")
+    assert metadata["kubeVersion"] == f">={KUBE_VERSIONS[0]}-0"
 
 
 @pytest.mark.parametrize("path", leaf_paths(yaml.safe_load(VALUES_TEXT)))
