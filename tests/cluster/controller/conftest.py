@@ -3,11 +3,14 @@ real API server, logged in as the admin: these tests prove what the controller s
 reads the answers, not what the chart's RBAC allows (tests/charts/test_rbac_audit.py does that)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import kopf
 import pytest
 
+from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube as controller_kube
-from ddpjob_sandbox.control_plane import ControlPlane
+from ddpjob_sandbox.control_plane import ControlPlane, audit
 from tests.cluster.crds import chart_crd, install_crd
 
 
@@ -30,3 +33,17 @@ def admin_login(control_plane: ControlPlane) -> kopf.ConnectionInfo:
 def connect(admin_login: kopf.ConnectionInfo):
     """A fresh controller client per call (each asyncio.run needs its own session)."""
     return lambda: controller_kube.Kube(admin_login)
+
+
+@pytest.fixture
+def controller_requests(control_plane: ControlPlane, kube) -> Callable[[], list[audit.Request]]:
+    """The requests controller_kube.Kube sent (its user agent) in ``kube``'s namespace since the
+    test began, read from the API server's audit log: what the emulator's request log told."""
+    log = control_plane.layout.audit_log
+    start = audit.mark(log)
+
+    def found() -> list[audit.Request]:
+        return [r for r in audit.requests(log, start)
+                if r.namespace == kube.namespace and r.user_agent.startswith(f"{C.MANAGED_BY}/")]
+    return found
+
