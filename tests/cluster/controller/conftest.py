@@ -1,6 +1,6 @@
 """The controller's I/O (controller/kube.py, controller/cache.py, the progress poller) against the
 real API server, logged in as the admin: these tests prove what the controller sends and how it
-reads the answers, not what the chart's RBAC allows (tests/charts/test_rbac_audit.py does that)."""
+reads the answers, not what the chart's RBAC allows (tests/cluster/e2e/test_operator_rbac.py does that)."""
 from __future__ import annotations
 
 from collections.abc import Callable
