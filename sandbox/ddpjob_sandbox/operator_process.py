@@ -1,4 +1,5 @@
-"""The real operator (or any kopf module) as a subprocess logged in to the emulator.
+"""The real operator (or any kopf module) as a subprocess logged in to a cluster: the real
+control plane (control_plane.ControlPlane, as its admin) or the emulator (cluster.Cluster).
 
 It runs in its own process group with the cluster's kubeconfig, the way it runs against a
 real cluster; stopping it stops the whole group, and :meth:`OperatorProcess.kill` plays a
@@ -11,16 +12,23 @@ import pathlib
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from ddpjob_sandbox.cluster import REPO, Cluster
+from ddpjob_sandbox.cluster import REPO
 from ddpjob_sandbox.procs import start_in_own_group, stop_process_group
+
+
+class LoggedIn(Protocol):
+    """Anything with a kubeconfig to log in with: ControlPlane (the admin's), the emulator's Cluster."""
+
+    @property
+    def kubeconfig(self) -> pathlib.Path: ...
 
 
 class OperatorProcess:
     """The operator as a subprocess in its own process group, logging to ``log_path``."""
 
-    def __init__(self, cluster: Cluster, args: list[str], log_path: pathlib.Path, env: Mapping[str, str] | None = None):
+    def __init__(self, cluster: LoggedIn, args: list[str], log_path: pathlib.Path, env: Mapping[str, str] | None = None):
         self.cluster = cluster
         self.args = args
         self.log_path = log_path

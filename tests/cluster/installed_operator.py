@@ -14,6 +14,7 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,13 +75,14 @@ def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess
 @contextlib.contextmanager
 def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory, *, release: str = RELEASE,
                        extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
-                       values: dict[str, object] | None = None) -> Iterator[Installed]:
+                       values: dict[str, Any] | None = None, watch: list[str] | None = None) -> Iterator[Installed]:
     """The chart installed as ``release`` in a namespace of its own that enforces Pod Security
     `restricted`, with hostPath volumes for the examples' claims, watching only that namespace;
     ``extra_args`` are further operator flags (the chart's extraArgs). Releases installed side by
     side need distinct names: the chart's ClusterRole for Nodes is named after the release.
     ``extra_env``: the operator's further environment (the chart's extraEnv); ``values``: further
-    chart values (``--set-json key=value``, e.g. ``{"replicaCount": 2}``)."""
+    chart values (rbac, peering, ...); ``watch``: its watchNamespaces instead of its own namespace
+    ([]: every namespace)."""
     if not HELM.exists():
         pytest.fail(f"the operator tier needs {HELM}: build it with {BUILD_COMMAND}", pytrace=False)
     workdir = tmp_path_factory.mktemp("operator-on-cluster")
@@ -92,7 +94,8 @@ def installed_operator(control_plane: ControlPlane, kubelets, tmp_path_factory, 
     make_volumes(kube, workdir / "volumes", prefix=f"{kube.namespace}-pv")
     helm(control_plane, "install", release, str(CHART), "--namespace", kube.namespace, "--wait",
          "--timeout", f"{OPERATOR_READY_SECONDS}s",
-         "--set", f"watchNamespaces={{{kube.namespace}}}", "--set", f"livenessPort={free_port()}",
+         "--set-json", "watchNamespaces=" + json.dumps([kube.namespace] if watch is None else watch),
+         "--set", f"livenessPort={free_port()}",
          "--set", "progressPollSeconds=2", "--set-json", f'nodeSelector={json.dumps({NODE_LABEL: "true"})}',
          # Progress and status.lastSnapshot are written at most once per this interval (decide/writes.py;
          # 600 s by default): the tests wait for a first snapshot to act mid-run.

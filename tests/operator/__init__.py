@@ -3,8 +3,8 @@
     api/         spec model, CRD and its CEL rules, generated names
     render/      spec -> Service and Pod dicts (golden files in golden/)
     decide/      failure, budget, status, plan, topology, capacity, stuck pods (pure, fixed clock)
-    controller/  one controller module each: kube.py's verbs over the emulator, the passes'
-                 scheduling and the policy-first apply, metrics, main's flags, live progress,
+    controller/  one controller module each, no API server (their I/O: tests/cluster/controller): the passes'
+                 scheduling and the policy-first apply, metrics, main's flags, the progress poll,
                  etcd cleanup rules
     e2e/         the real operator process (every room through kopf) over the API emulator,
                  with the kubelet scripted (ddpjob_sandbox.scripted)

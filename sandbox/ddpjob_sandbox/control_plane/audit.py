@@ -29,6 +29,7 @@ class Request:
     user: str
     verb: str  # get, list, watch, create, update, patch, delete, deletecollection
     resource: str  # "pods", "ddpjobs"; "" for a non-resource URL (/healthz, /apis)
+    api_group: str  # "" for the core group, "ddpjob.io", "policy", ... (what an RBAC rule names)
     subresource: str  # "status", "eviction", ""
     namespace: str
     name: str
@@ -70,7 +71,7 @@ def requests(path: Path, start: int = 0, end: int | None = None) -> list[Request
         ref = event.get("objectRef") or {}
         found.append(Request(
             audit_id=event["auditID"], user=(event.get("user") or {}).get("username", ""), verb=event["verb"],
-            resource=ref.get("resource", ""), subresource=ref.get("subresource", ""),
+            resource=ref.get("resource", ""), api_group=ref.get("apiGroup", ""), subresource=ref.get("subresource", ""),
             namespace=ref.get("namespace", ""), name=ref.get("name", ""),
             code=(event.get("responseStatus") or {}).get("code", 0), uri=event.get("requestURI", ""),
             user_agent=event.get("userAgent", "")))
