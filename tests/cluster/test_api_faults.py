@@ -40,7 +40,9 @@ LATENCY_SECONDS = 0.2  # each way, each chunk: a far region's round trip, twice 
 CUT_EVERY_SECONDS = 4.0  # how often every connection of the operator is cut while a job runs
 SETTLE_SECONDS = 30.0  # the operator re-listing and re-watching after the last fault
 CONTROL_PLANE_SECONDS = 180  # this module's own control plane starts in the first test's setup
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(
+# slow (make soak): a control plane of its own with the watch cache off, a helm install and two jobs
+# trained under faults, minutes on two cores; the default suite keeps its 20-minute budget.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(
     CONTROL_PLANE_SECONDS + OPERATOR_READY_SECONDS + JOB_SECONDS + 4 * SETTLE_SECONDS)]
 
 
