@@ -13,6 +13,8 @@ PROGRAMS=(
     "openssl   openssl            the TLS tests make a throwaway CA and certificates"
     "kubectl   kubernetes-client  emulator tests apply and scale DDPJobs as a user would"
     "setpriv   util-linux         the fork-server tests try its socket as a second uid"
+    "mount     mount              the fast-tier tests mount a tiny tmpfs to run out of room (as root; skipped otherwise)"
+    "umount    mount              and unmount it"
 )
 
 if [ "${1:-}" = "--list" ]; then
