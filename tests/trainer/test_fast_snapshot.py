@@ -52,6 +52,23 @@ def test_every_dtype_and_layout_comes_back_bit_for_bit(tmp_path):
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
 
 
+def test_a_rank_that_finishes_first_removes_its_own_copies_only_and_the_last_one_the_directory(tmp_path):
+    """The node's local ranks share its directory: a rank done first took the whole directory along
+    while another rank's copy thread still wrote its meta (FileNotFoundError in test_example_mlp)."""
+    node = tmp_path / "node"
+    first, second = FastSnapshot(node, local_rank=0), FastSnapshot(node, local_rank=1)
+    for fast in (first, second):
+        fast.save(state(4), step=4)
+        fast.wait()
+    second.remove()
+    assert not list(node.glob("fast-1*")) and first.newest()["step"] == 4
+    first.save(state(5), step=5)  # its copy still lands: the directory is there
+    first.wait()
+    assert first.newest()["step"] == 5
+    first.remove()
+    assert not node.exists()
+
+
 def test_a_restarted_writer_first_fills_the_slot_its_meta_does_not_name(tmp_path):
     first = FastSnapshot(tmp_path, 0)
     first.save(state(7), step=7)

@@ -275,15 +275,17 @@ def train(env, directory, message, monkeypatch, restart_count=0, fail_at_step=No
 
 def test_the_trainer_reports_each_complete_snapshot_and_its_resume(env, tmp_path, monkeypatch):
     message = kubelet_file(tmp_path)
+    # The volume snapshot's report: the fast tier (on by default) would resume from step 6 instead.
     with pytest.raises(RuntimeError, match="fail_at_step=7"):
-        train(env, tmp_path, message, monkeypatch, fail_at_step=7)
+        train(env, tmp_path, message, monkeypatch, fail_at_step=7, fast_snapshot_every_steps=0)
     failed = record_in(message)
     assert failed["snapshot"] == json.loads((tmp_path / "progress.json").read_text())
     assert failed["snapshot"]["step"] == 5  # the last complete snapshot before the failure at step 7
     assert failed["resume"]["fromStep"] is None and failed["resume"]["firstStepTime"] is not None
     assert failed["error"].startswith("RuntimeError: fail_at_step=7")
 
-    result = train(env, tmp_path, message, monkeypatch, restart_count=1, fail_at_step=7, async_snapshot=True)
+    result = train(env, tmp_path, message, monkeypatch, restart_count=1, fail_at_step=7, async_snapshot=True,
+                   fast_snapshot_every_steps=0)
     done = record_in(message)
     assert done["snapshot"] == json.loads((tmp_path / "progress.json").read_text())
     assert done["snapshot"]["step"] == result.step == 24  # 96 samples / 8 per step * 2 epochs

@@ -48,12 +48,12 @@ Usage (each rank)::
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import errno
 import logging
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,10 +260,16 @@ class FastSnapshot:
             raise RuntimeError(f"fast snapshot to {self.directory} failed: {error}") from error
 
     def remove(self) -> None:
-        """Deletes this node's copies (training finished: nothing will resume from them)."""
+        """Deletes this rank's copies (training finished: nothing will resume from them), and the
+        node's directory once no rank's are left in it. The directory is shared by the node's local
+        ranks: removing it whole while another rank's copy thread still wrote its meta failed that
+        rank's last copy (FileNotFoundError), so each rank takes only its own files."""
         self.wait()
         self._slots = []
-        shutil.rmtree(self.directory, ignore_errors=True)
+        for path in (self.meta_path, self._slot_path(0), self._slot_path(1)):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another rank's files are still there, or already gone
+            self.directory.rmdir()
 
     def _turn_off(self, why: str) -> None:
         """Off for the rest of this worker's run, with one warning; its files go (they hold memory,
