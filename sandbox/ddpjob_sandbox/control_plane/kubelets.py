@@ -21,7 +21,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane.nodes import Node, identity_client, node_client
 from ddpjob_sandbox.control_plane.pki import CLUSTER_DNS
 from ddpjob_sandbox.node import NodeAgent
-from ddpjob_sandbox.node.container import PodProcess
+from ddpjob_sandbox.node.container import ContainerReader, PodProcess
 
 DEFAULT_NODES = ("node-0", "node-1", "node-2")
 NODE_LABEL = "ddpjob.io/sandbox-node"  # on every Node a sandbox kubelet runs: a nodeSelector for tests
@@ -67,7 +66,7 @@ class Kubelet:
             self.node.stop()
 
 
-class Containers:
+class Containers(ContainerReader):
     """One namespace's containers across the kubelets, read and faulted as a test reads one node
     agent's (NodeAgent.current, wait_for_container, kill, pod_listening_on, logs).
 
@@ -102,24 +101,8 @@ class Containers:
         uid = pod["metadata"]["uid"] if pod else None
         return next((c for c in found if c.uid == uid), None) or max(found, key=lambda c: c.started_at)
 
-    def wait_for_container(self, name: str, timeout: float = 30, *, other_than: str | None = None) -> PodProcess:
-        """Waits until a container of pod ``name`` (with a uid other than ``other_than``) was started."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            container = self.current(name)
-            if container is not None and container.uid != other_than:
-                return container
-            time.sleep(0.05)
-        raise AssertionError(f"no container of pod {name} (other than uid {other_than}) started within {timeout} s; "
-                             f"kubelet errors: {self.errors()}")
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> PodProcess:
-        """Kills every process of pod ``name``'s running container (a node or OOM kill); returns it."""
-        container = self.current(name)
-        if container is None or container.process.poll() is not None:
-            raise AssertionError(f"pod {name} has no running container to kill: {container}")
-        container.kill(sig)
-        return container
+    def diagnosis(self) -> str:
+        return f"kubelet errors: {self.errors()}"
 
     def pod_listening_on(self, port: int) -> str | None:
         """The pod whose process listens on TCP ``port`` (the c10d store host), if any."""

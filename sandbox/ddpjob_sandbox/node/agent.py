@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpjob_sandbox.client import ApiError, KubeClient
-from ddpjob_sandbox.node.container import PodProcess
+from ddpjob_sandbox.node.container import ContainerReader, PodProcess
 from ddpjob_sandbox.node.launch import (
     EMULATOR_PLACEMENT, NODE_ENV, POD_ENV, ContainerLaunch, Placement, UnsupportedPodError, claim_dir,
     container_launch, mounts, pod_dir, volume_dirs,
@@ -112,7 +112,7 @@ def capped_grace(pod_name: str, requested: float | None, cap: float) -> float:
     return min(grace, cap)
 
 
-class NodeAgent:
+class NodeAgent(ContainerReader):
     """Runs its pods as local process trees and reports their status.
 
     Args:
@@ -217,24 +217,8 @@ class NodeAgent:
             matches = [c for c in self.pods.values() if c.name == name]
         return matches[-1] if matches else None
 
-    def wait_for_container(self, name: str, timeout: float = 30, *, other_than: str | None = None) -> PodProcess:
-        """Waits until a container of pod ``name`` (with a uid other than ``other_than``) was started."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            container = self.current(name)
-            if container is not None and container.uid != other_than:
-                return container
-            time.sleep(0.05)
-        raise AssertionError(f"no container of pod {name} (other than uid {other_than}) started within {timeout} s; "
-                             f"rejected pods: {self.rejected}; loop errors: {self.errors[-3:]}")
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> PodProcess:
-        """Kills every process of pod ``name``'s running container (a node or OOM kill); returns it."""
-        container = self.current(name)
-        if container is None or container.process.poll() is not None:
-            raise AssertionError(f"pod {name} has no running container to kill: {container}")
-        container.kill(sig)
-        return container
+    def diagnosis(self) -> str:
+        return f"rejected pods: {self.rejected}; loop errors: {self.errors[-3:]}"
 
     def hold_unscheduled(self, name: str, message: str = INSUFFICIENT_GPU) -> None:
         """Plays a scheduler without capacity: pod ``name`` (and any pod of that name created

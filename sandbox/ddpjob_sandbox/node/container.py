@@ -90,3 +90,34 @@ class PodProcess:
         with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")[-chars:]
         return ""
+
+
+class ContainerReader:
+    """What a test does with the containers a node runs, for any reader that knows a pod's newest
+    container (``current``) and can say what went wrong (``diagnosis``): one node agent, or every
+    kubelet of a namespace (control_plane.kubelets.Containers)."""
+
+    def current(self, name: str) -> "PodProcess | None":
+        raise NotImplementedError
+
+    def diagnosis(self) -> str:
+        raise NotImplementedError
+
+    def wait_for_container(self, name: str, timeout: float = 30, *, other_than: str | None = None) -> "PodProcess":
+        """Waits until a container of pod ``name`` (with a uid other than ``other_than``) was started."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            container = self.current(name)
+            if container is not None and container.uid != other_than:
+                return container
+            time.sleep(0.05)
+        raise AssertionError(f"no container of pod {name} (other than uid {other_than}) started within {timeout} s; "
+                             f"{self.diagnosis()}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> "PodProcess":
+        """Kills every process of pod ``name``'s running container (a node or OOM kill); returns it."""
+        container = self.current(name)
+        if container is None or container.process.poll() is not None:
+            raise AssertionError(f"pod {name} has no running container to kill: {container}")
+        container.kill(sig)
+        return container
