@@ -55,20 +55,26 @@ def without_grant(granted, resource: str, verbs: set[str]) -> str:
     return new
 
 
+def run_two_node_job(installed, job: str) -> None:
+    """Job ``job`` of two node pods on the status-only Nodes, both reported Running, and the job Running."""
+    kube = installed.kube
+    kube.create("ddpjobs", status_manifest(job, replicas=2))
+    kube.wait_for(lambda: pod_names(kube, job) == [f"{job}-node-0", f"{job}-node-1"]
+                  and all(kube.get("pods", n)["spec"].get("nodeName") for n in pod_names(kube, job)),
+                  timeout=30, what="two node pods placed")
+    for name in pod_names(kube, job):
+        set_running(kube, name)
+    wait(installed, lambda: (kube.get("ddpjobs", job).get("status") or {}).get("phase") == C.PHASE_RUNNING,
+         30, "the job running")
+
+
 @pytest.mark.parametrize("method", ["GET", "POST"])
 def test_without_the_budget_grant_the_job_still_runs_and_the_log_says_so_once(granted, method):
     installed = granted[0]
     pod = without_grant(granted, "poddisruptionbudgets", VERBS[method])
     kube, job = installed.kube, unique_job_name()
     try:
-        kube.create("ddpjobs", status_manifest(job, replicas=2))
-        kube.wait_for(lambda: pod_names(kube, job) == [f"{job}-node-0", f"{job}-node-1"]
-                      and all(kube.get("pods", n)["spec"].get("nodeName") for n in pod_names(kube, job)),
-                      timeout=30, what="two node pods placed")
-        for name in pod_names(kube, job):
-            set_running(kube, name)
-        wait(installed, lambda: (kube.get("ddpjobs", job).get("status") or {}).get("phase") == C.PHASE_RUNNING,
-             30, "the job running")
+        run_two_node_job(installed, job)
         log = installed.pod_log(pod)
         warnings = [line for line in log.splitlines() if "Cannot manage PodDisruptionBudgets" in line]
         assert len(warnings) == 1, warnings  # once per namespace, not once per pass
@@ -85,14 +91,7 @@ def test_without_the_network_policy_grant_the_job_still_runs_and_the_log_says_wh
     pod = without_grant(granted, "networkpolicies", VERBS[method])
     kube, job = installed.kube, unique_job_name()
     try:
-        kube.create("ddpjobs", status_manifest(job, replicas=2))
-        kube.wait_for(lambda: pod_names(kube, job) == [f"{job}-node-0", f"{job}-node-1"]
-                      and all(kube.get("pods", n)["spec"].get("nodeName") for n in pod_names(kube, job)),
-                      timeout=30, what="two node pods placed")
-        for name in pod_names(kube, job):
-            set_running(kube, name)
-        wait(installed, lambda: (kube.get("ddpjobs", job).get("status") or {}).get("phase") == C.PHASE_RUNNING,
-             30, "the job running")
+        run_two_node_job(installed, job)
         warnings = [line for line in installed.pod_log(pod).splitlines() if "Cannot manage NetworkPolicies" in line]
         assert len(warnings) == 1, warnings  # once per namespace, not once per pass
         assert (f"Cannot manage NetworkPolicies in {kube.namespace} (" in warnings[0]
