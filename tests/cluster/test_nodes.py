@@ -58,3 +58,14 @@ def test_the_scheduler_binds_pods_to_the_registered_nodes(nodes, kube: KubeClien
                           and [kube.get("pods", f"p{i}")["spec"]["nodeName"] for i in range(3)],
                           timeout=60, what="the scheduler binding p0..p2")
     assert set(bound) <= set(NAMES)
+
+
+def test_nodes_leave_the_cluster_when_their_block_ends(control_plane: ControlPlane, kube: KubeClient):
+    """A stopped Node left registered stays Ready for the lifecycle controller's grace period, and
+    the scheduler would bind the next test's pods to it (a rendezvous store pod waited there for
+    good in one CI run): each block deregisters its Nodes."""
+    with running_nodes(control_plane.layout, ["node-leaving"], heartbeat_seconds=1.0):
+        assert ready(kube.get("nodes", "node-leaving"))
+    with pytest.raises(ApiError) as gone:
+        kube.get("nodes", "node-leaving")
+    assert gone.value.status == 404

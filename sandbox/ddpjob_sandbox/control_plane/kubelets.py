@@ -25,8 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpjob_sandbox.client import ApiError, KubeClient
-from ddpjob_sandbox.control_plane.nodes import Node, identity_client, node_client
+from ddpjob_sandbox.client import KubeClient
+from ddpjob_sandbox.control_plane.nodes import Node, deregister, identity_client, node_client
 from ddpjob_sandbox.control_plane.pki import CLUSTER_DNS
 from ddpjob_sandbox.node import NodeAgent
 from ddpjob_sandbox.node.container import ContainerReader, PodProcess
@@ -145,9 +145,8 @@ def make_kubelet(pki: Path, api_url: str, name: str, root: Path, *, heartbeat_se
 def joining_kubelet(admin: KubeClient, pki: Path, api_url: str, name: str, root: Path, *,
                     capacity: dict[str, str] | None = None, **options) -> Iterator[Kubelet]:
     """A Node that joins the cluster for the block (``capacity`` on top of the default, as a
-    machine with a GPU), then leaves it: its kubelet stopped (every pod process of it killed), its
-    Node deleted by ``admin``, and the pods still bound to it force-deleted, as the pod garbage
-    collector does for a deleted Node's pods (after 40 s: the test's cleanup would wait for them).
+    machine with a GPU), then leaves it: its kubelet stopped (every pod process of it killed), then
+    deregistered by ``admin`` (nodes.deregister).
     A test's own Node: to lose it, fill it, or add capacity."""
     kubelet = make_kubelet(pki, api_url, name, root, **options)
     kubelet.node.capacity.update(capacity or {})
@@ -158,11 +157,7 @@ def joining_kubelet(admin: KubeClient, pki: Path, api_url: str, name: str, root:
         try:
             kubelet.stop()
         finally:
-            admin.delete("nodes", name)
-            for pod in admin.request("GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={name}"})["items"]:
-                meta = pod["metadata"]
-                with contextlib.suppress(ApiError):  # 404: gone meanwhile
-                    admin.delete("pods", meta["name"], meta["namespace"], gracePeriodSeconds=0)
+            deregister(admin, [name])
 
 
 @contextlib.contextmanager

@@ -12,13 +12,14 @@ import contextlib
 import datetime
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane.components import Layout, kubeconfig_text
 from ddpjob_sandbox.control_plane.pki import Identity, make_client_cert, node_identity
+from ddpjob_sandbox.control_plane.runner import admin_client
 from ddpjob_sandbox.pod_status import now_rfc3339
 
 LEASE_NAMESPACE = "kube-node-lease"
@@ -117,14 +118,35 @@ def node_client(pki: Path, api_url: str, name: str) -> KubeClient:
     return identity_client(pki, api_url, node_identity(name))
 
 
+def deregister(admin: KubeClient, names: Iterable[str]) -> None:
+    """Deletes the Node objects ``names`` and force-deletes the pods still bound to them, as an
+    admin removes nodes that leave for good and the pod garbage collector then removes their pods
+    (after 40 s, which the next test's cleanup would wait for). With the admin's client: a kubelet
+    may not delete its own Node. Left registered, a stopped Node stays Ready for the lifecycle
+    controller's grace period, and the scheduler binds the next pods to it, where nothing will
+    ever run them."""
+    for name in names:
+        try:
+            admin.delete("nodes", name)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+        for pod in admin.request("GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={name}"})["items"]:
+            meta = pod["metadata"]
+            with contextlib.suppress(ApiError):  # 404: gone meanwhile
+                admin.delete("pods", meta["name"], meta["namespace"], gracePeriodSeconds=0)
+
+
 @contextlib.contextmanager
 def running_nodes(layout: Layout, names: list[str], **options) -> Iterator[list[Node]]:
-    """Registered Nodes kept Ready until the block ends (their objects are left to the cluster)."""
+    """Registered Nodes kept Ready until the block ends, then deregistered."""
     nodes = [Node(name, node_client(layout.pki, layout.apiserver_url, name), **options) for name in names]
+    started: list[Node] = []
     try:
         for node in nodes:
-            node.start()
+            started.append(node.start())
         yield nodes
     finally:
-        for node in nodes:
+        for node in started:
             node.stop()
+        deregister(admin_client(layout), [node.name for node in started])

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 
 from ddpjob_sandbox.client import ApiError, KubeClient
-from ddpjob_sandbox.control_plane.nodes import Node, node_body
+from ddpjob_sandbox.control_plane.nodes import Node, deregister, node_body
 
 STATUS_ONLY_LABEL = "ddpjob.io/status-only-node"
 STATUS_ONLY_TAINT = {"key": STATUS_ONLY_LABEL, "value": "true", "effect": "NoSchedule"}
@@ -91,8 +91,7 @@ class Reaper:
 @contextlib.contextmanager
 def running_status_only_nodes(client: KubeClient, names: list[str] | tuple[str, ...], **options) -> Iterator[list[StatusOnlyNode]]:
     """Status-only Nodes ``names`` registered with ``client`` (the admin's), kept Ready and their
-    deleted pods removed until the block ends (their objects are left to the cluster, as
-    running_nodes leaves them)."""
+    deleted pods removed until the block ends, then deregistered (nodes.deregister)."""
     nodes = [StatusOnlyNode(name, client, **options) for name in names]
     started: list[StatusOnlyNode] = []
     reaper = Reaper(client, names)
@@ -105,3 +104,4 @@ def running_status_only_nodes(client: KubeClient, names: list[str] | tuple[str, 
         reaper.stop()
         for node in started:
             node.stop()
+        deregister(client, [node.name for node in started])

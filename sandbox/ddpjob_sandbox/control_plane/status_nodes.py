@@ -31,7 +31,8 @@ from ddpjob_operator.api import constants as C
 
 from ddpjob_sandbox.client import ApiError
 from ddpjob_sandbox.control_plane.components import Layout
-from ddpjob_sandbox.control_plane.nodes import Node, node_client
+from ddpjob_sandbox.control_plane.nodes import Node, deregister, node_client
+from ddpjob_sandbox.control_plane.runner import admin_client
 from ddpjob_sandbox.node.network import pod_ip as network_pod_ip
 from ddpjob_sandbox.pod_status import now_rfc3339, running_status
 
@@ -186,8 +187,8 @@ def make_status_node(layout: Layout, name: str, *, pod_ip: Callable[[dict], str]
 
 @contextlib.contextmanager
 def running_status_nodes(layout: Layout, names: list[str] | tuple[str, ...], **options) -> Iterator[list[StatusNode]]:
-    """Status-only Nodes ``names``, registered and reporting their pods until the block ends
-    (their Node objects and pods are left to the cluster)."""
+    """Status-only Nodes ``names``, registered and reporting their pods until the block ends, then
+    deregistered (nodes.deregister; the pod garbage collector removes their pods)."""
     nodes = [make_status_node(layout, name, **options) for name in names]
     started: list[StatusNode] = []
     try:
@@ -197,6 +198,7 @@ def running_status_nodes(layout: Layout, names: list[str] | tuple[str, ...], **o
     finally:
         for node in started:
             node.stop()
+        deregister(admin_client(layout), [node.name for node in started])
 
 
 def status_node_names(count: int, prefix: str = "status-node") -> list[str]:
