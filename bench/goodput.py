@@ -79,7 +79,7 @@ class RunFigures:
     wall: float
     steps: int
     redone: int
-    recover: list[float]  # per kill: kill -> first resumed step
+    recover: list[float | None]  # per kill: kill -> first resumed step (None: the job ended first)
     full_size: list[float | None]  # per kill: kill -> first step with every node back (None: not before the end)
     lost: float
     goodput: float
@@ -221,7 +221,7 @@ def _figures(run_dir: Path, kill_times: list[float]) -> RunFigures:
     end = next(e["time"] for e in events if e["event"] == "phase" and e["phase"] == "Succeeded")
     raw, effective = read_raw_metrics(metrics), read_metrics(metrics)
     steps = sum(1 for e in effective if e["event"] == "step")
-    recover = [event_time(first_step_after(metrics, t)) - t for t in kill_times]
+    recover = [_seconds_after(first_step_after(metrics, t), t) for t in kill_times]
     full = [_seconds_after(first_step_after(metrics, t, NODES), t) for t in kill_times]
     status = {"startTime": start, "completionTime": end}
     pods = view_pods(_reports(raw))
@@ -232,7 +232,7 @@ def _figures(run_dir: Path, kill_times: list[float]) -> RunFigures:
     completed = datetime.datetime.fromisoformat(end.replace("Z", "+00:00"))
     return RunFigures(kills=len(kill_times), wall=round(event_time({"time": end}) - event_time({"time": start}), 1),
                       steps=steps, redone=sum(1 for e in raw if e["event"] == "step") - steps,
-                      recover=[round(x, 1) for x in recover],
+                      recover=[None if x is None else round(x, 1) for x in recover],
                       full_size=[None if x is None else round(x, 1) for x in full],
                       lost=_lost(status["recovery"]),
                       goodput=round(operator_metrics.goodput(status, completed), 3),
