@@ -26,6 +26,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -133,7 +134,15 @@ def ddpjob_run(workdir: pathlib.Path) -> dict:
         return breakdown(killed_at, run_dir / "logs" / "node-0.log", marks, metrics)
     finally:
         proc.send_signal(signal.SIGINT)  # as Ctrl-C: ddpjob stops every node
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # A Ctrl-C that does not stop the run is a bug of `ddpjob run`: keep its evidence
+            # (the run directory goes with the bench's temporary directory) before ending it.
+            kept = pathlib.Path(tempfile.mkdtemp(prefix="bench-recovery-stuck-"))
+            shutil.copytree(workdir, kept / workdir.name, dirs_exist_ok=True)
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError(f"ddpjob run did not stop within 60 s of Ctrl-C; its files: {kept}") from None
 
 
 def sandbox_run(sandbox: Sandbox, round_: int, workdir: pathlib.Path) -> dict:
