@@ -39,6 +39,7 @@ def assert_every_step_saw_the_whole_world(watcher: MetricsWatcher) -> list[dict]
     return steps
 
 
+@pytest.mark.slow  # the three agents below train to the end too, with the whole world at each step
 def test_two_agents_rendezvous_and_train_to_the_end(tmp_path, etcd):
     group, watcher = make_job(tmp_path, etcd, nnodes="2", steps=10, step_sleep=0.05)
     with group:
