@@ -5,8 +5,9 @@ the tests, and a benchmark importing the test suite made bench depend on tests. 
 import this package; the tests keep what only tests need (pytest fixtures in
 tests/cluster/conftest.py and tests/support/fixtures.py, assertions in
 tests/support/elastic_checks.py, scenarios beside the tests that use them). Why not installed:
-nothing here ships; the Docker image and the wheels leave it out. pytest finds it through ``pythonpath`` in pyproject.toml, ``python -m
-bench`` through bench/__init__.py; it imports the product packages (installed), never tests/.
+nothing here ships; the Docker image and the wheels leave it out. pytest finds it through
+``pythonpath`` in pyproject.toml, ``python -m bench`` through bench/__init__.py; it imports the
+product packages (installed), never tests/.
 
 Roles, one module each; each imports only modules below it in this list (and the product
 packages), never tests/:

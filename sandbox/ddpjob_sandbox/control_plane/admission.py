@@ -138,7 +138,8 @@ class RefusingWebhook:
     def record(self, request: Mapping[str, Any]) -> None:
         obj = request.get("object") or {}
         name = request.get("name") or (obj.get("metadata") or {}).get("name") or ""
-        review = Review(request.get("namespace") or "", name, bool(request.get("dryRun")), time.monotonic(), time.time())
+        review = Review(request.get("namespace") or "", name, bool(request.get("dryRun")), time.monotonic(),
+                        time.time())
         with self._lock:
             self._reviews.append(review)
 

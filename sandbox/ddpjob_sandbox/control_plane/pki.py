@@ -85,7 +85,8 @@ def make_client_cert(pki: Path, identity: Identity) -> tuple[Path, Path]:
     return pki / f"{identity.stem}.crt", pki / f"{identity.stem}.key"
 
 
-def make_serving_cert(pki: Path, stem: str, names: tuple[str, ...], common_name: str | None = None) -> tuple[Path, Path]:
+def make_serving_cert(pki: Path, stem: str, names: tuple[str, ...],
+                      common_name: str | None = None) -> tuple[Path, Path]:
     """<stem>.crt and <stem>.key of a TLS server reached at ``names`` (subjectAltName entries,
     ``DNS:...`` / ``IP:...``), signed by the CA (kept when present): the API server's own, or a
     webhook's the API server calls (it checks the webhook against the CA in caBundle)."""
