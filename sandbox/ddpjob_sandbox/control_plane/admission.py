@@ -135,7 +135,7 @@ class RefusingWebhook:
         self._server.server_close()
         self._thread.join(timeout=10)
 
-    def record(self, request: Mapping[str, Any]) -> None:
+    def _record(self, request: Mapping[str, Any]) -> None:
         obj = request.get("object") or {}
         name = request.get("name") or (obj.get("metadata") or {}).get("name") or ""
         review = Review(request.get("namespace") or "", name, bool(request.get("dryRun")), time.monotonic(),
@@ -158,7 +158,7 @@ class RefusingWebhook:
         request = review.get("request") if isinstance(review, dict) else None
         if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
             return 400, {"error": "the body must be an AdmissionReview with request.uid"}
-        self.record(request)
+        self._record(request)
         return 200, {"apiVersion": REVIEW_VERSION, "kind": "AdmissionReview",
                      "response": {"uid": request["uid"], "allowed": False, "status": self.refusal.status()}}
 
@@ -170,8 +170,8 @@ def _handler_for(webhook: RefusingWebhook) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802 - the name http.server dispatches to
             length = self.headers.get("Content-Length", "")
             if not length.isdigit() or not 0 < int(length) <= MAX_REVIEW_BYTES:
-                self._send(411 if not length else 413,
-                           {"error": f"Content-Length ({length or 'missing'}) must be 1 to {MAX_REVIEW_BYTES} bytes"})
+                code = 411 if not length else 413 if length.isdigit() and int(length) > MAX_REVIEW_BYTES else 400
+                self._send(code, {"error": f"Content-Length ({length or 'missing'}) must be 1 to {MAX_REVIEW_BYTES} bytes"})
                 return
             try:
                 review = json.loads(self.rfile.read(int(length)))
