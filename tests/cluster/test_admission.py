@@ -41,8 +41,7 @@ def test_the_api_server_answers_with_the_webhooks_refusal_and_retry_after_and_no
         code, retry_after, answer = dry_run_create(kube, "refused", LABELS)
         assert (code, retry_after) == (429, "7")
         assert (answer["reason"], answer["details"]["retryAfterSeconds"]) == ("TooManyRequests", 7)
-        assert answer["message"] == ('pods "refused" is forbidden: admission webhook "refuse.sandbox.ddpjob.io" '
-                                     "denied the request: slow down")
+        assert answer["message"] == 'admission webhook "refuse.sandbox.ddpjob.io" denied the request: slow down'
         assert dry_run_create(kube, "unlabelled", {})[0] == 201, "only the pods of the labels are refused"
         assert "refused" in [r.name for r in webhook.reviews()]
         assert "unlabelled" not in [r.name for r in webhook.reviews()]

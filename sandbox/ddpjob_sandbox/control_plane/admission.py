@@ -6,10 +6,10 @@ Unauthorized and RequestEntityTooLarge only). Any other answer, such as the 429 
 with a Retry-After that a busy cluster's rate-limiting webhook gives, comes from a validating
 admission webhook: the API server answers the client with the code, reason and details of the
 webhook's AdmissionReview response (k8s.io/apiserver pkg/admission/plugin/webhook/errors/
-statuserror.go, ToStatusErr, which prefixes the message with 'pods "<name>" is forbidden:
-admission webhook "<webhook>" denied the request: '), and turns details.retryAfterSeconds into
-the response's Retry-After header (pkg/endpoints/handlers/responsewriters/writers.go,
-ErrorNegotiated).
+statuserror.go, ToStatusErr, which prefixes the message with 'admission webhook "<webhook>"
+denied the request: '), and turns details.retryAfterSeconds into the response's Retry-After
+header (pkg/endpoints/handlers/responsewriters/writers.go, ErrorNegotiated).
+tests/cluster/test_admission.py pins both on the pinned release.
 
 * :class:`RefusingWebhook` is that webhook, served over HTTPS from the test's own process (its
   certificate for 127.0.0.1 signed by the control plane's CA, which the registration names as
