@@ -10,8 +10,8 @@ Run with ``python -m bench sandbox``. In each round, on the same machine:
   local torchrun agents; after the snapshot at step 20 node 1 (node 0 hosts the c10d store, as
   in a cluster) is SIGKILLed as a whole (agent and workers). The operator replaces it after the
   failure policy's 1 s backoff. The operator is the chart's, rendered by helm and run as a local
-  process under its ServiceAccount's token (bench/_control_plane.py says why); one Node, as the
-  emulator's one node agent, so one agent holds every pod the bench kills or reads.
+  process under its ServiceAccount's token (bench/_control_plane.py says why); one Node, so one
+  agent holds every pod the bench kills or reads.
 * bare torchrun: two torchrun agents (``ddpjob_sandbox.torchrun.AgentGroup``) with the same
   trainer args, the same rendezvous settings (checked against the pods' PET_RDZV_CONF, and
   ``is_host=false`` on node 1 as the sandbox gives it) and the same fault: node 1's whole

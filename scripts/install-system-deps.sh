@@ -11,7 +11,6 @@ PROGRAMS=(
     "etcd      etcd-server        torch's own etcd rendezvous backend (v2 API) runs on Debian's etcd 3.4; etcd-v3 uses the pinned 3.6 (make cluster-binaries)"
     "etcdctl   etcd-client        the client of that etcd 3.4; the etcd-auth tests call the pinned 3.6's etcdctl, beside its server"
     "openssl   openssl            the TLS tests make a throwaway CA and certificates"
-    "kubectl   kubernetes-client  emulator tests apply and scale DDPJobs as a user would"
     "setpriv   util-linux         the fork-server tests try its socket as a second uid"
     "mount     mount              the fast-tier tests mount a tiny tmpfs to run out of room (as root; skipped otherwise)"
     "umount    mount              and unmount it"

@@ -1,9 +1,10 @@
-"""Suite-wide test settings: the sandbox fixtures, and the marker that skips with a reason where the
-machine lacks a GPU. The `cluster` tier (tests/cluster/) is never skipped: it starts its own control
-plane and fails, naming the build command, where the binaries are missing."""
+"""Suite-wide test settings: the fixtures every test may use (tests/support/fixtures.py), and the
+marker that skips with a reason where the machine lacks a GPU. The `cluster` tier (tests/cluster/)
+is never skipped: it starts its own control plane and fails, naming the build command, where the
+binaries are missing."""
 import pytest
 
-from tests.support.fixtures import cluster, k8s, node_agent, operator, torch_only_env  # noqa: F401  (fixtures for every test)
+from tests.support.fixtures import torch_only_env  # noqa: F401  (a fixture for every test)
 
 
 def pytest_collection_modifyitems(config, items):

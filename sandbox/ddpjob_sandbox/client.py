@@ -1,4 +1,4 @@
-"""Talking to the API emulator (or any API server) over HTTP, as a test or benchmark does.
+"""Talking to the API server over HTTP, as a test or benchmark does.
 
 :class:`KubeClient` is a small synchronous client on urllib: nothing is shared with the
 operator's own client, so a test sees the API as any other client does. ``kubectl`` runs
@@ -16,6 +16,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from ddpjob_sandbox.binaries import DEFAULT_BIN_DIR
 
 # Resource name -> (API path prefix, namespaced). Only what the tests use.
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -56,13 +58,13 @@ class KubeClient:
     """A small synchronous API client for tests (urllib; nothing shared with the operator)."""
 
     def __init__(self, url: str, kubeconfig: pathlib.Path, namespace: str = "default",
-                 ssl_context: ssl.SSLContext | None = None, kubectl: str = "kubectl"):
+                 ssl_context: ssl.SSLContext | None = None, kubectl: str = str(DEFAULT_BIN_DIR / "kubectl")):
         self.url = url.rstrip("/")
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         # A real API server serves TLS only and knows the client by its certificate.
         self.ssl_context = ssl_context
-        # The real cluster's pinned kubectl (.cluster/bin/), not Debian's older one on PATH.
+        # The pinned release's kubectl (.cluster/bin/), of the control plane's own version.
         self.kubectl_binary = kubectl
 
     def path(self, resource: str, name: str | None = None, namespace: str | None = None,
@@ -142,7 +144,7 @@ class KubeClient:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}; last value: {last!r}")
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        """Runs kubectl against the emulator in this client's namespace."""
+        """Runs kubectl against this client's API server, in its namespace."""
         command = [self.kubectl_binary, "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace, *args]
         result = subprocess.run(command, capture_output=True, text=True, input=input, timeout=60)
         if check and result.returncode != 0:

@@ -1,25 +1,24 @@
-"""The real operator (or any kopf module) as a subprocess logged in to a cluster: the real
-control plane (control_plane.ControlPlane, as its admin) or the emulator (cluster.Cluster).
+"""The real operator as a local subprocess logged in to the real control plane: as its admin
+(control_plane.ControlPlane; the tests of its flags and ports) or under a ServiceAccount's token
+(the benchmarks' chart operator). The e2e tests run the chart's, in a pod (tests/cluster/operators.py).
 
 It runs in its own process group with the cluster's kubeconfig, the way it runs against a
-real cluster; stopping it stops the whole group, and :meth:`OperatorProcess.kill` plays a
-crash with no chance to clean up.
+real cluster; stopping it stops the whole group.
 """
 from __future__ import annotations
 
 import os
 import pathlib
 import subprocess
-import sys
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ddpjob_sandbox.cluster import REPO
+from ddpjob_sandbox.binaries import REPO
 from ddpjob_sandbox.procs import start_in_own_group, stop_process_group
 
 
 class LoggedIn(Protocol):
-    """Anything with a kubeconfig to log in with: ControlPlane (the admin's), the emulator's Cluster."""
+    """Anything with a kubeconfig to log in with: ControlPlane (the admin's), a bench's login."""
 
     @property
     def kubeconfig(self) -> pathlib.Path: ...
@@ -46,11 +45,6 @@ class OperatorProcess:
         if self.process is not None:
             stop_process_group(self.process, grace=grace)
 
-    def kill(self) -> None:
-        """SIGKILL: the operator dies mid-work, with no chance to clean up."""
-        if self.process is not None:
-            stop_process_group(self.process, grace=0)
-
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -60,13 +54,3 @@ class OperatorProcess:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-
-def operator_command(namespace: str, *extra: str) -> list[str]:
-    """The project's operator entry point, watching one namespace, standalone, no HTTP ports."""
-    return [sys.executable, "-m", "ddpjob_operator", "--namespace", namespace, "--standalone",
-            "--liveness-port", "0", "--metrics-port", "0", *extra]
-
-
-def kopf_command(namespace: str, module_path: pathlib.Path) -> list[str]:
-    """``kopf run`` of an arbitrary handlers file (used to test the harness itself)."""
-    return [sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", namespace, str(module_path)]

@@ -1,9 +1,10 @@
-"""The kubelet, kube-scheduler and node controller played by a script, one status write at a time.
+"""The kubelet's status writes (and a scheduler's or node controller's) played by a script, one at a time.
 
-For runs without a node agent (the operator's integration tests, the operator benchmark):
-the emulator stores pods but runs none, so a test says what happened to each (started,
-exited, unschedulable, disrupted, bound, its node down) and the real operator reacts. The
-bodies are ddpjob_sandbox.pod_status's, the ones the node agent writes for real processes.
+For pods nothing runs (the operator's e2e tests, the operator benchmark): the real scheduler
+binds them to Nodes that start nothing (control_plane.scripted_nodes), so a test says what
+happened to each (started, exited, unschedulable, disrupted, its Node down) and the real
+operator reacts. The bodies are ddpjob_sandbox.pod_status's, the ones the node agent writes for
+real processes.
 """
 from __future__ import annotations
 
@@ -58,8 +59,3 @@ def set_node(k8s: KubeClient, name: str, ready: bool) -> dict:
     if k8s.find("nodes", name) is None:
         k8s.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
     return k8s.patch("nodes", name, {"status": {"conditions": [node_ready_condition(ready)]}}, subresource="status")
-
-
-def bind(k8s: KubeClient, pod: str, node: str) -> dict:
-    """The scheduler placed the pod on ``node`` (spec.nodeName)."""
-    return k8s.patch("pods", pod, {"spec": {"nodeName": node}})

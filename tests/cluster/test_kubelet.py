@@ -18,7 +18,6 @@ from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane.cluster import volume_body
 from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL, running_kubelets
 from ddpjob_sandbox.node.network import pod_ip
-from ddpjob_sandbox.node.reporting import FINALIZER
 from ddpjob_sandbox.procs import free_port
 from tests.cluster.conftest import KUBELET_NAMES as NAMES
 
@@ -78,7 +77,7 @@ def test_a_pod_runs_reports_running_on_its_own_address_then_succeeds_with_its_me
     assert done["status"]["phase"] == "Succeeded", logs(kubelets)
     assert (terminated(done)["exitCode"], terminated(done)["reason"], terminated(done)["message"]) == \
         (0, "Completed", "all done")
-    assert FINALIZER not in (done["metadata"].get("finalizers") or []), "a kubelet holds no finalizer"
+    assert not done["metadata"].get("finalizers"), "a kubelet holds no finalizer"
 
 
 def test_a_failing_pod_reports_failed_with_its_exit_code_and_termination_message(kubelets, kube: KubeClient):
@@ -163,7 +162,7 @@ def read_from(address: str, port: int) -> str:
 
 def test_two_pods_on_one_node_serve_the_same_port_each_on_its_own_address(kubelets, kube: KubeClient):
     # As every node pod serves the progress port; not 29410 itself: a process elsewhere on this
-    # machine listening there on every interface (an emulator test's trainer) would take it from both.
+    # machine listening there on every interface (another test's trainer) would take it from both.
     port = free_port()
     for name in ("left", "right"):
         kube.create("pods", pod(name, SERVE, env={"PORT": str(port)}, node=NAMES[1]))

@@ -6,8 +6,8 @@
     controller/  one controller module each, no API server (their I/O: tests/cluster/controller): the passes'
                  scheduling and the policy-first apply, metrics, main's flags, the progress poll,
                  etcd cleanup rules
-    e2e/         the real operator process (every room through kopf) over the API emulator,
-                 with the kubelet scripted (ddpjob_sandbox.scripted)
 
-Here: cli.py's tests, the import-layer rules, and the pure tests' pod builders.
+The operator as a whole (every room through kopf, the helm-installed chart on the real control
+plane) is tests/cluster/e2e/'s. Here: cli.py's tests, the import-layer rules, and the pure tests'
+pod builders.
 """

@@ -152,7 +152,7 @@ WATCHED = (JOBS, PODS, SERVICES, NETWORK_POLICIES, DISRUPTION_BUDGETS)
 
 def _version(obj: Mapping[str, Any]) -> int | None:
     """resourceVersion as a number, for "which copy is newer". The API calls it opaque, but every
-    server we run on (etcd's revision, the emulator's counter) makes it one increasing integer;
+    server we run on (etcd's revision) makes it one increasing integer;
     when it is not, the newest arrival wins, as in a plain informer."""
     raw = (obj.get("metadata") or {}).get("resourceVersion")
     return int(raw) if isinstance(raw, str) and raw.isdigit() else None

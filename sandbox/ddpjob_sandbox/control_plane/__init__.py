@@ -14,6 +14,10 @@ Modules, each importing only those below it:
                 to it, in-process for the tests or as that background process
     status_nodes  Nodes (nodes) that report their bound pods Running and run nothing: the
                 benches' 8,000 pods
+    scripted_nodes  Nodes (nodes) that run nothing and write nothing of their pods: a test writes
+                each pod's status (ddpjob_sandbox.scripted)
+    admission   a validating webhook served from the test's process that refuses pod creates
+                with the answer a test picks (429 with Retry-After), registered for the test's pods
     nodes       Nodes that register and keep themselves Ready (Lease, Ready condition), each
                 logged in as its own kubelet (system:node:<name>)
     proxy       a TCP proxy in front of the API server adding latency and cutting connections

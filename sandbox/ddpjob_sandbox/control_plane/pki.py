@@ -85,6 +85,17 @@ def make_client_cert(pki: Path, identity: Identity) -> tuple[Path, Path]:
     return pki / f"{identity.stem}.crt", pki / f"{identity.stem}.key"
 
 
+def make_serving_cert(pki: Path, stem: str, names: tuple[str, ...],
+                      common_name: str | None = None) -> tuple[Path, Path]:
+    """<stem>.crt and <stem>.key of a TLS server reached at ``names`` (subjectAltName entries,
+    ``DNS:...`` / ``IP:...``), signed by the CA (kept when present): the API server's own, or a
+    webhook's the API server calls (it checks the webhook against the CA in caBundle)."""
+    _signed(pki, stem, f"/CN={common_name or stem}",
+            ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment",
+             "extendedKeyUsage=serverAuth", "subjectAltName=" + ",".join(names)])
+    return pki / f"{stem}.crt", pki / f"{stem}.key"
+
+
 def make_pki(pki: Path) -> Path:
     """Creates the CA, the API server's serving certificate, the client certificates and the SA keys."""
     pki.mkdir(parents=True, exist_ok=True)
@@ -92,9 +103,7 @@ def make_pki(pki: Path) -> Path:
         _new_key(pki / "ca.key")
         _openssl("req", "-x509", "-new", "-key", str(pki / "ca.key"), "-subj", "/CN=ddpjob-sandbox-ca",
                  "-days", str(CA_DAYS), "-out", str(pki / "ca.crt"))
-    _signed(pki, "apiserver", "/CN=kube-apiserver",
-            ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment",
-             "extendedKeyUsage=serverAuth", "subjectAltName=" + ",".join(SERVING_NAMES)])
+    make_serving_cert(pki, "apiserver", SERVING_NAMES, "kube-apiserver")
     for identity in CLIENTS:
         make_client_cert(pki, identity)
     if not (pki / "sa.key").exists():

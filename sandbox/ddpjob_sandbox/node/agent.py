@@ -7,11 +7,10 @@ termination message. Deletion is graceful, as a kubelet makes it: SIGTERM, then 
 the grace period (capped by ``max_grace_seconds``, 5 s by default, with a warning when a pod
 asks more: see capped_grace), and only then does the pod go.
 
-Which pods are its own and how a deletion ends is the one difference between the two APIs it
-serves (reporting.NamespacePods, reporting.NodePods): on the emulator, one namespace's pods, a
-finalizer held while they run, every pod on 127.0.0.1; on a real API server (``node_name``
-given), the pods bound to that Node, deleted with grace 0 once stopped, each pod on a
-loopback address of its own (.network) with its service-account token projected.
+It is the kubelet of one Node of the real control plane (control_plane.kubelets): its pods are
+those bound to that Node in every namespace, each on a loopback address of its own (.network)
+with its service-account token projected; once a deleted pod's processes stopped, the agent
+deletes it with grace 0, as a kubelet ends a deletion (.reporting).
 """
 from __future__ import annotations
 
@@ -19,26 +18,24 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.node.container import ContainerReader, PodProcess
 from ddpjob_sandbox.node.launch import (
-    EMULATOR_PLACEMENT, NODE_ENV, POD_ENV, ContainerLaunch, Placement, UnsupportedPodError, claim_dir,
-    container_launch, mounts, pod_dir, volume_dirs,
+    NODE_ENV, POD_ENV, ContainerLaunch, Placement, UnsupportedPodError, container_launch, mounts, pod_dir, volume_dirs,
 )
 from ddpjob_sandbox.node.network import Resolver, network_env, pod_ip
 from ddpjob_sandbox.node.projection import Projector, in_cluster_env, service_account_dir
-from ddpjob_sandbox.node.reporting import NamespacePods, NodePods, PodReporter
+from ddpjob_sandbox.node.reporting import PodReporter
 from ddpjob_sandbox.pod_status import (
-    INSUFFICIENT_GPU, back_off_status, now_rfc3339, running_status, terminated_state, terminated_status, waiting_status,
+    back_off_status, now_rfc3339, running_status, terminated_state, terminated_status, waiting_status,
 )
 from ddpjob_sandbox.procs import holds_socket, kill_marked, listening_socket_inodes, marked_pids
 
@@ -60,8 +57,8 @@ TOKEN_RETRY_SECONDS = 10.0  # a refused renewal is tried again this much later
 def restarts(policy: str | None, exit_code: int) -> bool:
     """Whether a kubelet starts an exited container again under the pod's restartPolicy.
 
-    The real API server defaults restartPolicy to Always; the emulator defaults nothing, and its
-    pods without one have always ended with their process: missing reads as Never."""
+    The API server defaults restartPolicy to Always, so a pod read from it always has one; a
+    policy that is missing (a pod body built by hand) reads as Never."""
     return policy == "Always" or (policy == "OnFailure" and exit_code != 0)
 
 
@@ -116,19 +113,14 @@ class NodeAgent(ContainerReader):
     """Runs its pods as local process trees and reports their status.
 
     Args:
-        client: an API client; on the emulator bound to the namespace to serve, on a real API
-            server logged in as the Node's kubelet (system:node:<node_name>).
+        client: an API client logged in as the Node's kubelet (system:node:<node_name>).
         root: the node's directory (claims, per-pod dirs and container logs).
         poll_seconds: how often pods and processes are looked at.
         max_grace_seconds: cap on a pod's terminationGracePeriodSeconds (tests stay fast; a
             capped pod is logged, see capped_grace).
-        bind_nodes: (emulator) give each started pod a Node of its own (``<pod>-<uid[:5]>``,
-            Ready) and bind it there (spec.nodeName), so a test can take one pod's node down
-            (:meth:`node_down`); off, pods have no node, as before.
         images: image name -> the Python environment standing for it (ddpjob_sandbox.images,
             node.launch.container_launch); other images run in this interpreter's environment.
-        node_name: serve the pods bound to this Node in every namespace, as its kubelet on a
-            real API server (None: the emulator's namespace).
+        node_name: serve the pods bound to this Node in every namespace, as its kubelet.
         api_url: the API server a pod's processes reach (service-account pods get a
             kubeconfig for it; see projection.in_cluster_env).
         node_id: the value of the marker every process of this agent carries (NODE_ENV);
@@ -142,28 +134,21 @@ class NodeAgent(ContainerReader):
             passed (a kubelet's 0.8; a test shortens it).
     """
 
-    def __init__(self, client: KubeClient, root: Path, *, poll_seconds: float = 0.1,
-                 max_grace_seconds: float = MAX_GRACE_SECONDS, bind_nodes: bool = False,
-                 images: Mapping[str, Path] | None = None, node_name: str | None = None,
+    def __init__(self, client: KubeClient, root: Path, *, node_name: str, poll_seconds: float = 0.1,
+                 max_grace_seconds: float = MAX_GRACE_SECONDS, images: Mapping[str, Path] | None = None,
                  api_url: str | None = None, node_id: str | None = None, dns_client: KubeClient | None = None,
                  restart_back_off_seconds: float = RESTART_BACK_OFF_SECONDS,
                  token_renew_fraction: float = TOKEN_RENEW_FRACTION):
-        if bind_nodes and node_name:
-            raise ValueError("bind_nodes makes Nodes on the emulator; a kubelet (node_name) serves an existing one")
         self.client = client
         self.dns = PodReporter(dns_client or client)
         self.reporter = PodReporter(client)
         self.node_name = node_name
         self.api_url = api_url
-        self.own_pods = NodePods(self.reporter, node_name) if node_name else NamespacePods(self.reporter)
         self.projector = Projector(client)
         self.root = Path(root)
         self.poll_seconds = poll_seconds
         self.max_grace_seconds = max_grace_seconds
         self.images = dict(images or {})
-        self.bind_nodes = bind_nodes  # opt-in: each started pod gets a Node object of its own (spec.nodeName)
-        self.unschedulable: dict[str, str] = {}  # pod name -> scheduler message while the test holds it
-        self.dead: set[str] = set()  # uids of pods whose node went down: their kubelet answers no more
         self.node_id = node_id or uuid.uuid4().hex[:12]
         self.pods: dict[str, PodProcess] = {}  # uid -> container, finished ones kept for tests
         self.rejected: dict[str, str] = {}  # uid -> why the pod could not start
@@ -174,8 +159,7 @@ class NodeAgent(ContainerReader):
         self.errors: list[str] = []  # exceptions the loop survived (API down, a write racing a deletion)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"sandbox-node-agent-{node_name or 'emulator'}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"sandbox-node-agent-{node_name}", daemon=True)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -220,45 +204,6 @@ class NodeAgent(ContainerReader):
     def diagnosis(self) -> str:
         return f"rejected pods: {self.rejected}; loop errors: {self.errors[-3:]}"
 
-    def hold_unscheduled(self, name: str, message: str = INSUFFICIENT_GPU) -> None:
-        """Plays a scheduler without capacity: pod ``name`` (and any pod of that name created
-        later) stays Pending with PodScheduled False, reason Unschedulable and ``message``."""
-        self.unschedulable[name] = message
-
-    def release(self, name: str) -> None:
-        """Capacity arrived: pod ``name`` is scheduled and started on the next poll."""
-        self.unschedulable.pop(name, None)
-
-    def node_down(self, name: str) -> PodProcess:
-        """The node of pod ``name`` dies: its Node turns NotReady, its processes are killed, and
-        its kubelet answers no more (no status, no deletion handling: the pod would stay
-        Terminating). The agent's finalizer is dropped, as a dead kubelet holds nothing; with
-        the emulator's ``graceful_pod_deletion`` a deletion then waits for a force delete.
-
-        Raises:
-            AssertionError: the agent was made without ``bind_nodes`` or the pod runs nothing.
-        """
-        if not self.bind_nodes:
-            raise AssertionError("node_down needs NodeAgent(bind_nodes=True): without it pods have no node")
-        container = self.current(name)
-        if container is None or container.process.poll() is not None:
-            raise AssertionError(f"pod {name} has no running container to kill: {container}")
-        # Marked dead and killed under the lock _follow holds from seeing an exit to reporting it:
-        # marked after the kill, a poll in between saw the exit and reported the pod Failed,
-        # which a dead kubelet never does (a race a busy machine widened).
-        with self._lock:
-            self.dead.add(container.uid)
-            container.kill(signal.SIGKILL)
-        pod = self.client.get("pods", name)
-        node = pod["spec"]["nodeName"]
-        self.reporter.set_node_ready(node, False)
-        self.reporter.release(pod)
-        return container
-
-    def node_of(self, name: str) -> str:
-        """spec.nodeName of pod ``name`` ('' when unbound)."""
-        return (self.client.get("pods", name)["spec"].get("nodeName") or "")
-
     def pod_listening_on(self, port: int) -> str | None:
         """The pod whose process listens on TCP ``port`` (the c10d store host), if any."""
         inodes = listening_socket_inodes(port)
@@ -270,9 +215,6 @@ class NodeAgent(ContainerReader):
             if any(holds_socket(pid, inodes) for pid in container.pids()):
                 return container.name
         return None
-
-    def claim_dir(self, claim: str) -> Path:
-        return claim_dir(self.root, self.client.namespace, claim)
 
     def logs(self, chars: int = 2500) -> str:
         with self._lock:
@@ -291,31 +233,26 @@ class NodeAgent(ContainerReader):
             self._stop.wait(self.poll_seconds)
 
     def _tick(self) -> None:
-        observed = {p["metadata"]["uid"]: p for p in self.own_pods.list()}
+        observed = {p["metadata"]["uid"]: p for p in self.reporter.node_pods(self.node_name)}
         for uid, pod in observed.items():
             if uid in self.pods:
                 continue
             if pod["metadata"].get("deletionTimestamp"):
-                self.own_pods.forget(pod)  # deleted before (or instead of) starting: nothing to stop
-            elif uid not in self.rejected:
-                if pod["metadata"]["name"] in self.unschedulable:
-                    self.reporter.report_unschedulable(pod, self.unschedulable[pod["metadata"]["name"]])
-                elif (pod.get("status") or {}).get("phase") in (None, "Pending"):
-                    self._start(pod)
+                self.reporter.delete_now(pod)  # deleted before (or instead of) starting: nothing to stop
+            elif uid not in self.rejected and (pod.get("status") or {}).get("phase") in (None, "Pending"):
+                self._start(pod)
         with self._lock:
             containers = list(self.pods.values())
         for container in containers:
             self._follow(container, observed.get(container.uid))
 
     def placement(self, pod: dict) -> Placement:
-        """Where ``pod`` lives on this node: the emulator's shared 127.0.0.1, or (a kubelet) an
-        address of its own, its namespace's DNS names, its claims' volumes and its listen address.
+        """Where ``pod`` lives on this node: an address of its own, its namespace's DNS names, its
+        claims' volumes and its listen address.
 
         Raises:
             UnsupportedPodError: another running pod of this node holds the address.
         """
-        if self.node_name is None:
-            return EMULATOR_PLACEMENT
         meta = pod["metadata"]
         namespace = meta["namespace"]
         address = pod_ip(namespace, meta["name"])
@@ -349,8 +286,7 @@ class NodeAgent(ContainerReader):
         if account_dir is not None and self.api_url:
             placement = dataclasses.replace(placement, env={**placement.env, **in_cluster_env(
                 pod, account_dir, self.root, self.api_url)})
-        services = (placement.resolve.service_names if isinstance(placement.resolve, Resolver)
-                    else self.reporter.service_names())
+        services = placement.resolve.service_names  # placement() resolves with a Resolver of the namespace
         return placement, container_launch(pod, self.root, services, os.environ, self.images, placement=placement)
 
     def _renew_at(self, lifetime: float) -> float:
@@ -383,9 +319,6 @@ class NodeAgent(ContainerReader):
             self.reporter.patch_status(meta["name"], waiting_status(container_name, str(e)),
                                        namespace=meta.get("namespace"))
             return
-        node = self.reporter.create_node(f"{meta['name']}-{meta['uid'][:5]}") if self.bind_nodes else None
-        if not self.own_pods.admit(meta, node):
-            return  # deleted before it could start
         volumes = volume_dirs(pod, self.root, placement.claims)
         # The kubelet creates a mount's subPath inside its volume when it is missing.
         subpaths = [local for _, local in mounts(pod["spec"]["containers"][0], volumes)]
@@ -417,9 +350,6 @@ class NodeAgent(ContainerReader):
     def _follow(self, container: PodProcess, pod: dict | None) -> None:
         """Moves one container on: renew its tokens, report its exit (and restart it where the
         pod's restartPolicy says so), stop it when its pod is deleted or gone."""
-        if container.uid in self.dead:
-            container.poll()  # reaped, but a dead kubelet reports nothing and stops nothing
-            return
         deleting = pod is None or bool(pod["metadata"].get("deletionTimestamp"))
         if deleting:
             container.terminate()
@@ -428,17 +358,14 @@ class NodeAgent(ContainerReader):
             if renewal is not None and not deleting and time.monotonic() >= renewal.due:
                 self._renew_tokens(pod, renewal)
             return
-        with self._lock:  # see node_down: an exit it caused is never reported
-            if container.uid in self.dead:
-                return
-            if not container.reported and pod is not None:
-                self._report_exit(container, pod, deleting)
-                container.reported = True
+        if not container.reported and pod is not None:
+            self._report_exit(container, pod, deleting)
+            container.reported = True
         if deleting:
             self.restarts.pop(container.uid, None)
             self.renewals.pop(container.uid, None)
             if pod is not None:
-                self.own_pods.finish_deletion(pod)
+                self.reporter.delete_now(pod)  # the processes stopped: the deletion ends
             return
         restart = self.restarts.get(container.uid)
         if restart is not None and restart.due is not None and time.monotonic() >= restart.due \
@@ -466,10 +393,3 @@ class NodeAgent(ContainerReader):
                                    last, wait)
         self.reporter.patch_status(container.name, body, uid=container.uid, namespace=container.namespace)
 
-
-@contextlib.contextmanager
-def running_node_agent(client: KubeClient, root: Path, **options: Any) -> Iterator[NodeAgent]:
-    """A started node agent, always stopped with all its processes."""
-    agent = NodeAgent(client, root, **options)
-    with agent:
-        yield agent

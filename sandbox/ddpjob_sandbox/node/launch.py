@@ -5,9 +5,8 @@
   ``emptyDir`` one directory per pod. Env values and args under a container's mountPaths
   are rewritten to those directories (there is no mount namespace).
 * DNS: ``*.svc``, ``*.svc.cluster.local`` and ``<pod>.<service>[.<ns>]`` names in env values
-  and args become the address the pod's network resolves them to (.network: 127.0.0.1 on the
-  emulator's node, each pod's own loopback address on a cluster's), so the c10d endpoint
-  ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
+  and args become the address the pod's network resolves them to (.network: each pod's own
+  loopback address), so the c10d endpoint ``mlp-node-0.mlp.<ns>.svc.cluster.local:PORT`` resolves.
 * the placement (:class:`Placement`): what the kubelet adds for one pod on one node: its
   address, the claims' directories (a bound PersistentVolume's hostPath), env of its own.
 * env ``valueFrom.fieldRef`` (the downward API) reads the pod: metadata.name/namespace/uid,
@@ -73,7 +72,9 @@ class Placement:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-EMULATOR_PLACEMENT = Placement()
+# A launch outside any node's network (every name and address 127.0.0.1, no claims, no kubelet
+# env): the pure tests of the mapping use it. The agent gives each pod its own (NodeAgent.placement).
+LOOPBACK_PLACEMENT = Placement()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +150,7 @@ def localize(value: str, mount_pairs: list[tuple[str, Path]]) -> str:
 
 def map_hosts(value: str, namespace: str, services: list[str], resolve: Resolve = LOOPBACK_RESOLVER) -> str:
     """Cluster DNS names inside ``value`` replaced by the address ``resolve`` gives them
-    (127.0.0.1 for all by default: the emulator's node runs every pod on it)."""
+    (127.0.0.1 for all by default, as Placement's)."""
     value = _SVC_NAME.sub(lambda m: resolve(m.group(0)), value)
     if services:
         names = "|".join(re.escape(s) for s in services)
@@ -203,7 +204,7 @@ def base_env(environ: Mapping[str, str], image_env: Path | None = None) -> dict[
 
 def container_launch(pod: Mapping[str, Any], root: Path, services: list[str],
                      environ: Mapping[str, str], images: Mapping[str, Path] | None = None, *,
-                     placement: Placement = EMULATOR_PLACEMENT) -> ContainerLaunch:
+                     placement: Placement = LOOPBACK_PLACEMENT) -> ContainerLaunch:
     """The local launch of a pod's (only) container.
 
     Args:

@@ -7,14 +7,15 @@ only that one (two node pods both serve the progress port 29410 without collidin
 * :func:`pod_ip` is a pure function of the pod's namespace and name, so a name resolves before
   the pod it names has started (a c10d endpoint names node 0, which may start last), and a
   replacement pod of the same name keeps the address, as a StatefulSet's DNS name would.
-  127.0.*.* is never handed out: the control plane and the emulator listen on 127.0.0.1.
+  127.0.*.* is never handed out: the control plane listens on 127.0.0.1.
 * :class:`Resolver` answers what cluster DNS would: ``<hostname>.<subdomain>[.<ns>[.svc[.cluster
   .local]]]`` is the pod with that hostname and subdomain (or, before it exists, the pod named
   ``<hostname>``: the operator names pods after their hostnames); ``<service>.<ns>.svc[.cluster
   .local]`` is one pod the Service selects (the first by name that is not finished or deleted),
   the loopback address when it selects none. There is no load balancing and no port mapping: a
   Service's port must equal its targetPort.
-* :data:`LOOPBACK_RESOLVER` is the emulator's older network: every name is 127.0.0.1.
+* :data:`LOOPBACK_RESOLVER` is no network at all: every name is 127.0.0.1 (launch.Placement's
+  default, for a launch outside a node).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ Resolve = Callable[[str], str]
 
 
 def LOOPBACK_RESOLVER(_name: str) -> str:  # noqa: N802 - a constant that happens to be callable
-    """Every cluster name is this machine (the emulator's node: all pods share 127.0.0.1)."""
+    """Every cluster name is this machine (no pod network: all processes share 127.0.0.1)."""
     return LOOPBACK
 
 

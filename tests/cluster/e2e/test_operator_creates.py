@@ -2,8 +2,9 @@
 
 The helm-installed operator on the real control plane. The refusals are the real API server's:
 a ResourceQuota whose status says it is spent (403 Forbidden, from the ResourceQuota admission
-plugin) and a ValidatingAdmissionPolicy (422 Invalid). Every create the operator sends, admitted
-or refused, is counted from the API server's audit log.
+plugin) and a ValidatingAdmissionPolicy (422 Invalid); a throttled create (429 with Retry-After) is
+test_operator_throttled.py's. Every create the operator sends, admitted or refused, is counted
+from the API server's audit log.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from ddpjob_operator.api import constants as C
 from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane import ControlPlane
+from ddpjob_sandbox.control_plane.admission import refused_dry_run
 from ddpjob_sandbox.readers import condition, events, pod_names, status
 from tests.cluster.installed_operator import pod_creates
 from tests.cluster.operators import status_manifest
@@ -48,19 +50,6 @@ def spent_quota(kube: KubeClient):
     finally:
         with contextlib.suppress(ApiError):
             kube.request("DELETE", f"{path}/{QUOTA}")
-
-
-def refused_dry_run(kube: KubeClient, labels: dict | None = None) -> int | None:
-    """The status code with which the API server refuses a probe pod (server-side dry run), or None."""
-    probe = {"metadata": {"name": "probe", "labels": labels or {}}, "spec": {
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{"name": "c", "image": "probe", "securityContext": {
-            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}}
-    try:
-        kube.request("POST", kube.path("pods"), probe, params={"dryRun": "All"})
-    except ApiError as e:
-        return e.status
-    return None
 
 
 @contextlib.contextmanager

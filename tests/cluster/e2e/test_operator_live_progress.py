@@ -5,9 +5,9 @@ Without it the operator learns where training stands only when a container exits
 that the status follows a job that never fails, from one node that answers, and that a malformed
 record, there or in a termination message, cannot stop a pass. The node pod sits on a status-only
 Node: the test reports it running at a fake pod's loopback address (its podIP), where a FakePod
-answers on the progress port every rendered pod names (C.PROGRESS_PORT; the real API server, unlike
-the emulator, lets no one change a pod's ports, and the sandbox's trainers bind their own pod
-address, not every interface). Hostile endpoints, the URL order and the pod views need no API
+answers on the progress port every rendered pod names (C.PROGRESS_PORT; the API server lets no one
+change a pod's ports, and the sandbox's trainers bind their own pod address, not every
+interface). Hostile endpoints, the URL order and the pod views need no API
 server: tests/operator/controller/test_live_progress*.py."""
 import json
 

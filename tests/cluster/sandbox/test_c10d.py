@@ -76,7 +76,7 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_the_snapshot_to_suc
     def policy(spec: dict) -> None:
         # minReplicas 2: the survivor waits for the replacement (up to joinSeconds) instead of going
         # on alone, which let it finish first whenever the replacement's torch import was slow (a
-        # loaded machine: seen on the emulator and on the real cluster alike), so no one joined.
+        # loaded machine), so no one joined.
         spec["elasticPolicy"].update(fastRestart=fast_restart, minReplicas=2)
         spec["elasticPolicy"]["rdzvTimeouts"]["joinSeconds"] = REPLACEMENT_TIMEOUT
 

@@ -76,8 +76,8 @@ def test_a_plain_torch_image_runs_a_plain_script_to_success_through_the_store_po
     assert "ddpjob rendezvous store listening on 0.0.0.0" in store.log()
     status = k8s.get("ddpjobs", job)["status"]
     assert status.get("restarts", 0) == 0 and "lastSnapshot" not in status, status
-    # Each pod serves progress on its own address (the emulator's pods shared 127.0.0.1:29410, and
-    # a trainer of another test could answer the poll): no Warning at all.
+    # Each pod serves progress on its own address (on a shared 127.0.0.1:29410 a trainer of another
+    # test could answer the poll): no Warning at all.
     warnings = [(reason, message) for kind, reason, message in events(k8s, job) if kind == C.EVENT_WARNING]
     assert warnings == [], warnings
 
