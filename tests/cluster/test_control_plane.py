@@ -17,12 +17,14 @@ from ddpjob_sandbox.control_plane import DEFAULT_BIN_DIR, REPO, ControlPlane
 from ddpjob_sandbox.control_plane.kubelets import cluster_marker
 from ddpjob_sandbox.node.launch import NODE_ENV
 from ddpjob_sandbox.procs import marked_pids
+from tests.cluster.sandbox_only import ADMIN_CERTIFICATE, AUDIT_LOG, OWN_CONTROL_PLANE
 
 pytestmark = pytest.mark.cluster
 
 WAIT = 60.0  # the controller manager's and the scheduler's reaction, on a busy 2-core machine
 
 
+@pytest.mark.sandbox_only(ADMIN_CERTIFICATE)
 def test_the_admin_is_known_by_its_certificate_as_a_member_of_system_masters(kube: KubeClient):
     review = kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
                           {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
@@ -30,6 +32,7 @@ def test_the_admin_is_known_by_its_certificate_as_a_member_of_system_masters(kub
     assert "system:masters" in review["status"]["userInfo"]["groups"]
 
 
+@pytest.mark.sandbox_only(ADMIN_CERTIFICATE)
 def test_kubectl_is_the_pinned_release(control_plane: ControlPlane):
     done = subprocess.run([str(control_plane.layout.bin_dir / "kubectl"), "version", "--client", "-o", "json"],
                           capture_output=True, text=True, timeout=30, check=True)
@@ -64,6 +67,7 @@ def test_the_scheduler_binds_a_pod_to_a_ready_node(kube: KubeClient):
         kube.delete("nodes", node)
 
 
+@pytest.mark.sandbox_only(AUDIT_LOG)
 def test_every_request_is_in_the_audit_log(control_plane: ControlPlane, kube: KubeClient):
     kube.create("configmaps", {"metadata": {"name": "audited"}})
     def audited():
@@ -88,6 +92,7 @@ def component_pids(root: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.sandbox_only(OWN_CONTROL_PLANE)
 def test_make_cluster_starts_ready_nodes_that_run_pods_and_down_leaves_no_process(tmp_path: Path):
     command = [sys.executable, "-m", "ddpjob_sandbox.control_plane"]
     env_args = ["--dir", str(tmp_path), "--bin-dir", str(DEFAULT_BIN_DIR)]
