@@ -12,7 +12,6 @@ in the summary, never skipped in silence. A few modules only: it must not run a 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ import yaml
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane import REPO
+from tests.cluster.conftest import TEST_NAMESPACE_LABEL
 from tests.cluster.sandbox_only import ADMIN_CERTIFICATE, AUDIT_LOG, KUBELETS, OWN_CONTROL_PLANE
 from tests.conftest import KUBECONFIG_ENV
 
@@ -111,11 +111,23 @@ def cluster_admin(kube: KubeClient):
         kube.request("DELETE", f"{bindings}/{binding}")
 
 
-def run_against(kubeconfig: Path) -> subprocess.CompletedProcess:
+def run_against(kubeconfig: Path, basetemp: Path) -> subprocess.CompletedProcess:
+    """A pytest of its own over MODULES with ``--kubeconfig``; its temporary files under ``basetemp``,
+    apart from this session's."""
     env = {k: v for k, v in os.environ.items() if k != KUBECONFIG_ENV}
-    return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--kubeconfig",
-                           str(kubeconfig), *MODULES], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=RUN_SECONDS)
+    try:
+        return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"--basetemp={basetemp}",
+                               "--kubeconfig", str(kubeconfig), *MODULES], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=RUN_SECONDS)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        pytest.fail(f"the run against {kubeconfig} took over {RUN_SECONDS} s; it printed:\n{out[-6000:]}")
+
+
+def labelled_namespaces(admin: KubeClient) -> dict[str, bool]:
+    """The namespaces the cluster tests made (TEST_NAMESPACE_LABEL), each with whether it is being deleted."""
+    return {ns["metadata"]["name"]: "deletionTimestamp" in ns["metadata"]
+            for ns in admin.list("namespaces", label_selector=TEST_NAMESPACE_LABEL)}
 
 
 def deselected_by_reason(output: str) -> dict[str, list[str]]:
@@ -133,11 +145,16 @@ def deselected_by_reason(output: str) -> dict[str, list[str]]:
 
 @pytest.mark.timeout(RUN_SECONDS + 120)  # the session's control plane may start in setup
 def test_a_kubeconfig_runs_what_it_reaches_and_deselects_the_sandbox_only_tests_naming_why(
-        control_plane, cluster_admin: str, tmp_path: Path):
+        control_plane, kube: KubeClient, cluster_admin: str, tmp_path: Path):
     kubeconfig = platform_kubeconfig(control_plane, cluster_admin, tmp_path)
-    done = run_against(kubeconfig)
+    before = labelled_namespaces(control_plane.client())
+    done = run_against(kubeconfig, tmp_path / "run")
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
+    assert kube.namespace in before, "every test's namespace carries the label"
+    left = [name for name, deleting in labelled_namespaces(control_plane.client()).items()
+            if name not in before and not deleting]
+    assert not left, f"each test's namespace is deleted after it on a cluster of one's own: {left} are not"
     for test in PASS_ANYWHERE:
         assert re.search(rf"{re.escape(test)} PASSED", output), f"{test} did not pass:\n{output[-6000:]}"
 

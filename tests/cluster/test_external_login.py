@@ -73,14 +73,16 @@ def test_without_a_token_no_bearer_is_sent(tmp_path: Path):
      "clusters[c].cluster.server ('api.example:6443') must be an http(s) URL"),
     ({"cluster": {"proxy-url": "socks5://proxy:1080"}},
      "clusters[c].cluster.proxy-url ('socks5://proxy:1080') is not supported by the test client: it honours only "
-     "certificate-authority, certificate-authority-data, extensions, insecure-skip-tls-verify, server"),
+     "certificate-authority, certificate-authority-data, disable-compression, extensions, insecure-skip-tls-verify, "
+     "server"),
     ({"cluster": {"certificate-authority": "missing.crt"}},
      "clusters[c].cluster.certificate-authority ('missing.crt') names no file (looked at {folder}/missing.crt)"),
     ({"cluster": {"certificate-authority-data": "not base64!"}},
      "clusters[c].cluster.certificate-authority-data must be base64"),
     ({"user": {"client-certificate-data": base64.b64encode(CA).decode()}},
      "users[u].user: client-certificate and client-key come together; only client-certificate is set"),
-])
+], ids=["no-current-context", "unknown-context", "server-not-a-url", "proxy-url", "missing-ca-file", "ca-data-not-base64",
+        "certificate-without-key"])
 def test_a_kubeconfig_this_client_cannot_follow_is_refused_naming_the_field_and_value(tmp_path, fields, message):
     text = refusal(tmp_path, **fields)
     assert message.format(config=tmp_path / "config", folder=tmp_path) in text

@@ -3,7 +3,8 @@ kubeadm cluster, a managed one), so the cluster tier (tests/cluster/, ``--kubeco
 there too.
 
 :class:`ExternalCluster` offers what the tests use of :class:`~ddpjob_sandbox.control_plane.ControlPlane`
-that a kubeconfig can give: ``url``, ``kubeconfig`` (for kubectl and helm) and ``client(namespace)``.
+that a kubeconfig can give: ``url``, ``kubeconfig`` (for kubectl and helm), ``client(namespace)`` and
+``login()`` (for the operator's own client).
 What only the sandbox's own control plane has (its PKI, etcd, audit log, its processes: ``layout``)
 raises :class:`SandboxOnlyError`, so a test that reaches for it fails naming it instead of passing
 on a cluster it never looked at.
@@ -35,7 +36,7 @@ from ddpjob_sandbox.control_plane.login import ExecToken, Login, LoginError, Sta
 
 # The fields of a kubeconfig's cluster and user this client honours; any other one would change
 # how kubectl logs in (a proxy, impersonation, another auth scheme) and be ignored here without a word.
-CLUSTER_FIELDS = frozenset({"server", "certificate-authority", "certificate-authority-data",
+CLUSTER_FIELDS = frozenset({"server", "certificate-authority", "certificate-authority-data", "disable-compression",
                             "insecure-skip-tls-verify", "extensions"})
 USER_FIELDS = frozenset({"client-certificate", "client-certificate-data", "client-key", "client-key-data",
                          "token", "tokenFile", "exec", "extensions"})
