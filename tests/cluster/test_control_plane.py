@@ -22,6 +22,7 @@ from tests.cluster.sandbox_only import ADMIN_CERTIFICATE, AUDIT_LOG, OWN_CONTROL
 pytestmark = pytest.mark.cluster
 
 WAIT = 60.0  # the controller manager's and the scheduler's reaction, on a busy 2-core machine
+TEST_NODE_TAINT = {"key": "ddpjob.io/test-node", "effect": "NoSchedule"}
 
 
 @pytest.mark.sandbox_only(ADMIN_CERTIFICATE)
@@ -50,7 +51,10 @@ def test_the_garbage_collector_deletes_what_a_deleted_owner_owned(kube: KubeClie
 
 def test_the_scheduler_binds_a_pod_to_a_ready_node(kube: KubeClient):
     node = f"node-{uuid.uuid4().hex[:6]}"
-    kube.create("nodes", {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+    # Tainted, and the pod tolerates it: on a cluster of one's own (--kubeconfig) no other pod is
+    # placed on a Node that has no kubelet.
+    kube.create("nodes", {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+                          "spec": {"taints": [TEST_NODE_TAINT]}})
     kube.patch("nodes", node, {"status": {
         "capacity": {"cpu": "4", "memory": "8Gi", "pods": "10"},
         "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"},
@@ -58,11 +62,13 @@ def test_the_scheduler_binds_a_pod_to_a_ready_node(kube: KubeClient):
         subresource="status")
     try:
         kube.create("pods", {"metadata": {"name": "bound"}, "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
+            "nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [{**TEST_NODE_TAINT, "operator": "Exists"}],
             "containers": [{"name": "main", "image": "busybox"}]}})
         kube.wait_for(lambda: kube.get("pods", "bound")["spec"].get("nodeName"), timeout=WAIT,
                       what=f"the scheduler binding pod bound to {node}")
         assert kube.get("pods", "bound")["spec"]["nodeName"] == node
+        # No kubelet confirms its end: removed at once, so its namespace can go too.
+        kube.delete("pods", "bound", gracePeriodSeconds=0)
     finally:
         kube.delete("nodes", node)
 
