@@ -8,6 +8,7 @@ A pytest of its own runs a few modules with that kubeconfig: what a kubeconfig c
 and every test that needs the sandbox's own control plane (its PKI, audit log, kubelets, a control
 plane of its own, the helm-installed operator running on the kubelets) is deselected and named
 in the summary, never skipped in silence. A few modules only: it must not run a second suite.
+A kubeconfig whose user is not a cluster admin is refused before any test runs, saying why.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import yaml
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane import REPO
+from ddpjob_sandbox.control_plane.external import external_cluster, require_admin
+from ddpjob_sandbox.control_plane.login import LoginError
 from tests.cluster.conftest import TEST_NAMESPACE_LABEL
 from tests.cluster.sandbox_only import ADMIN_CERTIFICATE, AUDIT_LOG, KUBELETS, OWN_CONTROL_PLANE
 from tests.conftest import KUBECONFIG_ENV
@@ -168,3 +171,14 @@ def test_a_kubeconfig_runs_what_it_reaches_and_deselects_the_sandbox_only_tests_
     deselected = {nodeid for ids in by_reason.values() for nodeid in ids}
     assert not [t for t in PASS_ANYWHERE if any(t in nodeid for nodeid in deselected)], "ran anywhere, yet deselected"
     assert "skipped" not in output.splitlines()[-1], "nothing is skipped: what cannot run is deselected, by reason"
+
+
+def test_a_kubeconfig_whose_user_is_not_a_cluster_admin_is_refused_before_any_test_naming_why(
+        control_plane, kube: KubeClient, tmp_path: Path):
+    kube.create("serviceaccounts", {"metadata": {"name": "viewer"}})
+    kubeconfig = platform_kubeconfig(control_plane, service_account_token(kube, "viewer"), tmp_path)
+    with external_cluster(kubeconfig) as cluster, pytest.raises(LoginError) as refused:
+        require_admin(cluster)
+    assert str(refused.value).startswith(f"{kubeconfig}: its user may not do verb * on every resource of "
+                                         f"{control_plane.url} ")
+    assert str(refused.value).endswith("the cluster tests create namespaces, CRDs and Nodes: use a cluster-admin login")
