@@ -1,10 +1,24 @@
-"""Suite-wide test settings: the fixtures every test may use (tests/support/fixtures.py), and the
-marker that skips with a reason where the machine lacks a GPU. The `cluster` tier (tests/cluster/)
-is never skipped: it starts its own control plane and fails, naming the build command, where the
-binaries are missing."""
+"""Suite-wide test settings: the fixtures every test may use (tests/support/fixtures.py), the marker that skips with a reason where the
+machine lacks a GPU, and the option that points the `cluster` tier at a cluster of one's own. The
+`cluster` tier (tests/cluster/) is never skipped: it starts its own control plane and fails, naming
+the build command, where the binaries are missing; with ``--kubeconfig`` it runs against that
+cluster instead and deselects, with a summary line, what only the sandbox can run
+(tests/cluster/sandbox_only.py)."""
+import os
+
 import pytest
 
 from tests.support.fixtures import torch_only_env  # noqa: F401  (a fixture for every test)
+
+KUBECONFIG_ENV = "DDPJOB_TEST_KUBECONFIG"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--kubeconfig", default=os.environ.get(KUBECONFIG_ENV) or None, metavar="PATH",
+        help=f"run tests/cluster against the cluster of this admin kubeconfig's current context instead of "
+             f"a control plane the tests start (default: ${KUBECONFIG_ENV}); tests that need the sandbox's "
+             f"own control plane are deselected, with the reason in the summary")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -58,7 +58,8 @@ class KubeClient:
     """A small synchronous API client for tests (urllib; nothing shared with the operator)."""
 
     def __init__(self, url: str, kubeconfig: pathlib.Path, namespace: str = "default",
-                 ssl_context: ssl.SSLContext | None = None, kubectl: str = str(DEFAULT_BIN_DIR / "kubectl")):
+                 ssl_context: ssl.SSLContext | None = None, kubectl: str = str(DEFAULT_BIN_DIR / "kubectl"),
+                 bearer: Callable[[], str | None] | None = None):
         self.url = url.rstrip("/")
         self.kubeconfig = kubeconfig
         self.namespace = namespace
@@ -66,6 +67,9 @@ class KubeClient:
         self.ssl_context = ssl_context
         # The pinned release's kubectl (.cluster/bin/), of the control plane's own version.
         self.kubectl_binary = kubectl
+        # A cluster that logs users in by token (a ServiceAccount's, an exec plugin's): asked for at
+        # every request, so one that expires mid-session is renewed (control_plane.external).
+        self.bearer = bearer
 
     def path(self, resource: str, name: str | None = None, namespace: str | None = None,
              subresource: str | None = None) -> str:
@@ -85,7 +89,11 @@ class KubeClient:
                 params: Mapping[str, str] | None = None, timeout: float = 10) -> Any:
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        headers = {"Content-Type": content_type}
+        token = self.bearer() if self.bearer else None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context) as response:
                 text = response.read()

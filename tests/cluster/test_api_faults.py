@@ -30,6 +30,7 @@ from ddpjob_sandbox.control_plane.kubelets import running_kubelets
 from ddpjob_sandbox.control_plane.proxy import FaultProxy
 from ddpjob_sandbox.control_plane.runner import compact_etcd
 from tests.cluster.conftest import HEARTBEAT_SECONDS, NODE_MONITOR_GRACE_SECONDS
+from tests.cluster.sandbox_only import OWN_CONTROL_PLANE
 from tests.cluster.installed_operator import (
     JOB_SECONDS, OPERATOR_READY_SECONDS, OPERATOR_SELECTOR, RELEASE, Installed, installed_operator, pods_created_by,
     start_example, wait, wait_finished,
@@ -42,8 +43,8 @@ SETTLE_SECONDS = 30.0  # the operator re-listing and re-watching after the last 
 CONTROL_PLANE_SECONDS = 180  # this module's own control plane starts in the first test's setup
 # slow (make soak): a control plane of its own with the watch cache off, a helm install and two jobs
 # trained under faults, minutes on two cores; the default suite keeps its 20-minute budget.
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(
-    CONTROL_PLANE_SECONDS + OPERATOR_READY_SECONDS + JOB_SECONDS + 4 * SETTLE_SECONDS)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.sandbox_only(OWN_CONTROL_PLANE),
+              pytest.mark.timeout(CONTROL_PLANE_SECONDS + OPERATOR_READY_SECONDS + JOB_SECONDS + 4 * SETTLE_SECONDS)]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane import ControlPlane, audit
+from tests.cluster.sandbox_only import AUDIT_LOG
 
 ADMIN = "ddpjob-admin"  # the admin client certificate's user (control_plane.pki)
 
@@ -74,6 +75,7 @@ def test_an_unknown_field_is_refused_with_the_fields_a_request_has(tmp_path: Pat
 
 
 @pytest.mark.cluster
+@pytest.mark.sandbox_only(AUDIT_LOG)
 def test_each_verb_of_one_client_is_counted_as_it_was_sent(control_plane: ControlPlane, kube: KubeClient):
     log = control_plane.layout.audit_log
     start = audit.mark(log)

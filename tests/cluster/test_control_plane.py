@@ -17,12 +17,15 @@ from ddpjob_sandbox.control_plane import DEFAULT_BIN_DIR, REPO, ControlPlane
 from ddpjob_sandbox.control_plane.kubelets import cluster_marker
 from ddpjob_sandbox.node.launch import NODE_ENV
 from ddpjob_sandbox.procs import marked_pids
+from tests.cluster.sandbox_only import ADMIN_CERTIFICATE, AUDIT_LOG, OWN_CONTROL_PLANE
 
 pytestmark = pytest.mark.cluster
 
 WAIT = 60.0  # the controller manager's and the scheduler's reaction, on a busy 2-core machine
+TEST_NODE_TAINT = {"key": "ddpjob.io/test-node", "effect": "NoSchedule"}
 
 
+@pytest.mark.sandbox_only(ADMIN_CERTIFICATE)
 def test_the_admin_is_known_by_its_certificate_as_a_member_of_system_masters(kube: KubeClient):
     review = kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
                           {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
@@ -30,6 +33,7 @@ def test_the_admin_is_known_by_its_certificate_as_a_member_of_system_masters(kub
     assert "system:masters" in review["status"]["userInfo"]["groups"]
 
 
+@pytest.mark.sandbox_only(ADMIN_CERTIFICATE)
 def test_kubectl_is_the_pinned_release(control_plane: ControlPlane):
     done = subprocess.run([str(control_plane.layout.bin_dir / "kubectl"), "version", "--client", "-o", "json"],
                           capture_output=True, text=True, timeout=30, check=True)
@@ -47,7 +51,10 @@ def test_the_garbage_collector_deletes_what_a_deleted_owner_owned(kube: KubeClie
 
 def test_the_scheduler_binds_a_pod_to_a_ready_node(kube: KubeClient):
     node = f"node-{uuid.uuid4().hex[:6]}"
-    kube.create("nodes", {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+    # Tainted, and the pod tolerates it: on a cluster of one's own (--kubeconfig) no other pod is
+    # placed on a Node that has no kubelet.
+    kube.create("nodes", {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+                          "spec": {"taints": [TEST_NODE_TAINT]}})
     kube.patch("nodes", node, {"status": {
         "capacity": {"cpu": "4", "memory": "8Gi", "pods": "10"},
         "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"},
@@ -55,15 +62,18 @@ def test_the_scheduler_binds_a_pod_to_a_ready_node(kube: KubeClient):
         subresource="status")
     try:
         kube.create("pods", {"metadata": {"name": "bound"}, "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
+            "nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [{**TEST_NODE_TAINT, "operator": "Exists"}],
             "containers": [{"name": "main", "image": "busybox"}]}})
         kube.wait_for(lambda: kube.get("pods", "bound")["spec"].get("nodeName"), timeout=WAIT,
                       what=f"the scheduler binding pod bound to {node}")
         assert kube.get("pods", "bound")["spec"]["nodeName"] == node
+        # No kubelet confirms its end: removed at once, so its namespace can go too.
+        kube.delete("pods", "bound", gracePeriodSeconds=0)
     finally:
         kube.delete("nodes", node)
 
 
+@pytest.mark.sandbox_only(AUDIT_LOG)
 def test_every_request_is_in_the_audit_log(control_plane: ControlPlane, kube: KubeClient):
     kube.create("configmaps", {"metadata": {"name": "audited"}})
     def audited():
@@ -88,6 +98,7 @@ def component_pids(root: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.sandbox_only(OWN_CONTROL_PLANE)
 def test_make_cluster_starts_ready_nodes_that_run_pods_and_down_leaves_no_process(tmp_path: Path):
     command = [sys.executable, "-m", "ddpjob_sandbox.control_plane"]
     env_args = ["--dir", str(tmp_path), "--bin-dir", str(DEFAULT_BIN_DIR)]

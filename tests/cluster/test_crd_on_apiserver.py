@@ -105,3 +105,5 @@ def test_a_rule_on_int_or_string_map_values_without_max_length_is_refused_at_ins
     assert message.startswith("Forbidden: estimated rule cost exceeds budget by factor of "), message
     quantity["maxLength"] = 64
     install_crd(control_plane.client(), crd)  # bounded strings: the same rule is accepted
+    # Not left behind on a cluster of one's own (--kubeconfig).
+    control_plane.client().delete("customresourcedefinitions", crd["metadata"]["name"])

@@ -15,6 +15,7 @@ import pytest
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane import ControlPlane, audit
 from ddpjob_sandbox.control_plane.proxy import FaultProxy
+from tests.cluster.sandbox_only import AUDIT_LOG
 
 
 class Echo:
@@ -147,6 +148,7 @@ def test_a_bound_below_one_is_refused_naming_it(field: str):
 
 
 @pytest.mark.cluster
+@pytest.mark.sandbox_only(AUDIT_LOG)
 def test_tls_to_the_api_server_passes_through_with_the_clients_own_identity(control_plane: ControlPlane,
                                                                              kube: KubeClient):
     start = audit.mark(control_plane.layout.audit_log)

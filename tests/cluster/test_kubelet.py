@@ -20,8 +20,9 @@ from ddpjob_sandbox.control_plane.kubelets import NODE_LABEL, running_kubelets
 from ddpjob_sandbox.node.network import pod_ip
 from ddpjob_sandbox.procs import free_port
 from tests.cluster.conftest import KUBELET_NAMES as NAMES
+from tests.cluster.sandbox_only import KUBELETS
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.sandbox_only(KUBELETS)]
 
 WAIT = 60.0  # scheduling, a process start and a status write on a busy 2-core machine
 

@@ -8,8 +8,9 @@ import pytest
 from ddpjob_sandbox.client import ApiError, KubeClient
 from ddpjob_sandbox.control_plane import ControlPlane
 from ddpjob_sandbox.control_plane.nodes import LEASE_NAMESPACE, running_nodes
+from tests.cluster.sandbox_only import NODE_IDENTITIES
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.sandbox_only(NODE_IDENTITIES)]
 
 NAMES = ["node-a", "node-b", "node-c"]
 

@@ -10,8 +10,9 @@ from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane import ControlPlane
 from ddpjob_sandbox.control_plane.nodes import LEASE_NAMESPACE
 from ddpjob_sandbox.control_plane.status_nodes import CAPACITY, STATUS_NODE_LABEL, running_status_nodes
+from tests.cluster.sandbox_only import NODE_IDENTITIES
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.sandbox_only(NODE_IDENTITIES)]
 
 NAMES = ["status-a", "status-b"]
 ADDRESS = "127.9.9.9"

@@ -8,6 +8,9 @@ tests/cluster/ starts one in a temporary folder on free loopback ports.
 
 Modules, each importing only those below it:
 
+    external    a cluster the tests did not start, reached by an admin kubeconfig (``--kubeconfig``):
+                what of ControlPlane a kubeconfig gives (url, kubeconfig, client)
+    login       how a test client logs in: CA, client certificate, token (fixed, file, exec plugin)
     cluster     what ``make cluster`` runs: the control plane, the kubelets as one background
                 process (until 3 Nodes are Ready), hostPath PersistentVolumes; down leaves no process
     kubelets    a Node (nodes) plus the node agent (ddpjob_sandbox.node) running the pods bound
@@ -37,6 +40,7 @@ from pathlib import Path
 from ddpjob_sandbox.binaries import DEFAULT_BIN_DIR, REPO
 from ddpjob_sandbox.client import KubeClient
 from ddpjob_sandbox.control_plane.components import NODE_MONITOR_GRACE_SECONDS, Layout
+from ddpjob_sandbox.control_plane.login import Login
 from ddpjob_sandbox.control_plane.runner import (
     BUILD_COMMAND, ControlPlaneError, admin_client, down, missing_binaries, new_layout, up,
 )
@@ -62,6 +66,11 @@ class ControlPlane:
     def client(self, namespace: str = "default") -> KubeClient:
         """A KubeClient logged in as the admin (system:masters) over the cluster's TLS."""
         return admin_client(self.layout, namespace)
+
+    def login(self) -> Login:
+        """The admin's login as files (what kopf's ConnectionInfo takes): the CA, its client certificate."""
+        pki = self.layout.pki
+        return Login(self.url, ca_file=pki / "ca.crt", certificate_file=pki / "admin.crt", key_file=pki / "admin.key")
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import pytest
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import kube as controller_kube
 from ddpjob_sandbox.control_plane import ControlPlane, audit
+from ddpjob_sandbox.control_plane.external import ExternalCluster
 from tests.cluster.crds import chart_crd, install_crd
 
 
@@ -21,12 +22,15 @@ def ddpjob_crd(control_plane: ControlPlane) -> dict:
 
 
 @pytest.fixture
-def admin_login(control_plane: ControlPlane) -> kopf.ConnectionInfo:
-    """What kube.login would return for the admin's kubeconfig: the cluster's CA and the admin's
-    client certificate, so controller_kube.Kube talks TLS to the real server."""
-    pki = control_plane.layout.pki
-    return kopf.ConnectionInfo(server=control_plane.url, ca_path=str(pki / "ca.crt"),
-                               certificate_path=str(pki / "admin.crt"), private_key_path=str(pki / "admin.key"))
+def admin_login(control_plane: ControlPlane | ExternalCluster) -> kopf.ConnectionInfo:
+    """What kube.login would return for the admin's kubeconfig (the sandbox admin's CA and client
+    certificate, or however an external cluster's kubeconfig logs in), so controller_kube.Kube talks
+    TLS to the real server."""
+    login = control_plane.login()
+    return kopf.ConnectionInfo(
+        server=login.server, ca_path=str(login.ca_file) if login.ca_file else None, insecure=login.insecure or None,
+        certificate_path=str(login.certificate_file) if login.certificate_file else None,
+        private_key_path=str(login.key_file) if login.key_file else None, token=login.token())
 
 
 @pytest.fixture

@@ -25,7 +25,9 @@ from ddpjob_sandbox.procs import free_port
 from ddpjob_sandbox.readers import pod_names, status
 from ddpjob_sandbox.scripted import set_terminated
 from tests.cluster.crds import chart_crd, install_crd
+from tests.cluster.sandbox_only import OWN_CONTROL_PLANE
 
+pytestmark = pytest.mark.sandbox_only(OWN_CONTROL_PLANE)
 OPERATOR = [sys.executable, "-m", "ddpjob_operator"]
 SERVE_SECONDS = 60  # kopf's start-up and first list on a loaded 2-core machine, then one pass
 

@@ -37,9 +37,10 @@ from ddpjob_sandbox.scripted import set_node, set_running, set_terminated
 from tests.cluster.conftest import HEARTBEAT_SECONDS, NODE_MONITOR_GRACE_SECONDS
 from tests.cluster.installed_operator import HELM, Installed, installed_operator, wait
 from tests.cluster.operators import STATUS_ONLY_NODES, status_manifest
+from tests.cluster.sandbox_only import OWN_CONTROL_PLANE
 from tests.support.rbac import Access, grants_of
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.sandbox_only(OWN_CONTROL_PLANE)]
 
 # Grants no request shows: the API server checks them on other requests.
 NOT_OBSERVABLE = {

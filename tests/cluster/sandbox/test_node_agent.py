@@ -18,8 +18,9 @@ from ddpjob_sandbox.node.launch import POD_ENV
 from ddpjob_sandbox.procs import free_port, marked_pids
 from tests.cluster.conftest import HEARTBEAT_SECONDS
 from tests.cluster.test_kubelet import WAIT, phase_in, pod, terminated
+from tests.cluster.sandbox_only import KUBELETS
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.sandbox_only(KUBELETS)]
 
 SESSION_CHILD = """
     import subprocess, sys, time

@@ -13,8 +13,9 @@ from ddpjob_sandbox.control_plane.kubelets import Containers, joining_kubelet
 from ddpjob_sandbox.scripted import set_disruption_target
 from tests.cluster.conftest import HEARTBEAT_SECONDS
 from tests.cluster.test_kubelet import WAIT, phase_in, pod
+from tests.cluster.sandbox_only import KUBELETS
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.sandbox_only(KUBELETS)]
 
 SLEEPER = "import time; time.sleep(60)"
 GPU = "nvidia.com/gpu"
