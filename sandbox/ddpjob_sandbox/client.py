@@ -86,10 +86,12 @@ class KubeClient:
         return "/".join(parts)
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                params: Mapping[str, str] | None = None, timeout: float = 10) -> Any:
+                params: Mapping[str, str] | None = None, timeout: float = 10,
+                headers: Mapping[str, str] | None = None) -> Any:
+        """``headers``: further request headers, e.g. ``Impersonate-User`` to ask as another user."""
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": content_type}
+        headers = {"Content-Type": content_type, **(headers or {})}
         token = self.bearer() if self.bearer else None
         if token:
             headers["Authorization"] = f"Bearer {token}"

@@ -1,4 +1,9 @@
-"""The Helm chart lints, renders valid Kubernetes objects, and grants only what the operator uses."""
+"""The Helm chart lints, renders valid Kubernetes objects, and grants only what the operator uses.
+
+That its workloads' pods pass Pod Security "restricted" and that its RBAC lets the operator do what
+docs/install.md says are the real API server's to judge: tests/cluster/test_pod_security_on_apiserver.py
+and tests/cluster/test_chart_rbac_on_apiserver.py.
+"""
 from __future__ import annotations
 
 import re
@@ -10,7 +15,6 @@ import yaml
 from tests.charts.support import (
     CHART_DIR, KUBE_VERSIONS, NAMESPACE, RELEASE, by_kind, one, render, render_notes, validate_k8s,
 )
-from tests.support.pod_security import violations
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
 METRICS_ON = {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}}
@@ -54,7 +58,7 @@ NAMESPACED_GRANTS = {
     ("", "events"): {"create"},
     ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create", "patch"},  # spec.networkPolicy, one per job
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},  # runPolicy.podDisruptionBudget
-}  # Secrets only with rbac.readSecrets (tests/charts/test_rbac_docs.py)
+}  # Secrets only with rbac.readSecrets (tests/cluster/test_chart_rbac_on_apiserver.py)
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NODE_READ = {("", "nodes"): {"get"}}  # a stuck terminating pod's node: NotReady or gone -> force delete
 
@@ -131,6 +135,12 @@ def test_namespace_list_gives_one_role_per_namespace_and_cluster_wide_only_node_
     assert container(objects)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
 
 
+def test_watched_namespaces_without_node_reads_render_nothing_cluster_scoped():
+    # What the operator may then do, as the API server evaluates it: tests/cluster/test_chart_rbac_on_apiserver.py.
+    objects = render({**NAMESPACED, "rbac": {"readNodes": False}, "peering": {"enabled": True}})
+    assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
+
+
 def test_metrics_on_serves_the_port_and_a_service_that_selects_the_operator_pod():
     objects = render(METRICS_ON)
     main = container(objects)
@@ -166,14 +176,6 @@ def test_operator_pod_is_hardened():
     assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]}}
     assert pod["containers"][0]["resources"]["limits"]["memory"]
-
-
-@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
-def test_every_rendered_workload_passes_the_restricted_pod_security_profile(values):
-    workloads = [obj for obj in render(values) if obj["kind"] in ("Deployment", "StatefulSet")]
-    assert one(workloads, "Deployment")
-    assert {obj["metadata"]["name"]: violations(obj) for obj in workloads} == {
-        obj["metadata"]["name"]: [] for obj in workloads}
 
 
 def test_the_operator_pod_keeps_its_api_token():

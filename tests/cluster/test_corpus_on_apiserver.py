@@ -15,6 +15,7 @@ import pytest
 from ddpjob_operator.api import crd as crd_module
 from ddpjob_sandbox.client import ApiError, KubeClient
 from tests.cluster.crds import chart_crd, install_crd
+from tests.cluster.dry_run import refusal
 from tests.operator.api.test_bad_input_corpus import apiserver_refusal
 from tests.operator.api.test_crd import without_nulls
 from tests.operator.api.test_crd_cel import failures, with_defaults
@@ -43,13 +44,8 @@ def in_namespace(doc: dict, namespace: str) -> dict:
 
 
 def dry_run_create(kube: KubeClient, doc: dict) -> ApiError | None:
-    """POSTs ``doc`` as `kubectl create --dry-run=server` does; the server's refusal, or None."""
-    try:
-        kube.request("POST", kube.path("ddpjobs"), in_namespace(doc, kube.namespace),
-                     params={"dryRun": "All", "fieldValidation": "Strict"})
-    except ApiError as e:
-        return e
-    return None
+    """The server's refusal of ``doc`` in the test's namespace (a dry run), or None."""
+    return refusal(kube, "ddpjobs", in_namespace(doc, kube.namespace))
 
 
 def causes(error: ApiError) -> list[tuple[str, str]]:

@@ -9,7 +9,14 @@ because the client had gone (``cut_short``) and whether the client closed the co
 
 The accepted sockets get a small send buffer, so ``sent`` stays close to what the client
 actually took (the client's own socket buffer still holds some: see the tests' bounds).
-Used by tests/operator/test_live_progress*.py and bench/progress_poll.py.
+Used by tests/operator/controller/test_live_progress_hostile.py, tests/cluster/e2e/test_operator_live_progress.py
+and bench/progress_poll.py.
+
+Not an imitation of a Kubernetes component: these stand in for what runs inside a pod, the
+trainer's progress endpoint, so that a test can send what a compromised or broken trainer could
+and count, on the sending side, how much the operator read. A pod on the sandbox's kubelets runs
+the real trainer, which only answers valid records. On the real control plane a FakePod's address
+is a pod's podIP, written into the status of a pod on a status-only Node as its kubelet would.
 """
 from __future__ import annotations
 

@@ -5,6 +5,12 @@ DoesNotExist), peers with a podSelector, a namespaceSelector or both, and numeri
 Semantics from the networking.k8s.io/v1 API reference: a rule without ``from`` admits every
 source, one without ``ports`` every port; a peer with only a podSelector means pods of the
 policy's own namespace; namespaces are matched by their ``kubernetes.io/metadata.name`` label.
+
+Why an imitation, with a real control plane in the tests: the API server only validates and
+stores a NetworkPolicy; a network plugin (Calico, Cilium) enforces it, and the sandbox's kubelets
+run pods as local processes on one loopback, with no pod network for a plugin to filter. So who
+gets in is stated here; that the policies are valid is the API server's to say
+(tests/cluster/test_network_policy_on_apiserver.py).
 """
 from __future__ import annotations
 

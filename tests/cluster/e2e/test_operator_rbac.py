@@ -2,8 +2,9 @@
 server: every request it needs is allowed, every grant is used, and what an opt-out value
 withholds is refused (403) and handled. Its requests are read from the audit log by its
 ServiceAccount's user (ddpjob_sandbox.control_plane.audit), each an RBAC attribute (verb, API
-group, resource with its subresource, namespace); the grants are those of the release's installed
-(Cluster)Roles and their bindings (`helm get manifest`).
+group, resource with its subresource, namespace); the grants are what the API server's RBAC
+authorizer says the ServiceAccount may do in its namespace (tests/cluster/rbac_review.py: a
+SelfSubjectRulesReview as that account), so the bindings are evaluated by the server, not by the test.
 
 Through a job's whole life: create, run (its NetworkPolicy looked for, created, put back), a node
 failure and its replacement, scale up, success, pod cleanup and deletion after
@@ -19,12 +20,10 @@ test writes their status); the operator's pod runs on a kubelet.
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import uuid
 from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from ddpjob_operator.controller import etcd_cleanup
 from ddpjob_sandbox.client import ApiError, KubeClient
@@ -35,10 +34,10 @@ from ddpjob_sandbox.etcd import running_etcd
 from ddpjob_sandbox.readers import events, pod_names, status
 from ddpjob_sandbox.scripted import set_node, set_running, set_terminated
 from tests.cluster.conftest import HEARTBEAT_SECONDS, NODE_MONITOR_GRACE_SECONDS
-from tests.cluster.installed_operator import HELM, Installed, installed_operator, wait
+from tests.cluster.installed_operator import Installed, installed_operator, wait
 from tests.cluster.operators import STATUS_ONLY_NODES, status_manifest
+from tests.cluster.rbac_review import Grant, granted
 from tests.cluster.sandbox_only import OWN_CONTROL_PLANE
-from tests.support.rbac import Access, grants_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.sandbox_only(OWN_CONTROL_PLANE)]
 
@@ -190,11 +189,17 @@ MODES = {
 }
 
 
-def accesses_of(requests: list[audit.Request]) -> list[tuple[Access, int]]:
-    """Each resource request as RBAC sees it, with the server's answer."""
-    return [(Access(r.verb, r.api_group, r.resource + (f"/{r.subresource}" if r.subresource else ""),
-                    r.namespace or None, r.name or None), r.code)
-            for r in requests if r.resource]
+def grant_of(request: audit.Request) -> Grant:
+    """The RBAC rule entry a request needs: (verb, API group, resource with its subresource)."""
+    return (request.verb, request.api_group,
+            request.resource + (f"/{request.subresource}" if request.subresource else ""))
+
+
+def described(request: audit.Request) -> str:
+    """A request as a refusal names it: "get core/secrets in NS", "get core/nodes cluster-wide"."""
+    verb, group, resource = grant_of(request)
+    where = f"in {request.namespace}" if request.namespace else "cluster-wide"
+    return f"{verb} {group or 'core'}/{resource} {where}"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -214,20 +219,18 @@ def test_the_operator_works_with_exactly_the_chart_rbac_and_uses_every_grant(mod
         with running_etcd() as etcd:
             run_etcd_job(installed, etcd.endpoint, may_read_secrets)
         run_managed_etcd_job(installed)
-        rendered = subprocess.run([str(HELM), "--kubeconfig", str(control_plane.kubeconfig), "get", "manifest",
-                                   release, "--namespace", installed.kube.namespace],
-                                  capture_output=True, text=True, check=True, timeout=60).stdout
         log = installed.operator_log(200_000)
         namespace, account = installed.kube.namespace, installed.account
-        found = accesses_of([r for r in audit.requests(control_plane.layout.audit_log, start) if r.user == account])
+        # Its own namespace is the one it watches (or one of all): its ClusterRoles' grants and that Role's.
+        grants = granted(installed.kube, account, namespace)
+        found = [r for r in audit.requests(control_plane.layout.audit_log, start) if r.user == account and r.resource]
     assert "Traceback" not in log, log[-5000:]
-    grants = grants_of([o for o in yaml.safe_load_all(rendered) if o])
-    denied = {str(a) for a, code in found if code == 403}
+    denied = {described(r) for r in found if r.code == 403}
     withheld = ({f"get core/secrets in {namespace}"} if not may_read_secrets else set()) | (
         {"get core/nodes cluster-wide"} if not may_read_nodes else set())
     assert denied == withheld, "the API server refused the operator more (or less) than the mode withholds"
     assert found, "the audit log recorded no request of the operator's ServiceAccount"
-    allowed = grants.cluster | set().union(*grants.namespaced.values())
-    used = {a.grant for a, code in found if code != 403 and grants.allows(a)} | NOT_OBSERVABLE
-    unused = sorted(allowed - used)
+    assert grants, "the API server says the operator's ServiceAccount may do nothing"
+    used = {grant_of(r) for r in found if r.code != 403} | NOT_OBSERVABLE
+    unused = sorted(grants - used)
     assert unused == [], f"granted but never used by the operator, drop from rbac.yaml: {unused}"

@@ -4,7 +4,9 @@ Every rendezvous topology gets the same policy, because it selects the job's pod
 labels all of them carry and admits the job's node pods on every port (DDP's ports are
 random): what changes between topologies is which pods exist, and the tests check that
 each of them is covered. A small evaluator (tests/support/network_policy.py) reads the
-rules as a network plugin would, so the tests state who gets in, not only the dict.
+rules as a network plugin would, so the tests state who gets in, not only the dict: no network
+plugin runs in the sandbox, and the API server only validates the policy
+(tests/cluster/test_network_policy_on_apiserver.py).
 """
 from __future__ import annotations
 
