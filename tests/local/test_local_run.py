@@ -179,13 +179,13 @@ def test_ctrl_c_stops_every_process_of_every_node(tmp_path):
     run_dir = tmp_path / "run"
     path = job_file(tmp_path, replicas=1, args=["--epochs", "50", "--samples", "512", "--step-sleep", "0.05"])
     with open(tmp_path / "out.txt", "wb") as out:
-        # Its own session, as a shell's foreground job: SIGINT goes to ddpjob alone, never to the nodes.
-        # A foreground job also has SIGINT's default action, whatever the test runner inherited: a
-        # shell starts background jobs (`pytest ... &`) with SIGINT ignored, and Python keeps an
-        # ignored SIGINT ignored, so without this the Ctrl-C would never arrive.
+        # Its own session: SIGINT goes to ddpjob alone, never to the nodes. Started with SIGINT
+        # ignored, as a shell starts a script's background job (`ddpjob run ... &`, or a bench such
+        # a job runs): Python keeps an inherited ignored SIGINT ignored, so ddpjob must install its
+        # own handler, or the Ctrl-C never arrives and the run trains on (bench recovery hit that).
         proc = subprocess.Popen([str(DDPJOB), "run", path, "--workdir", str(run_dir), "--port", "0"],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         metrics = run_dir / "snapshots" / "metrics.jsonl"
         deadline = time.monotonic() + 60

@@ -22,7 +22,7 @@ from ddpjob_operator.render.launch import UnsupportedLocalEnvError
 from ddpjob_operator.api.spec import DDPJobSpec
 from .plan import LOOPBACK, LocalPlan, local_plan, local_runtime_dir, rdzv_endpoint
 from .procs import free_port, port_in_use
-from .runner import PHASE_INTERRUPTED, RunOptions, RunResult, Runner
+from .runner import PHASE_INTERRUPTED, STOP_SIGNALS, RunOptions, RunResult, Runner
 
 EXIT_JOB_FAILED = 3  # the job ran and failed (permanent exit code, restart budget spent)
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM, as a shell reports SIGINT
@@ -188,7 +188,7 @@ def execute(job: str, spec: DDPJobSpec, args: argparse.Namespace, out: TextIO) -
     live = out.isatty() and not args.plain
     options = RunOptions(kill_after=args.kill_node_after, kill_node=args.kill_node, live=live,
                          kill_from_start=not reports_progress(plan.spec))
-    with _sigterm_as_interrupt():
+    with _stop_signals_as_interrupt():
         result = Runner(plan, run_dir, options, out).run()
     return report(result, out)
 
@@ -202,13 +202,19 @@ def report(result: RunResult, out: TextIO) -> int:
     return EXIT_INTERRUPTED if result.phase == PHASE_INTERRUPTED else EXIT_JOB_FAILED
 
 
-class _sigterm_as_interrupt:
-    """SIGTERM stops the run like Ctrl-C (every node stopped), then the old handler returns."""
+class _stop_signals_as_interrupt:
+    """SIGINT and SIGTERM stop the run like Ctrl-C (every node stopped), then the old handlers return.
+
+    SIGINT too, not only SIGTERM: Python raises KeyboardInterrupt on SIGINT only when SIGINT was
+    not ignored at its start, and a shell starts a script's background job (`ddpjob run ... &`,
+    or anything that job starts) with SIGINT ignored: such a run trained on through the Ctrl-C a
+    script or a bench sent it. torchrun handles SIGINT itself for the same reason.
+    """
 
     def __enter__(self):
-        self.previous = None
+        self.previous = {}
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._raise)
+            self.previous = {sig: signal.signal(sig, self._raise) for sig in STOP_SIGNALS}
         return self
 
     @staticmethod
@@ -216,5 +222,6 @@ class _sigterm_as_interrupt:
         raise KeyboardInterrupt
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
+        for sig, previous in self.previous.items():
+            if previous is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, previous)

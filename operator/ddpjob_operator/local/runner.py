@@ -72,6 +72,7 @@ WORKER_SCAN_SECONDS = 2.0
 FINISH_GRACE_SECONDS = C.FINISH_GRACE_SECONDS
 
 PHASE_INTERRUPTED = "Interrupted"  # local only: Ctrl-C or SIGTERM stopped the run
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what kill, timeout or systemd send
 
 
 @dataclass(frozen=True)
@@ -366,9 +367,9 @@ class Runner:
                     spare=index in self.spares)
 
     def _stop_everything(self) -> None:
-        """Stops every node; a second Ctrl-C cannot cut this short and leave orphans."""
+        """Stops every node; a second Ctrl-C or SIGTERM cannot cut this short and leave orphans."""
         main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS} if main else {}
         try:
             running = list(self.procs.values())
             stop_all(running)
@@ -387,8 +388,9 @@ class Runner:
             remove_fork_server_dirs(self.plan.nodes)
             remove_fast_tier_dirs(self.plan.nodes)
         finally:
-            if main:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                    signal.signal(sig, handler)
 
     def _set_phase(self, phase: str) -> None:
         if self.state.phase != phase:
