@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
+from ddpjob_operator.local.procs import kill_marked_until_gone
 from ddpjob_sandbox.metrics import read_events
 
 EVENT_TIMEOUT = 120.0
@@ -37,3 +42,23 @@ def wait_for(condition, what: str, timeout: float = EVENT_TIMEOUT):
             return value
         time.sleep(0.1)
     raise TimeoutError(f"waiting for {what}: timed out after {timeout} s")
+
+
+def interrupt_ddpjob_run(proc: subprocess.Popen, run_dir: Path, timeout: float) -> bool:
+    """Ctrl-C (SIGINT) to a `ddpjob run` started in its own session: whether it stopped within
+    ``timeout`` s. If not, it is SIGKILLed with every process of its nodes: they run in sessions
+    of their own, so killing ddpjob's group alone would leave them training into ``run_dir``."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()  # a SIGKILLed process is reaped at once
+    try:  # every incarnation's marker starts with the run's rendezvous id (ddpjob_operator.local.runner)
+        rdzv_id = json.loads((run_dir / "launch.json").read_text())["rdzv_id"]
+    except FileNotFoundError:
+        return False  # stuck before it wrote its launch: no node was started
+    kill_marked_until_gone(f"{rdzv_id}.", prefix=True)
+    return False

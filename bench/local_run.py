@@ -20,8 +20,6 @@ re-forming the group, which cost one more restart (1.87x bare torchrun).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +33,7 @@ from ddpjob_operator.local.plan import local_plan
 from ddpjob_operator.api.validation import parse_job
 from ddpjob_sandbox.examples import load_example, write_manifest
 from ddpjob_sandbox.procs import free_port
-from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
+from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, interrupt_ddpjob_run, wait_for
 from ddpjob_sandbox.torchrun import AgentGroup, Rendezvous, unique_run_id
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event
 
@@ -74,11 +72,7 @@ def ddpjob_recovery(workdir: Path) -> tuple[float, int]:
                          "the first resumed step")
         return event_time(first) - killed_at, first["world_size"]
     finally:
-        proc.send_signal(signal.SIGINT)  # as Ctrl-C: ddpjob stops every node
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        interrupt_ddpjob_run(proc, run_dir, timeout=30)  # as Ctrl-C: ddpjob stops every node
 
 
 def torchrun_recovery(workdir: Path) -> tuple[float, int]:

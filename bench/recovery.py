@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, wait_for
+from bench._recovery import EVENT_TIMEOUT, event_time, first_step_after, interrupt_ddpjob_run, wait_for
 from bench.sandbox import RDZV_CONF, Sandbox
 from ddpjob_operator.local.procs import kill_marked_until_gone
 from ddpjob_sandbox.jobs import job_snapshot_dir
@@ -133,15 +133,11 @@ def ddpjob_run(workdir: pathlib.Path) -> dict:
         wait_for(lambda: first_step_after(metrics, killed_at), "the first resumed step")
         return breakdown(killed_at, run_dir / "logs" / "node-0.log", marks, metrics)
     finally:
-        proc.send_signal(signal.SIGINT)  # as Ctrl-C: ddpjob stops every node
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        if not interrupt_ddpjob_run(proc, run_dir, timeout=60):  # as Ctrl-C: ddpjob stops every node
             # A Ctrl-C that does not stop the run is a bug of `ddpjob run`: keep its evidence
-            # (the run directory goes with the bench's temporary directory) before ending it.
+            # (the run directory goes with the bench's temporary directory).
             kept = pathlib.Path(tempfile.mkdtemp(prefix="bench-recovery-stuck-"))
             shutil.copytree(workdir, kept / workdir.name, dirs_exist_ok=True)
-            os.killpg(proc.pid, signal.SIGKILL)
             raise RuntimeError(f"ddpjob run did not stop within 60 s of Ctrl-C; its files: {kept}") from None
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from ddpjob_operator import cli
 from ddpjob_operator.local.command import EXIT_INTERRUPTED, EXIT_JOB_FAILED
-from ddpjob_operator.local.procs import marked_pids
+from ddpjob_operator.local.procs import kill_marked_until_gone, marked_pids
 from tests.local.test_local_timeline import svg_texts
 from tests.support.elastic_checks import assert_ran_exactly_once, assert_resumed_from_snapshots, steps_redone
 from ddpjob_sandbox.examples import load_example, write_manifest
@@ -45,10 +45,14 @@ def events(run_dir):
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
+def run_marker(run_dir):
+    """The start of every node marker of this run: the run's rendezvous id."""
+    return json.loads((run_dir / "launch.json").read_text())["rdzv_id"] + "."
+
+
 def leftovers(run_dir):
-    """Live processes of this run (their node markers start with the run's rendezvous id)."""
-    rdzv_id = json.loads((run_dir / "launch.json").read_text())["rdzv_id"]
-    return marked_pids(f"{rdzv_id}.", prefix=True)
+    """Live processes of this run."""
+    return marked_pids(run_marker(run_dir), prefix=True)
 
 
 def logs(run_dir):
@@ -196,8 +200,9 @@ def test_ctrl_c_stops_every_process_of_every_node(tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == EXIT_INTERRUPTED
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # the Ctrl-C did not stop it: end it, and its nodes (sessions of their own)
             os.killpg(proc.pid, signal.SIGKILL)
+            kill_marked_until_gone(run_marker(run_dir), prefix=True)
     assert leftovers(run_dir) == []
     phases = [e.get("phase") for e in events(run_dir) if e["event"] == "phase"]
     assert phases[-1] == "Interrupted"
