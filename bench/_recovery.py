@@ -1,6 +1,8 @@
-"""What the recovery benchmarks read from the trainer's metrics (one definition for all of them)."""
+"""What the recovery benchmarks read from the trainer's metrics, and how they stop a `ddpjob run`
+(one definition for all of them)."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -55,7 +57,8 @@ def interrupt_ddpjob_run(proc: subprocess.Popen, run_dir: Path, timeout: float) 
     except subprocess.TimeoutExpired:
         pass
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()  # a SIGKILLed process is reaped at once
+    with contextlib.suppress(subprocess.TimeoutExpired):  # reaped, unless stuck in the kernel: no wait without limit
+        proc.wait(timeout=10)
     try:  # every incarnation's marker starts with the run's rendezvous id (ddpjob_operator.local.runner)
         rdzv_id = json.loads((run_dir / "launch.json").read_text())["rdzv_id"]
     except FileNotFoundError:
