@@ -31,3 +31,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is present"))
+    # The cluster tier last: its session fixtures (the control plane, the kubelets, the helm-installed
+    # operators) run until the session ends, and run before the torch tests they took CPU from every
+    # one of them for the rest of the suite. A stable sort: each part keeps its order.
+    items.sort(key=uses_the_cluster)
+
+
+def uses_the_cluster(item) -> bool:
+    return item.get_closest_marker("cluster") is not None or "control_plane" in getattr(item, "fixturenames", ())
