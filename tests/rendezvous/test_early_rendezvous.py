@@ -331,9 +331,14 @@ def in_thread(results: dict, name: str, handler) -> "threading.Thread":
     return thread
 
 
-def two_node_group(wait_seconds: int):
+def two_node_group(monkeypatch, wait_seconds: int):
     """Two handlers on one in-process store (min 1, max 4, a 1 s last call) in a round of 2,
-    each waiting `wait_seconds` for a replacement after a noticed loss; their fake notices."""
+    each waiting `wait_seconds` for a replacement after a noticed loss; their fake notices.
+
+    As in the pods (render/launch.py): the agents do not share their rendezvous store with the
+    workers. Shared, torch's rank 0 of an earlier round publishes the workers' store address only
+    once, and a replacement joining a later round would wait for it forever."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     store = HashStore()
     backend = C10dRendezvousBackend(store, "run")
 
@@ -367,10 +372,11 @@ def lose(survivor, lost) -> None:
     assert survivor.num_nodes_waiting() == 1 and survivor.notice.acted == [["lost"]]
 
 
-def test_after_a_noticed_loss_the_survivor_waits_for_the_replacement_and_they_form_one_round_of_the_old_size():
+def test_after_a_noticed_loss_the_survivor_waits_for_the_replacement_and_they_form_one_round_of_the_old_size(
+        monkeypatch):
     """Through torch's executor: the survivor's next round outlasts torch's 1 s last call while it
     waits, and completes with the replacement the moment it joins, well inside the 30 s bound."""
-    _, _, survivor, lost, make = two_node_group(wait_seconds=30)
+    _, _, survivor, lost, make = two_node_group(monkeypatch, wait_seconds=30)
     lose(survivor, lost)
     results = {}
     waiting = in_thread(results, "survivor", survivor)
@@ -385,8 +391,8 @@ def test_after_a_noticed_loss_the_survivor_waits_for_the_replacement_and_they_fo
         h.shutdown()
 
 
-def test_without_a_replacement_the_survivor_goes_on_alone_after_the_bound():
-    _, _, survivor, lost, _ = two_node_group(wait_seconds=2)
+def test_without_a_replacement_the_survivor_goes_on_alone_after_the_bound(monkeypatch):
+    _, _, survivor, lost, _ = two_node_group(monkeypatch, wait_seconds=2)
     lose(survivor, lost)
     results = {}
     in_thread(results, "survivor", survivor).join(timeout=30)
@@ -395,9 +401,9 @@ def test_without_a_replacement_the_survivor_goes_on_alone_after_the_bound():
     survivor.shutdown()
 
 
-def test_a_round_after_no_noticed_loss_does_not_wait():
+def test_a_round_after_no_noticed_loss_does_not_wait(monkeypatch):
     """A peer that left on purpose (or whose loss only its workers saw) is not waited for."""
-    _, _, survivor, lost, _ = two_node_group(wait_seconds=30)
+    _, _, survivor, lost, _ = two_node_group(monkeypatch, wait_seconds=30)
     lost._stop_heartbeats()
     holder = lost._state_holder
     holder._last_sync_time = -1.0
