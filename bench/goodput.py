@@ -38,8 +38,9 @@ spares"): two more 1-kill runs per round without spares, the kill given as the n
 pod whose Node went away), one with no wait (the survivors re-form at reduced size and again when
 the replacement joins) and one with a wait of ``BENCH_GOODPUT_WAIT`` s (default 30: the survivors
 wait for the replacement, one pause). Per round: wall time lost per kill (against the round's clean
-run), the pauses, the steps trained at reduced size, and the load average (as `uptime` prints it)
-when each run ended. ``BENCH_GOODPUT_WAIT_ONLY=1`` runs only the clean run and the wait columns.
+run), the seconds each run fell behind its own pace before the kill (_behind: the figure that
+load varying between runs does not move), the pauses, kill -> full size, the steps trained at
+reduced size, and the load average (as `uptime` prints it) when each run ended. ``BENCH_GOODPUT_WAIT_ONLY=1`` runs only the clean run and the wait columns.
 """
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ class RunFigures:
     wait: int | None = None  # elasticPolicy.replacementWaitSeconds, when the run set it
     node_lost: bool = False  # the kill stood for the node's machine lost (ddpjob run --node-lost)
     load: float = 0.0  # 1-minute load average when the run ended (uptime's first figure)
+    behind: float | None = None  # seconds behind the run's own full-size pace after the first kill (_behind)
 
 
 SPARES = 1  # warm spares of the spares column
@@ -166,18 +168,24 @@ def _print_wait(rounds: list[WaitRound]) -> None:
     """The wait columns per round, then the median and range of the wall time lost per kill."""
     print(f"\none node lost (replaced at once), survivors re-forming at once (wait 0) or waiting up to {WAIT} s "
           "for the replacement; wall time lost = 1-kill run minus the round's clean run:")
-    print(f"| round | lost, wait 0 | lost, wait {WAIT} s | pauses, wait 0 | pauses, wait {WAIT} s "
+    print(f"| round | lost, wait 0 | lost, wait {WAIT} s | behind pace, wait 0 | behind pace, wait {WAIT} s "
+          f"| pauses, wait 0 | pauses, wait {WAIT} s | kill -> full size, wait 0 / {WAIT} s "
           f"| steps at reduced size, wait 0 / {WAIT} s | load (clean, wait 0, wait {WAIT} s) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rounds, 1):
         pauses = [", ".join(f"{x:.1f} s" for x in run.pauses) or "-" for run in (r.no_wait, r.wait)]
-        print(f"| {i} | {r.no_wait.wall - r.clean.wall:.1f} s | {r.wait.wall - r.clean.wall:.1f} s | {pauses[0]} "
-              f"| {pauses[1]} | {r.no_wait.reduced} / {r.wait.reduced} "
-              f"| {r.clean.load:.1f}, {r.no_wait.load:.1f}, {r.wait.load:.1f} |")
-    for name, values in (("wait 0", [r.no_wait.wall - r.clean.wall for r in rounds]),
-                         (f"wait {WAIT} s", [r.wait.wall - r.clean.wall for r in rounds])):
-        print(f"{name}: wall time lost per kill median {statistics.median(values):.1f} s "
-              f"[{min(values):.1f} .. {max(values):.1f}], {len(rounds)} round(s)")
+        full = [", ".join("-" if x is None else f"{x:.1f} s" for x in run.full_size) for run in (r.no_wait, r.wait)]
+        print(f"| {i} | {r.no_wait.wall - r.clean.wall:.1f} s | {r.wait.wall - r.clean.wall:.1f} s "
+              f"| {r.no_wait.behind} s | {r.wait.behind} s | {pauses[0]} | {pauses[1]} | {full[0]} / {full[1]} "
+              f"| {r.no_wait.reduced} / {r.wait.reduced} | {r.clean.load:.1f}, {r.no_wait.load:.1f}, {r.wait.load:.1f} |")
+    for name, figure in (("wall time lost per kill", lambda run, clean: run.wall - clean.wall),
+                         ("behind the run's own pace", lambda run, clean: run.behind)):
+        for label, values in (("wait 0", [figure(r.no_wait, r.clean) for r in rounds]),
+                              (f"wait {WAIT} s", [figure(r.wait, r.clean) for r in rounds])):
+            values = [v for v in values if v is not None]
+            if values:
+                print(f"{label}: {name} median {statistics.median(values):.1f} s "
+                      f"[{min(values):.1f} .. {max(values):.1f}], {len(values)} round(s)")
 
 
 def torchrun_wall(workdir: Path, kills: int) -> float:
@@ -296,7 +304,8 @@ def _figures(run_dir: Path, kill_times: list[float]) -> RunFigures:
                       lost=_lost(status["recovery"]),
                       goodput=round(operator_metrics.goodput(status, completed), 3),
                       pauses=_pauses(raw, kill_times[0]) if kill_times else [],
-                      reduced=_reduced(raw, kill_times[0]) if kill_times else 0)
+                      reduced=_reduced(raw, kill_times[0]) if kill_times else 0,
+                      behind=_behind(effective, kill_times[0]) if kill_times else None)
 
 
 def _seconds_after(event: dict | None, moment: float) -> float | None:
@@ -321,6 +330,23 @@ def _reduced(raw: list[dict], since: float) -> int:
     """Steps trained after `since` by a group below full size (world size under NODES): what the
     survivors train between re-forming without the lost node and the replacement's joining."""
     return sum(1 for e in raw if e["event"] == "step" and event_time(e) > since and e.get("world_size", NODES) < NODES)
+
+
+def _behind(effective: list[dict], since: float) -> float | None:
+    """Seconds the run fell behind its own pace by the kill at `since`: from the kill to the last
+    step, minus the time the work trained after it takes at the pace of the full-size steps before
+    it (a step of a group of w nodes is w / NODES of a full-size step: it trains w batches). Unlike
+    the wall time against the clean run, load that differs between two runs does not enter it
+    (measured here at load 3-6: clean runs of 31.5 s, 62.5 s and 34.3 s); load that changes within
+    the run does. None without two full-size steps before the kill."""
+    steps = [e for e in effective if e["event"] == "step"]
+    before = [event_time(e) for e in steps if event_time(e) <= since and e.get("world_size") == NODES]
+    after = [e for e in steps if event_time(e) > since]
+    if len(before) < 2 or not after:
+        return None
+    pace = (before[-1] - before[0]) / (len(before) - 1)  # seconds per full-size step
+    work = sum(e.get("world_size", NODES) / NODES for e in after)
+    return round(event_time(after[-1]) - since - work * pace, 1)
 
 
 def _reports(raw: list[dict]) -> list[dict]:

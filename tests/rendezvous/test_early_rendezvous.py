@@ -177,6 +177,18 @@ def test_torchrun_finds_the_ddpjob_c10d_backend_through_its_registry():
         handler.shutdown()
 
 
+def drop(handler) -> None:
+    """`handler`'s node is lost: its heartbeats stop and it leaves the state as torch's keep-alive
+    expiry (or, sooner, its closed beacon: liveness.forget) removes it."""
+    handler._stop_heartbeats()
+    holder = handler._state_holder
+    holder._last_sync_time = -1.0
+    holder.sync()
+    forget(holder.state, [handler._this_node], handler._settings)
+    holder.mark_dirty()
+    holder.sync()
+
+
 def test_a_spare_waits_outside_the_first_round_then_in_the_redundancy_list_and_joins_when_a_node_leaves():
     """Three handlers on one in-process store, max_nodes 2: the spare (started first) does not take
     a place in the first round, then waits in torch's redundancy list without making the group
@@ -215,15 +227,8 @@ def test_a_spare_waits_outside_the_first_round_then_in_the_redundancy_list_and_j
     assert spare._this_node in first._state_holder.state.redundancy_list
     assert first.num_nodes_waiting() == 0 and "spare" not in joined  # the group trains on
 
-    # Node b is lost: its heartbeats stop and it leaves the state as torch's keep-alive expiry
-    # (or, sooner, its closed beacon: liveness.forget) removes it. shutdown() would close the rendezvous.
-    second._stop_heartbeats()
-    holder = second._state_holder
-    holder._last_sync_time = -1.0
-    holder.sync()
-    forget(holder.state, [second._this_node], second._settings)
-    holder.mark_dirty()
-    holder.sync()
+    # Node b is lost (shutdown() would close the rendezvous).
+    drop(second)
     rejoin = threading.Thread(target=rendezvous, args=("a", first))
     rejoin.start()
     rejoin.join(timeout=30)
@@ -359,15 +364,8 @@ def two_node_group(monkeypatch, wait_seconds: int):
 
 
 def lose(survivor, lost) -> None:
-    """`lost`'s agent dies (its heartbeats stop and it leaves the state, as its closed beacon
-    makes the survivor remove it) and the survivor's notice reports it."""
-    lost._stop_heartbeats()
-    holder = lost._state_holder
-    holder._last_sync_time = -1.0
-    holder.sync()
-    forget(holder.state, [lost._this_node], lost._settings)
-    holder.mark_dirty()
-    holder.sync()
+    """`lost`'s agent dies (drop) and the survivor's notice reports it."""
+    drop(lost)
     survivor.notice.lose("lost")
     assert survivor.num_nodes_waiting() == 1 and survivor.notice.acted == [["lost"]]
 
@@ -404,13 +402,7 @@ def test_without_a_replacement_the_survivor_goes_on_alone_after_the_bound(monkey
 def test_a_round_after_no_noticed_loss_does_not_wait(monkeypatch):
     """A peer that left on purpose (or whose loss only its workers saw) is not waited for."""
     _, _, survivor, lost, _ = two_node_group(monkeypatch, wait_seconds=30)
-    lost._stop_heartbeats()
-    holder = lost._state_holder
-    holder._last_sync_time = -1.0
-    holder.sync()
-    forget(holder.state, [lost._this_node], lost._settings)
-    holder.mark_dirty()
-    holder.sync()
+    drop(lost)
     results = {}
     in_thread(results, "survivor", survivor).join(timeout=30)
     info, seconds = results["survivor"]
