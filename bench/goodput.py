@@ -31,6 +31,16 @@ A fifth run per round kills the same node of the job with one warm spare
 each way, and the spares run) and prints each round's figures, then per column the median and
 range of the wall time lost per kill and the ratios to bare torchrun's: one run is +-2 s on a
 shared machine, a quarter of what is compared.
+
+The wait columns (elasticPolicy.replacementWaitSeconds, docs/recovery.md "One pause without
+spares"): two more 1-kill runs per round without spares, the kill given as the node's machine lost
+(``ddpjob run --node-lost``: free, so the replacement starts at once, as the operator re-creates a
+pod whose Node went away), one with no wait (the survivors re-form at reduced size and again when
+the replacement joins) and one with a wait of ``BENCH_GOODPUT_WAIT`` s (default 30: the survivors
+wait for the replacement, one pause). Per round: wall time lost per kill (against the round's clean
+run), the seconds each run fell behind its own pace before the kill (_behind: the figure that
+load varying between runs does not move), the pauses, kill -> full size, the steps trained at
+reduced size, and the load average (as `uptime` prints it) when each run ended. ``BENCH_GOODPUT_WAIT_ONLY=1`` runs only the clean run and the wait columns.
 """
 from __future__ import annotations
 
@@ -69,6 +79,8 @@ DDPJOB = Path(sys.executable).parent / "ddpjob"
 NODES = 2  # the example's replicas
 PAUSE = 1.0  # a gap between two steps longer than this is a pause of training
 ROUNDS = int(os.environ.get("BENCH_GOODPUT_ROUNDS", "1"))
+WAIT = int(os.environ.get("BENCH_GOODPUT_WAIT", "30"))  # replacementWaitSeconds of the wait column
+WAIT_ONLY = os.environ.get("BENCH_GOODPUT_WAIT_ONLY") == "1"
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,11 @@ class RunFigures:
     pauses: list[float]  # gaps of over PAUSE s between consecutive steps after the first kill
     spares: int = 0  # warm spares the job ran with
     promoted: bool = False  # a spare took a killed node's place (the runner's `promoted` event)
+    reduced: int = 0  # steps trained below full size (world size < NODES) after the first kill
+    wait: int | None = None  # elasticPolicy.replacementWaitSeconds, when the run set it
+    node_lost: bool = False  # the kill stood for the node's machine lost (ddpjob run --node-lost)
+    load: float = 0.0  # 1-minute load average when the run ended (uptime's first figure)
+    behind: float | None = None  # seconds behind the run's own full-size pace after the first kill (_behind)
 
 
 SPARES = 1  # warm spares of the spares column
@@ -101,29 +118,74 @@ class Lost:
     promoted: bool  # the spares run's spare took the killed node's place (else it was not ready yet)
 
 
+@dataclass(frozen=True)
+class WaitRound:
+    """One round of the wait columns: the clean run and the two node-lost runs, wait 0 and WAIT."""
+
+    clean: RunFigures
+    no_wait: RunFigures
+    wait: RunFigures
+
+
 def main() -> None:
-    rows, lost = [], []
+    rows, lost, waits = [], [], []
     for round_ in range(ROUNDS):
-        walls, bare = {}, {}
-        for kills in (0, 1, 2) if round_ == 0 else (0, 1):  # the 2-kill run only once
+        runs, bare = {}, {}
+        for kills in (0,) if WAIT_ONLY else (0, 1, 2) if round_ == 0 else (0, 1):  # the 2-kill run only once
             with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
                 row = measure(Path(tmp), kills)
-            walls[kills] = row.wall
+            runs[kills] = row
             if round_ == 0:
                 rows.append(row)
             print(f"round {round_ + 1}: run with {kills} kill(s): {row}", flush=True)
-            if kills < 2:
+            if kills < 2 and not WAIT_ONLY:
                 with tempfile.TemporaryDirectory(prefix="bench-goodput-torchrun-") as tmp:
                     bare[kills] = torchrun_wall(Path(tmp), kills)
                 print(f"round {round_ + 1}: bare torchrun with {kills} kill(s): wall {bare[kills]:.1f} s", flush=True)
-        with tempfile.TemporaryDirectory(prefix="bench-goodput-spares-") as tmp:
-            spared = measure(Path(tmp), 1, spares=SPARES)
-        if round_ == 0:
-            rows.append(spared)
-        print(f"round {round_ + 1}: run with 1 kill and {SPARES} warm spare(s): {spared}", flush=True)
-        lost.append(Lost(spared.wall - walls[0], walls[1] - walls[0], bare[1] - bare[0], spared.promoted))
+        if not WAIT_ONLY:
+            with tempfile.TemporaryDirectory(prefix="bench-goodput-spares-") as tmp:
+                spared = measure(Path(tmp), 1, spares=SPARES)
+            if round_ == 0:
+                rows.append(spared)
+            print(f"round {round_ + 1}: run with 1 kill and {SPARES} warm spare(s): {spared}", flush=True)
+            lost.append(Lost(spared.wall - runs[0].wall, runs[1].wall - runs[0].wall, bare[1] - bare[0],
+                             spared.promoted))
+        waited = {}
+        for wait in (0, WAIT):
+            with tempfile.TemporaryDirectory(prefix="bench-goodput-wait-") as tmp:
+                waited[wait] = measure(Path(tmp), 1, wait=wait, node_lost=True)
+            if round_ == 0:
+                rows.append(waited[wait])
+            print(f"round {round_ + 1}: run with 1 node lost, replacementWaitSeconds {wait}: {waited[wait]}", flush=True)
+        waits.append(WaitRound(runs[0], waited[0], waited[WAIT]))
     _print_table(rows)
-    _print_lost_per_kill(lost)
+    if lost:
+        _print_lost_per_kill(lost)
+    _print_wait(waits)
+
+
+def _print_wait(rounds: list[WaitRound]) -> None:
+    """The wait columns per round, then the median and range of the wall time lost per kill."""
+    print(f"\none node lost (replaced at once), survivors re-forming at once (wait 0) or waiting up to {WAIT} s "
+          "for the replacement; wall time lost = 1-kill run minus the round's clean run:")
+    print(f"| round | lost, wait 0 | lost, wait {WAIT} s | behind pace, wait 0 | behind pace, wait {WAIT} s "
+          f"| pauses, wait 0 | pauses, wait {WAIT} s | kill -> full size, wait 0 / {WAIT} s "
+          f"| steps at reduced size, wait 0 / {WAIT} s | load (clean, wait 0, wait {WAIT} s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rounds, 1):
+        pauses = [", ".join(f"{x:.1f} s" for x in run.pauses) or "-" for run in (r.no_wait, r.wait)]
+        full = [", ".join("-" if x is None else f"{x:.1f} s" for x in run.full_size) for run in (r.no_wait, r.wait)]
+        print(f"| {i} | {r.no_wait.wall - r.clean.wall:.1f} s | {r.wait.wall - r.clean.wall:.1f} s "
+              f"| {r.no_wait.behind} s | {r.wait.behind} s | {pauses[0]} | {pauses[1]} | {full[0]} / {full[1]} "
+              f"| {r.no_wait.reduced} / {r.wait.reduced} | {r.clean.load:.1f}, {r.no_wait.load:.1f}, {r.wait.load:.1f} |")
+    for name, figure in (("wall time lost per kill", lambda run, clean: run.wall - clean.wall),
+                         ("behind the run's own pace", lambda run, clean: run.behind)):
+        for label, values in (("wait 0", [figure(r.no_wait, r.clean) for r in rounds]),
+                              (f"wait {WAIT} s", [figure(r.wait, r.clean) for r in rounds])):
+            values = [v for v in values if v is not None]
+            if values:
+                print(f"{label}: {name} median {statistics.median(values):.1f} s "
+                      f"[{min(values):.1f} .. {max(values):.1f}], {len(values)} round(s)")
 
 
 def torchrun_wall(workdir: Path, kills: int) -> float:
@@ -175,17 +237,21 @@ def _print_lost_per_kill(lost: list[Lost]) -> None:
               f"{max(values):.2f}] (target <= {target}x), {len(lost)} round(s)")
 
 
-def measure(workdir: Path, kills: int, spares: int = 0) -> RunFigures:
+def measure(workdir: Path, kills: int, spares: int = 0, wait: int | None = None, node_lost: bool = False) -> RunFigures:
     """One `ddpjob run` of the example with `kills` injected node kills (0, 1 or 2) and `spares`
-    warm spares (the example then as a fixed-size job: maxReplicas = replicas, as spares need)."""
+    warm spares (the example then as a fixed-size job: maxReplicas = replicas, as spares need);
+    `wait`: its replacementWaitSeconds (None: the spec's default); `node_lost`: the runner's kill
+    stands for the node's machine lost (free, replaced at once)."""
     run_dir, job = workdir / "run", workdir / "job.yaml"
     body = yaml.safe_load(C10D_EXAMPLE.read_text())
     if spares:
         body["spec"]["elasticPolicy"].update({"maxReplicas": body["spec"]["replicas"], "spareReplicas": spares})
+    if wait is not None:
+        body["spec"]["elasticPolicy"]["replacementWaitSeconds"] = wait
     job.write_text(yaml.safe_dump(body, sort_keys=False))
     argv = [str(DDPJOB), "run", str(job), "--workdir", str(run_dir), "--port", "0", "--plain"]
     if kills:
-        argv += ["--kill-node-after", str(KILL_AFTER)]
+        argv += ["--kill-node-after", str(KILL_AFTER)] + (["--node-lost"] if node_lost else [])
     with open(workdir / "ddpjob.out", "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -195,7 +261,8 @@ def measure(workdir: Path, kills: int, spares: int = 0) -> RunFigures:
         _stop(proc)
     if code != 0:
         raise RuntimeError(f"ddpjob run with {kills} kill(s) exited {code}; see {workdir / 'ddpjob.out'}")
-    return replace(_figures(run_dir, kill_times), spares=spares, promoted=bool(_event(run_dir, "promoted")))
+    return replace(_figures(run_dir, kill_times), spares=spares, promoted=bool(_event(run_dir, "promoted")),
+                   wait=wait, node_lost=node_lost, load=round(os.getloadavg()[0], 1))
 
 
 def _inject(run_dir: Path, kills: int) -> list[float]:
@@ -236,7 +303,9 @@ def _figures(run_dir: Path, kill_times: list[float]) -> RunFigures:
                       full_size=[None if x is None else round(x, 1) for x in full],
                       lost=_lost(status["recovery"]),
                       goodput=round(operator_metrics.goodput(status, completed), 3),
-                      pauses=_pauses(raw, kill_times[0]) if kill_times else [])
+                      pauses=_pauses(raw, kill_times[0]) if kill_times else [],
+                      reduced=_reduced(raw, kill_times[0]) if kill_times else 0,
+                      behind=_behind(effective, kill_times[0]) if kill_times else None)
 
 
 def _seconds_after(event: dict | None, moment: float) -> float | None:
@@ -255,6 +324,29 @@ def _pauses(raw: list[dict], since: float) -> list[float]:
     replacement joins in the survivors' round, two when the survivors restart again for it."""
     times = [event_time(e) for e in raw if e["event"] == "step" and event_time(e) > since]
     return [round(b - a, 1) for a, b in zip([since, *times], times) if b - a > PAUSE]
+
+
+def _reduced(raw: list[dict], since: float) -> int:
+    """Steps trained after `since` by a group below full size (world size under NODES): what the
+    survivors train between re-forming without the lost node and the replacement's joining."""
+    return sum(1 for e in raw if e["event"] == "step" and event_time(e) > since and e.get("world_size", NODES) < NODES)
+
+
+def _behind(effective: list[dict], since: float) -> float | None:
+    """Seconds the run fell behind its own pace by the kill at `since`: from the kill to the last
+    step, minus the time the work trained after it takes at the pace of the full-size steps before
+    it (a step of a group of w nodes is w / NODES of a full-size step: it trains w batches). Unlike
+    the wall time against the clean run, load that differs between two runs does not enter it
+    (measured here at load 3-6: clean runs of 31.5 s, 62.5 s and 34.3 s); load that changes within
+    the run does. None without two full-size steps before the kill."""
+    steps = [e for e in effective if e["event"] == "step"]
+    before = [event_time(e) for e in steps if event_time(e) <= since and e.get("world_size") == NODES]
+    after = [e for e in steps if event_time(e) > since]
+    if len(before) < 2 or not after:
+        return None
+    pace = (before[-1] - before[0]) / (len(before) - 1)  # seconds per full-size step
+    work = sum(e.get("world_size", NODES) / NODES for e in after)
+    return round(event_time(after[-1]) - since - work * pace, 1)
 
 
 def _reports(raw: list[dict]) -> list[dict]:
@@ -311,7 +403,8 @@ def _print_table(rows: list[RunFigures]) -> None:
           "| wall / clean | goodput / clean |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        name = ("clean" if not row.kills else f"{row.kills} node kill(s)") + (f", {row.spares} spare(s)" if row.spares else "")
+        name = ("clean" if not row.kills else f"{row.kills} node {'loss' if row.node_lost else 'kill(s)'}") + (
+            f", {row.spares} spare(s)" if row.spares else "") + (f", wait {row.wait} s" if row.wait is not None else "")
         recover = ", ".join(f"{x:.1f} s" for x in row.recover) or "-"
         full = ", ".join("not before the end" if x is None else f"{x:.1f} s" for x in row.full_size) or "-"
         print(f"| {name} | {row.wall:.1f} s | {row.steps} ({row.redone}) | {recover} | {full} | {row.lost:.1f} s "

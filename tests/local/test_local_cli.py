@@ -77,6 +77,7 @@ def test_an_env_entry_with_value_from_cannot_run_locally(capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--kill-node", "2"], "ddpjob: --kill-node (2) must be a node index 0..1 (spec.replicas is 2)"),
     (["--kill-node-after", "-1"], "ddpjob: --kill-node-after (-1) must be >= 0 seconds"),
+    (["--node-lost"], "ddpjob: --node-lost says what the --kill-node-after kill stands for: give --kill-node-after too"),
 ])
 def test_kill_options_outside_the_job_are_refused(capsys, tmp_path, argv, message):
     code, err = run_cli(capsys, tmp_path, str(EXAMPLE), *argv)

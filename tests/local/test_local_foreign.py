@@ -63,7 +63,7 @@ def test_a_module_job_keeps_the_callers_directory_for_python_dash_m(tmp_path):
 
 
 def test_kill_node_after_counts_from_the_start_for_code_that_reports_no_steps(tmp_path):
-    args = argparse.Namespace(kill_node_after=8.0, kill_node=None)
+    args = argparse.Namespace(kill_node_after=8.0, kill_node=None, node_lost=False)
     plain, api = (plan_of(tutorial_job(script), tmp_path / "run") for script in (PLAIN, WITH_JOB))
     assert (reports_progress(plain.spec), reports_progress(api.spec)) == (False, True)
     assert header(plain, tmp_path, args)[-2] == ("will SIGKILL node 1 8 s after the start (the code does not use "

@@ -46,6 +46,21 @@ def test_a_retryable_failure_is_replaced_after_the_backoff_and_counted():
                                 "1 of spec.failurePolicy.maxRestarts (5) used")
 
 
+def test_a_node_lost_with_its_machine_is_free_and_replaced_at_once_as_the_operator_does():
+    b = budget(backoff_seconds=10, max_backoff_seconds=300)
+    decision = b.node_exited(1, 137, started_at=at(0), failed_at=at(30), lost=True)
+    assert (decision.action, decision.delay, b.restarts, b.charged) == (Action.REPLACE, 0.0, 0, 0)
+    assert decision.message == ("node 1 failed (exit code 137, NodeLost); "
+                                "disruptions do not use the restart budget")
+
+
+def test_a_lost_node_still_waits_out_the_backoff_of_an_incident_that_is_running():
+    b = budget(backoff_seconds=10, max_backoff_seconds=300)
+    b.node_exited(0, 1, started_at=at(0), failed_at=at(30))  # a crash: an incident, 10 s backoff
+    decision = b.node_exited(1, 137, started_at=at(0), failed_at=at(34), lost=True)
+    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 6.0, 1)
+
+
 def test_the_backoff_doubles_with_each_new_incident_and_is_capped():
     b = budget(backoff_seconds=10, max_backoff_seconds=25)
     delays = []
@@ -114,6 +129,7 @@ HOLD = dict(now=20.0, failed_at=10.0, first_step=5.0, last_step=9.0, running=1, 
     ({"first_step": None, "last_step": None}, False),  # no metrics at all: never wait
     ({"failed_at": None}, False),
     ({"now": 10.0 + HOLD_FOR_SURVIVORS_SECONDS}, False),  # waited long enough
+    ({"survivors_wait": True}, False),  # the survivors hold their round open for it (replacementWaitSeconds)
 ])
 def test_due_replacements_wait_only_for_survivors_that_are_re_forming(change, held):
     assert hold_replacements(**{**HOLD, **change}) is held

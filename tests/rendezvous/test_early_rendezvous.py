@@ -13,8 +13,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from ddpjob_trainer.rendezvous.liveness import forget
 from ddpjob_trainer.rendezvous.early import (
-    MAX_STATE_READS_PER_SECOND, EarlyJoinOp, EarlyRendezvousHandler, RejoiningExitOp, everyone_known_joined,
-    poll_interval,
+    MAX_STATE_READS_PER_SECOND, EarlyJoinOp, EarlyRendezvousHandler, RejoiningExitOp, ReplacementWait,
+    everyone_known_joined, poll_interval,
 )
 
 SURVIVOR, DEAD, NEWCOMER = (_NodeDesc("node", pid, 0) for pid in (1, 2, 3))
@@ -177,6 +177,18 @@ def test_torchrun_finds_the_ddpjob_c10d_backend_through_its_registry():
         handler.shutdown()
 
 
+def drop(handler) -> None:
+    """`handler`'s node is lost: its heartbeats stop and it leaves the state as torch's keep-alive
+    expiry (or, sooner, its closed beacon: liveness.forget) removes it."""
+    handler._stop_heartbeats()
+    holder = handler._state_holder
+    holder._last_sync_time = -1.0
+    holder.sync()
+    forget(holder.state, [handler._this_node], handler._settings)
+    holder.mark_dirty()
+    holder.sync()
+
+
 def test_a_spare_waits_outside_the_first_round_then_in_the_redundancy_list_and_joins_when_a_node_leaves():
     """Three handlers on one in-process store, max_nodes 2: the spare (started first) does not take
     a place in the first round, then waits in torch's redundancy list without making the group
@@ -215,15 +227,8 @@ def test_a_spare_waits_outside_the_first_round_then_in_the_redundancy_list_and_j
     assert spare._this_node in first._state_holder.state.redundancy_list
     assert first.num_nodes_waiting() == 0 and "spare" not in joined  # the group trains on
 
-    # Node b is lost: its heartbeats stop and it leaves the state as torch's keep-alive expiry
-    # (or, sooner, its closed beacon: liveness.forget) removes it. shutdown() would close the rendezvous.
-    second._stop_heartbeats()
-    holder = second._state_holder
-    holder._last_sync_time = -1.0
-    holder.sync()
-    forget(holder.state, [second._this_node], second._settings)
-    holder.mark_dirty()
-    holder.sync()
+    # Node b is lost (shutdown() would close the rendezvous).
+    drop(second)
     rejoin = threading.Thread(target=rendezvous, args=("a", first))
     rejoin.start()
     rejoin.join(timeout=30)
@@ -232,3 +237,200 @@ def test_a_spare_waits_outside_the_first_round_then_in_the_redundancy_list_and_j
     assert {joined["a"].rank, joined["spare"].rank} == {0, 1}  # one round, the two of them
     for h in (first, spare):
         h.shutdown()
+
+
+# --- The survivors' wait for a lost node's replacement (elasticPolicy.replacementWaitSeconds) ---
+
+def last_call_over(state: _RendezvousState) -> _RendezvousState:
+    """`state` with torch's last call expired: torch's own join op would complete the round now."""
+    state.deadline = datetime.now(timezone.utc) - timedelta(seconds=1)
+    return state
+
+
+def waiting_for(size: int, seconds_left: float) -> ReplacementWait:
+    return ReplacementWait(size, time.monotonic() + seconds_left, 30)
+
+
+def test_after_a_loss_a_round_below_the_previous_size_waits_instead_of_completing():
+    """Alone after the loss of the other node of a round of 2: torch's last call is over and every
+    known node joined, yet within the bound the round neither completes early nor at torch's
+    last call."""
+    state = last_call_over(round_with([SURVIVOR], [SURVIVOR]))
+    ctx = _RendezvousContext(SURVIVOR, state, settings())
+    assert _RendezvousJoinOp()(ctx, time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE
+    assert EarlyJoinOp()(ctx, time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE, "without the wait"
+    assert EarlyJoinOp(wait=waiting_for(2, 30))(ctx, time.monotonic() + 60) == _Action.SYNC
+
+
+def test_the_waiting_round_completes_at_once_when_the_replacement_joins():
+    state = last_call_over(round_with([SURVIVOR, NEWCOMER], [SURVIVOR, NEWCOMER]))
+    assert EarlyJoinOp(wait=waiting_for(2, 30))(_RendezvousContext(SURVIVOR, state, settings()),
+                                                time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE
+
+
+def test_after_the_bound_the_round_completes_smaller():
+    state = round_with([SURVIVOR], [SURVIVOR])
+    wait = waiting_for(2, -0.1)
+    assert not wait.holds(_RendezvousContext(SURVIVOR, state, settings()))
+    assert EarlyJoinOp(wait=wait)(_RendezvousContext(SURVIVOR, state, settings()),
+                                  time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE
+
+
+def test_the_bound_is_counted_from_the_notice_on_one_clock():
+    wait = ReplacementWait(2, until=100.0, seconds=30)
+    ctx = _RendezvousContext(SURVIVOR, round_with([SURVIVOR], [SURVIVOR]), settings())
+    assert wait.holds(ctx, now=99.9) and not wait.holds(ctx, now=100.0)
+
+
+def test_a_waiting_node_keeps_its_heartbeat():
+    """A node that only synced while it waits would expire from the state (keep-alive), and the
+    replacement would form a round without it."""
+    state = last_call_over(round_with([SURVIVOR], [SURVIVOR]))
+    state.last_heartbeats[SURVIVOR] -= timedelta(seconds=10)  # over the 2 s keep-alive interval
+    assert EarlyJoinOp(wait=waiting_for(2, 30))(_RendezvousContext(SURVIVOR, state, settings()),
+                                                time.monotonic() + 60) == _Action.KEEP_ALIVE
+
+
+def test_a_node_that_is_no_participant_yet_joins_as_torch_says_while_the_round_waits():
+    state = round_with([SURVIVOR], [SURVIVOR, NEWCOMER])
+    ctx = _RendezvousContext(NEWCOMER, state, settings())
+    assert EarlyJoinOp(wait=waiting_for(2, 30))(ctx, time.monotonic() + 60) == _Action.ADD_TO_PARTICIPANTS
+
+
+class NoticedLoss:
+    """The handler's LossNotice as a fake: reports one lost peer once, when `lose()` was called
+    (the real one watches beacons over sockets, tests/rendezvous/test_loss_notice.py)."""
+
+    def __init__(self):
+        self.lost, self.acted = [], []
+
+    def lose(self, node: str) -> None:
+        self.lost = [node]
+
+    def check(self):
+        lost, self.lost = self.lost, []
+        return lost
+
+    def act(self, lost):
+        self.acted.append(lost)
+
+    def forget(self):
+        pass
+
+    def round_formed(self, participants):
+        pass
+
+    def stop(self):
+        pass
+
+
+def in_thread(results: dict, name: str, handler) -> "threading.Thread":
+    import threading
+
+    def rendezvous():
+        started = time.monotonic()
+        results[name] = (handler.next_rendezvous(), time.monotonic() - started)
+
+    thread = threading.Thread(target=rendezvous, daemon=True)
+    thread.start()
+    return thread
+
+
+def two_node_group(monkeypatch, wait_seconds: int):
+    """Two handlers on one in-process store (min 1, max 4, a 1 s last call) in a round of 2,
+    each waiting `wait_seconds` for a replacement after a noticed loss; their fake notices.
+
+    As in the pods (render/launch.py): the agents do not share their rendezvous store with the
+    workers. Shared, torch's rank 0 of an earlier round publishes the workers' store address only
+    once, and a replacement joining a later round would wait for it forever."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    store = HashStore()
+    backend = C10dRendezvousBackend(store, "run")
+
+    def handler():
+        plain = DynamicRendezvousHandler.from_backend("run", store, backend, 1, 4, "localhost",
+                                                      RendezvousTimeout(last_call=timedelta(seconds=1)))
+        made = EarlyRendezvousHandler.like(plain, replacement_wait=wait_seconds)
+        made.notice.stop()
+        made.notice = NoticedLoss()
+        return made
+
+    survivor, lost = handler(), handler()
+    results = {}
+    for thread in [in_thread(results, "survivor", survivor), in_thread(results, "lost", lost)]:
+        thread.join(timeout=30)
+    assert results["survivor"][0].world_size == 2
+    return store, backend, survivor, lost, handler
+
+
+def lose(survivor, lost) -> None:
+    """`lost`'s agent dies (drop) and the survivor's notice reports it."""
+    drop(lost)
+    survivor.notice.lose("lost")
+    assert survivor.num_nodes_waiting() == 1 and survivor.notice.acted == [["lost"]]
+
+
+def test_after_a_noticed_loss_the_survivor_waits_for_the_replacement_and_they_form_one_round_of_the_old_size(
+        monkeypatch):
+    """Through torch's executor: the survivor's next round outlasts torch's 1 s last call while it
+    waits, and completes with the replacement the moment it joins, well inside the 30 s bound."""
+    _, _, survivor, lost, make = two_node_group(monkeypatch, wait_seconds=30)
+    lose(survivor, lost)
+    results = {}
+    waiting = in_thread(results, "survivor", survivor)
+    time.sleep(3)  # three last calls
+    assert "survivor" not in results, "the round completed at reduced size during the wait"
+    replacement = make()
+    in_thread(results, "replacement", replacement).join(timeout=30)
+    waiting.join(timeout=30)
+    assert results["survivor"][0].world_size == results["replacement"][0].world_size == 2
+    assert results["survivor"][1] < 30 - 5, "completed by the replacement, not by the bound"
+    for h in (survivor, replacement):
+        h.shutdown()
+
+
+def test_without_a_replacement_the_survivor_goes_on_alone_after_the_bound(monkeypatch):
+    _, _, survivor, lost, _ = two_node_group(monkeypatch, wait_seconds=2)
+    lose(survivor, lost)
+    results = {}
+    in_thread(results, "survivor", survivor).join(timeout=30)
+    info, seconds = results["survivor"]
+    assert info.world_size == 1 and 2 <= seconds < 2 + 10, seconds
+    survivor.shutdown()
+
+
+def test_a_round_after_no_noticed_loss_does_not_wait(monkeypatch):
+    """A peer that left on purpose (or whose loss only its workers saw) is not waited for."""
+    _, _, survivor, lost, _ = two_node_group(monkeypatch, wait_seconds=30)
+    drop(lost)
+    results = {}
+    in_thread(results, "survivor", survivor).join(timeout=30)
+    info, seconds = results["survivor"]
+    assert info.world_size == 1 and seconds < 10, seconds
+    survivor.shutdown()
+
+
+@pytest.mark.parametrize("value", ["-1", "301", "2.5", "abc", "²"])
+def test_a_bad_replacement_wait_is_refused_naming_key_value_and_rule(value):
+    from ddpjob_rdzv.contract import replacement_wait_seconds
+
+    with pytest.raises(ValueError) as error:
+        replacement_wait_seconds({"replacement_wait": value})
+    assert str(error.value) == (f"rdzv_conf replacement_wait ({value!r}) must be an integer number of "
+                                "seconds from 0 to 300")
+
+
+def test_a_long_replacement_wait_is_quoted_by_its_start():
+    from ddpjob_rdzv.contract import replacement_wait_seconds
+
+    with pytest.raises(ValueError) as error:
+        replacement_wait_seconds({"replacement_wait": "9" * 5000})
+    assert str(error.value) == (f"rdzv_conf replacement_wait ({'9' * 40 + '...'!r}) must be an integer number "
+                                "of seconds from 0 to 300")
+
+
+def test_replacement_wait_reads_absent_as_zero_and_takes_the_bounds():
+    from ddpjob_rdzv.contract import replacement_wait_seconds
+
+    assert [replacement_wait_seconds(conf) for conf in ({}, {"replacement_wait": ""}, {"replacement_wait": "0"},
+                                                         {"replacement_wait": " 300 "})] == [0, 0, 0, 300]

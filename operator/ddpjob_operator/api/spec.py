@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from ddpjob_rdzv import BACKEND_NAME as ETCD_V3  # ddpjob's torchrun backend; defined where both sides read it
+from ddpjob_rdzv.contract import MAX_REPLACEMENT_WAIT_SECONDS
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.base import ApiModel, KubeObject
@@ -117,6 +118,9 @@ MAX_REPLICAS = 1000  # most nodes a job may ask for (replicas, minReplicas, maxR
 # Most spare node pods: a few cover the node losses one incident window sees; each is a whole node
 # pod held idle against quota, so a larger number is a typo rather than a plan.
 MAX_SPARE_REPLICAS = 16
+# elasticPolicy.replacementWaitSeconds by default (docs/recovery.md "One pause without spares":
+# chosen by `python -m bench goodput`'s wait columns).
+DEFAULT_REPLACEMENT_WAIT_SECONDS = 0
 MAX_ENV = 128  # most spec.env entries
 MAX_RESOURCES = 32  # most resource names in limits or requests (each runs the quantity rule)
 MAX_VOLUMES = 64  # most spec.podOverrides.volumes
@@ -381,6 +385,18 @@ class ElasticPolicy(ApiModel):
         "after the replicas: they count against quota (and Kueue's pod group) like any node. A spare "
         "waits only while the group is full, so a value above 0 needs spec.replicas equal to "
         "maxReplicas (a fixed-size job)."))
+    replacement_wait_seconds: int = Field(
+        DEFAULT_REPLACEMENT_WAIT_SECONDS, ge=0, le=MAX_REPLACEMENT_WAIT_SECONDS, description=(
+            "After a node is lost without a word (its agent killed, its machine gone), how long the "
+            "surviving nodes wait for its replacement before they re-form the group at reduced size. "
+            "0: re-form at once and restart again when the replacement joins (two pauses, training "
+            "at reduced size between them); above 0: the round waits up to this long for the size "
+            "it had before the loss and completes the moment the replacement joins (one pause), "
+            "smaller only after the wait. Worth it where the replacement comes sooner than the second "
+            "pause and the reduced-size stretch cost (docs/recovery.md, measured). Honoured by "
+            "ddpjob's rendezvous (fastRestart, or rdzvBackend etcd-v3); torch's own ignores it. "
+            "A node that leaves on purpose (graceful stop, scale-down) is not waited for. "
+            "Rendered as rdzv_conf replacement_wait."))
     max_restarts: int = Field(3, ge=0, description=(
         "Worker group restarts torchrun does inside a pod before the pod fails "
         "(torchrun --max-restarts)."))
@@ -442,6 +458,13 @@ class ElasticPolicy(ApiModel):
         if self.rdzv_backend != "c10d":
             return None
         return self.rdzv_store or "pod"
+
+    @property
+    def ddpjob_rendezvous(self) -> bool:
+        """The nodes' agents run ddpjob's rendezvous handler (ddpjob_trainer/rendezvous/early.py):
+        fastRestart (c10d becomes ddpjob-c10d) or the etcd-v3 backend. Only it reads
+        replacementWaitSeconds (and completes re-rendezvous early, watches liveness beacons)."""
+        return self.fast_restart or self.rdzv_backend == ETCD_V3
 
     @property
     def store_on_pod(self) -> bool:

@@ -51,6 +51,15 @@ def classify(exit_code: int | None, reason: str | None = None, *, disrupted: boo
     return Outcome.RETRYABLE  # OOMKilled included: a spike may not repeat, the budget bounds it
 
 
+def opens_incident(outcome: Outcome) -> bool:
+    """Whether a failed node opens (or joins) a failure incident: judged against the restart
+    budget, and replaced only after the backoff. A disruption (the node went away: evicted,
+    preempted, its Node lost) does not: it costs no budget and its replacement starts at once,
+    bar the backoff of an incident still running, with or without warm spares. One rule for the
+    operator (status.py) and `ddpjob run` (local/policy.py, a kill given as --node-lost)."""
+    return outcome == Outcome.RETRYABLE
+
+
 def after_finish(outcome: Outcome | None, *, training_over: bool) -> bool:
     """Whether a failed node changes nothing because training already finished.
 

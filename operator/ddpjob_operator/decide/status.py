@@ -47,7 +47,7 @@ from ddpjob_operator.decide.budget import (
 )
 from ddpjob_operator.decide.failure import (
     INVALID_IMAGE_REASONS, Outcome, after_finish, classify_pod, describe_exit, diagnose_deleted_by_someone, diagnose_image_pull,
-    diagnose_pod, permanent_failure
+    diagnose_pod, opens_incident, permanent_failure
 )
 from ddpjob_operator.decide import hang as hang_policy, straggler as straggler_policy
 from ddpjob_operator.decide.observed import ACTIVE_PHASES, NodeGroups, Observed, PodView, live_fatal
@@ -491,7 +491,7 @@ def _apply_failure(spec: DDPJobSpec, pod: PodView, outcome: Outcome, status: Sta
         reason, message = permanent_failure(pod, what)
         return _Verdict(C.PHASE_FAILED, reason, message, verdict.events), {}
     phase = C.PHASE_FAILED if verdict.phase == C.PHASE_FAILED else C.PHASE_RESTARTING
-    if outcome == Outcome.DISRUPTION:
+    if not opens_incident(outcome):
         return replace(verdict, phase=phase, reason=verdict.reason or C.REASON_NODE_DISRUPTED, events=verdict.events + (
             Event(C.EVENT_WARNING, C.REASON_NODE_DISRUPTED, C.MSG_NODE_DISRUPTED.format(what=what)),)), {}
     failed_at = min(pod.finished_at or now, now)  # a skewed kubelet clock

@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "after the first training step")
     parser.add_argument("--kill-node", type=int, metavar="INDEX",
                         help="the node --kill-node-after kills (default: the last one that trains: not node 0, not a spare)")
+    parser.add_argument("--node-lost", action="store_true",
+                        help="the --kill-node-after kill stands for the node's machine lost, as the operator "
+                        "judges a pod whose Node went away: free and replaced at once (default: a crash of "
+                        "the node, charged unless a newer snapshot was complete, replaced after the backoff)")
     parser.add_argument("--spec-rdzv-timeouts", action="store_true",
                         help="keep the spec's rendezvous timeouts (by default a local run shortens "
                         "lastCallSeconds and the keep-alive, see the printed note)")
@@ -133,6 +137,8 @@ def prepare(job: str, spec: DDPJobSpec, args: argparse.Namespace) -> tuple[Local
                             f"(spec.replicas is {spec.desired_replicas})")
     if args.kill_node_after is not None and args.kill_node_after < 0:
         raise LocalRunError(f"--kill-node-after ({args.kill_node_after:g}) must be >= 0 seconds")
+    if args.node_lost and args.kill_node_after is None:
+        raise LocalRunError("--node-lost says what the --kill-node-after kill stands for: give --kill-node-after too")
     check_cluster_only(spec)
     torchrun = torchrun_path()
     check_code(spec)
@@ -169,7 +175,8 @@ def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str
         victim = args.kill_node if args.kill_node is not None else plan.replicas - 1
         when = ("the first training step" if reports_progress(plan.spec) else
                 "the start (the code does not use ddpjob_trainer, so no training step is reported)")
-        lines.append(f"will SIGKILL node {victim} {args.kill_node_after:g} s after {when}")
+        lost = " as its machine lost (free, replaced at once)" if args.node_lost else ""
+        lines.append(f"will SIGKILL node {victim} {args.kill_node_after:g} s after {when}{lost}")
     if plan.nodes and plan.nodes[0].cwd is not None:
         lines.append(f"working directory {plan.nodes[0].cwd}: relative paths the script saves land here "
                      "(a new run gets a new one)")
@@ -187,7 +194,7 @@ def execute(job: str, spec: DDPJobSpec, args: argparse.Namespace, out: TextIO) -
         print(line, file=out, flush=True)
     live = out.isatty() and not args.plain
     options = RunOptions(kill_after=args.kill_node_after, kill_node=args.kill_node, live=live,
-                         kill_from_start=not reports_progress(plan.spec))
+                         kill_from_start=not reports_progress(plan.spec), node_lost=args.node_lost)
     with _stop_signals_as_interrupt():
         result = Runner(plan, run_dir, options, out).run()
     return report(result, out)

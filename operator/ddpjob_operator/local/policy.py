@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from ddpjob_operator.api import constants as C
-from ddpjob_operator.decide.failure import Outcome, after_finish, classify, describe_exit, signal_name
+from ddpjob_operator.decide.failure import Outcome, after_finish, classify, describe_exit, opens_incident, signal_name
 from ddpjob_operator.decide.budget import Ledger, backoff_left, failure_message, judge, limit_verdict, open_incident
 from ddpjob_operator.api.spec import FailurePolicy
 
@@ -31,19 +31,28 @@ HOLD_FOR_SURVIVORS_SECONDS = 60.0
 
 
 def hold_replacements(*, now: float, failed_at: float | None, first_step: float | None,
-                      last_step: float | None, running: int, min_replicas: int) -> bool:
+                      last_step: float | None, running: int, min_replicas: int,
+                      survivors_wait: bool = False) -> bool:
     """Whether replacements whose backoff is over should still wait (times on one clock).
 
     They wait while enough nodes survive to train without them (running >= minReplicas),
     the job has shown steps at all (first_step; a job without metrics never waits), none
     came since the failure (the survivors are still re-forming), and for at most
     HOLD_FOR_SURVIVORS_SECONDS after the failure. The backoff stays the minimum delay.
+    Never where the survivors wait for the replacement themselves (survivors_wait:
+    elasticPolicy.replacementWaitSeconds under ddpjob's rendezvous): their round is held open
+    for it, and holding it back here would only make them wait longer.
     """
-    if first_step is None or failed_at is None or running < min_replicas:
+    if survivors_wait or first_step is None or failed_at is None or running < min_replicas:
         return False
     if last_step is not None and last_step > failed_at:
         return False
     return now - failed_at < HOLD_FOR_SURVIVORS_SECONDS
+
+
+# The reason a `--node-lost` kill is judged with: the pod reason of a pod whose Node went away
+# (decide/failure.py DISRUPTION_REASONS), so the decision and its words are the operator's.
+LOST_REASON = "NodeLost"
 
 
 class Action(str, enum.Enum):
@@ -90,7 +99,7 @@ class FailureBudget:
         return self.ledger.budget.charged
 
     def node_exited(self, index: int, code: int, *, started_at: datetime, failed_at: datetime,
-                    finished: bool = False, snapshot: dict | None = None) -> Decision:
+                    finished: bool = False, snapshot: dict | None = None, lost: bool = False) -> Decision:
         """The decision for node `index` that exited with `code` (container convention).
 
         Args:
@@ -99,11 +108,13 @@ class FailureBudget:
             finished: another node already exited 0: training is over, and no exit counts
                 (decide/failure.py after_finish; the finished nodes decide the result).
             snapshot: the newest complete snapshot so far ({step, epoch, time}), None if none.
+            lost: the node stands for a machine that went away (`--node-lost`): a disruption,
+                as the operator judges a pod whose Node was lost (free, replaced at once).
         """
-        outcome = classify(code, permanent_exit_codes=self.policy.permanent_exit_codes)
+        outcome = classify(code, LOST_REASON if lost else None, permanent_exit_codes=self.policy.permanent_exit_codes)
         if outcome == Outcome.SUCCEEDED:
             return Decision(Action.FINISHED, f"node {index} finished (exit code 0)")
-        what = describe_exit(f"node {index}", code, signal_name(code))
+        what = describe_exit(f"node {index}", code, LOST_REASON if lost else signal_name(code))
         if after_finish(outcome, training_over=finished):
             return Decision(Action.NONE, C.MSG_EXITED_AFTER_FINISH.format(what=what), what=what)
         return self._failed(what, outcome, started_at, failed_at, snapshot)
@@ -124,6 +135,9 @@ class FailureBudget:
         if outcome == Outcome.PERMANENT:
             return Decision(Action.FAIL, C.MSG_PERMANENT_ERROR.format(what=what), what=what)
         self.snapshot = snapshot or self.snapshot
+        if not opens_incident(outcome):  # the node went away, not the code: free, and replaced at once
+            return Decision(Action.REPLACE, C.MSG_NODE_DISRUPTED.format(what=what),
+                            self.replacement_delay(failed_at), what)
         opened, free = open_incident(self.ledger, failed_at, started_at), False
         if opened is not None:
             self.ledger = judge(opened, self.snapshot)

@@ -31,6 +31,12 @@ joins the survivors' next round by itself (the rendezvous moves it to the wait l
 round loses a participant): the runner records it as promoted, and the lost node's
 replacement becomes the new spare (DDPJOB_SPARE follows the role, not the index).
 
+A kill given as `--node-lost` stands for the node's machine going away: judged as the operator
+judges a pod whose Node was lost (policy.LOST_REASON, decide/failure.py opens_incident), it is
+free and its replacement starts at once. With elasticPolicy.replacementWaitSeconds the
+survivors hold their round open for that replacement (ddpjob_trainer/rendezvous/early.py), so
+it is never held back here for their first step (policy.hold_replacements).
+
 Run directory: `snapshots/` (spec.snapshot.mountPath of the Pods), `logs/node-<i>.log`
 (every incarnation of node i, appended), `launch.json` (each node's argv and the
 launch plan's environment), `events.jsonl`, and at the end `timeline.json` with its picture
@@ -82,6 +88,7 @@ class RunOptions:
     kill_after: float | None = None  # SIGKILL a node this many seconds after the first training step
     kill_node: int | None = None  # which node (default: the highest index, so not node 0)
     kill_from_start: bool = False  # count kill_after from the run's start: the code reports no steps
+    node_lost: bool = False  # the kill stands for the node's machine lost: free, replaced at once (policy.LOST_REASON)
     live: bool = False  # live table (a TTY) instead of plain lines
     finish_grace: float = FINISH_GRACE_SECONDS
 
@@ -121,6 +128,7 @@ class Runner:
         self.scanned = -WORKER_SCAN_SECONDS
         self.holding = False
         self.killed = False
+        self.killed_proc: NodeProcess | None = None  # the incarnation the injected kill hit
         self.finished_at: float | None = None
         self.failure: str | None = None
 
@@ -209,9 +217,11 @@ class Runner:
         proc = self.procs.get(index)
         if proc is None:
             return  # not running right now (backoff): try again on the next pass
-        self.killed = True
+        self.killed, self.killed_proc = True, proc
         since = "the start (no training step is reported)" if opts.kill_from_start else "the first training step"
-        self._event("killed", node=index, pid=proc.pid, why=f"--kill-node-after {opts.kill_after:g} s after {since}")
+        lost = " (--node-lost: its machine lost)" if opts.node_lost else ""
+        self._event("killed", node=index, pid=proc.pid,
+                    why=f"--kill-node-after {opts.kill_after:g} s after {since}{lost}")
         proc.kill()
 
     def _reap(self) -> None:
@@ -223,7 +233,8 @@ class Runner:
             proc.kill()  # workers an agent left behind, if any
             decision = self.budget.node_exited(index, code, started_at=proc.started_at,
                                                failed_at=datetime.now(timezone.utc),
-                                               finished=self.finished_at is not None, snapshot=self.snapshot)
+                                               finished=self.finished_at is not None, snapshot=self.snapshot,
+                                               lost=self.options.node_lost and proc is self.killed_proc)
             message, replace_at = decision.message, None
             if decision.action == Action.REPLACE and self._hosts_store(index):
                 self._event("exited", node=index, code=code, action=decision.action.value, message=decision.what,
@@ -324,9 +335,11 @@ class Runner:
 
     def _survivors_reforming(self, due: list[int]) -> bool:
         """Whether due replacements wait for the survivors (see policy.hold_replacements)."""
+        ep = self.plan.spec.elastic_policy
         if not hold_replacements(now=self.clock(), failed_at=self.failed_at, first_step=self.first_step,
                                  last_step=self.last_step, running=len(self.procs.keys() - self.spares),
-                                 min_replicas=self.plan.spec.min_replicas):
+                                 min_replicas=self.plan.spec.min_replicas,
+                                 survivors_wait=ep.ddpjob_rendezvous and ep.replacement_wait_seconds > 0):
             return False
         if not self.holding:
             self.holding = True

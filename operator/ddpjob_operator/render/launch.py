@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ddpjob_rdzv import C10D_BACKEND_NAME
+from ddpjob_rdzv import C10D_BACKEND_NAME, contract
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.quantity import parse_quantity
@@ -103,10 +103,12 @@ def working_dir(spec: DDPJobSpec) -> str | None:
 
 
 def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None = None,
-              is_host: bool | None = None, *, allow_insecure_credentials: bool = False) -> str:
+              is_host: bool | None = None, *, allow_insecure_credentials: bool = False,
+              replacement_wait: int = 0) -> str:
     """PET_RDZV_CONF, with torch's key names (dynamic_rendezvous.py), plus where the
     etcd credentials are mounted (paths only: a password never appears in env or args),
-    and, for c10d, whether this agent hosts the store (see hosts_c10d_store)."""
+    for c10d whether this agent hosts the store (see hosts_c10d_store), and the survivors'
+    wait for a lost node's replacement when above 0 (only ddpjob's rendezvous reads it)."""
     conf = {
         "join_timeout": timeouts.join_seconds,
         "last_call_timeout": timeouts.last_call_seconds,
@@ -120,6 +122,8 @@ def rdzv_conf(backend: str, timeouts: RdzvTimeouts, credentials_dir: str | None 
     conf.update(credential_conf(backend, credentials_dir, allow_insecure_credentials))
     if is_host is not None and backend == "c10d":
         conf["is_host"] = "true" if is_host else "false"
+    if replacement_wait > 0:
+        conf[contract.REPLACEMENT_WAIT_CONF] = replacement_wait
     return ",".join(f"{key}={value}" for key, value in conf.items())
 
 
@@ -198,7 +202,8 @@ def launch_plan(*, job: str, namespace: str, uid: str, spec: DDPJobSpec, node_in
         "PET_RDZV_ID": rdzv_id(uid, rdzv_generation),
         "PET_RDZV_CONF": rdzv_conf(ep.rdzv_backend, ep.rdzv_timeouts, rdzv_credentials_dir,
                                    hosts_c10d_store(node_index, spec),
-                                   allow_insecure_credentials=ep.rdzv_allow_insecure_credentials),
+                                   allow_insecure_credentials=ep.rdzv_allow_insecure_credentials,
+                                   replacement_wait=ep.replacement_wait_seconds if ep.ddpjob_rendezvous else 0),
         "PET_MAX_RESTARTS": str(ep.max_restarts),
         # Measured: sharing the rendezvous TCP store with the workers made gloo worker
         # restarts fail or hang in 4 of 6 runs, 0 of 9 without sharing.

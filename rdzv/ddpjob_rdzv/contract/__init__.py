@@ -37,7 +37,35 @@ TERMINATION_LOG_ENV = "DDPJOB_TERMINATION_LOG"  # where the trainer writes its p
 PROGRESS_PORT_ENV = "DDPJOB_PROGRESS_PORT"  # the trainer serves its progress record here (GET /progress)
 COLLECTIVE_TIMEOUT_ENV = "DDPJOB_COLLECTIVE_TIMEOUT_SECONDS"  # the process group's timeout (spec.failurePolicy)
 
+# A key of --rdzv_conf (PET_RDZV_CONF) that the operator renders from
+# spec.elasticPolicy.replacementWaitSeconds and ddpjob's rendezvous reads (the ddpjob-c10d and
+# etcd-v3 backends, ddpjob_trainer/rendezvous/early.py; torch's own handlers ignore it): after
+# this node's agent noticed a peer lost, its next round waits up to this many seconds for the
+# size of the round before the loss, so the replacement joins in the survivors' one pause instead
+# of a second restart after a stretch at reduced size. 0 (or absent): complete at once, smaller.
+REPLACEMENT_WAIT_CONF = "replacement_wait"
+MAX_REPLACEMENT_WAIT_SECONDS = 300  # the field's upper bound: longer, a replacement is not "coming"
+
 
 def listen_host(environ: Mapping[str, str] = os.environ) -> str:
     """The address ddpjob's listeners bind: $DDPJOB_LISTEN_HOST, "" (every interface) when unset."""
     return environ.get(LISTEN_HOST_ENV, "").strip()
+
+
+def replacement_wait_seconds(conf: Mapping[str, object]) -> int:
+    """REPLACEMENT_WAIT_CONF from a --rdzv_conf mapping, checked: an integer from 0 to
+    MAX_REPLACEMENT_WAIT_SECONDS (absent or empty: 0).
+
+    Raises:
+        ValueError: naming the key, the value and the rule.
+    """
+    raw = conf.get(REPLACEMENT_WAIT_CONF)
+    if raw is None or raw == "":
+        return 0
+    text = str(raw).strip()
+    # ASCII digits only ("²" is a digit to str.isdigit), and few of them: int() of a long string is slow.
+    if not (text.isascii() and text.isdigit() and len(text) <= 4) or int(text) > MAX_REPLACEMENT_WAIT_SECONDS:
+        shown = text if len(text) <= 40 else text[:40] + "..."  # the answer stays short whatever was given
+        raise ValueError(f"rdzv_conf {REPLACEMENT_WAIT_CONF} ({shown!r}) must be an integer number of seconds "
+                         f"from 0 to {MAX_REPLACEMENT_WAIT_SECONDS}")
+    return int(text)

@@ -146,3 +146,14 @@ def test_merged_env_refuses_value_from_because_only_a_cluster_resolves_it():
         merged_env(plan(), [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
     assert str(caught.value) == ("spec.env[0] (TOKEN) uses valueFrom, which only a cluster can resolve; "
                                  "give it a literal value for local runs")
+
+
+@pytest.mark.parametrize("policy, conf", [
+    ({"fastRestart": True, "replacementWaitSeconds": 30}, "replacement_wait=30"),
+    ({"rdzvBackend": "etcd-v3", "rdzvEndpoints": ["e1:2379"], "replacementWaitSeconds": 5}, "replacement_wait=5"),
+    ({"fastRestart": True, "replacementWaitSeconds": 0}, None),  # 0 is the handler's own default
+    ({"replacementWaitSeconds": 30}, None),  # torch's c10d handler: nothing reads it
+])
+def test_the_replacement_wait_travels_in_the_rdzv_conf_where_ddpjobs_rendezvous_reads_it(policy, conf):
+    items = plan({"elasticPolicy": policy}).env["PET_RDZV_CONF"].split(",")
+    assert [item for item in items if item.startswith("replacement_wait=")] == ([conf] if conf else [])

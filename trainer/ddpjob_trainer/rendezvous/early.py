@@ -17,6 +17,17 @@ early from its first round, whichever of it and the group joins last. A node not
 known (a replacement still being created) joins the next round, as with torch's last call
 expired. Measured by ``python -m bench recovery`` (docs/recovery.md).
 
+After a loss this node's agent noticed (:mod:`.notice`: a peer's beacon closed without a word),
+its next round waits for the lost node's replacement up to ``replacement_wait`` seconds from the
+notice (``--rdzv_conf replacement_wait``, spec.elasticPolicy.replacementWaitSeconds, default 0):
+below the size of this node's previous round, neither the early completion nor torch's last call
+completes it (this node keeps its heartbeat meanwhile). The replacement's join completes it at
+once (everyone known joined; torch itself completes at ``max_nodes``): one pause for the
+survivors instead of a round at reduced size and a second restart when the replacement arrives.
+After the wait the round completes smaller, as without it. A peer that left on purpose said so
+(its beacon's farewell) and is not waited for; nor is a loss this node learned only from its own
+workers failing.
+
 In every round, a node that has missed a heartbeat and whose liveness beacon says it is gone
 (:mod:`.liveness`: its agent's process is dead on a host that is up) is removed at once
 instead of after ``keep_alive_max_attempt`` missed heartbeats: the survivors of a killed node
@@ -56,13 +67,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler, _Action, _remove_participant_epilogue, _RendezvousContext, _RendezvousExitOp,
-    _RendezvousJoinOp, create_handler,
+    _RendezvousJoinOp, _should_keep_alive, create_handler,
 )
 
-from ddpjob_rdzv.contract import SPARE_ENV
+from ddpjob_rdzv.contract import SPARE_ENV, replacement_wait_seconds
 
 from ddpjob_trainer.rendezvous.liveness import Liveness, forget
 from ddpjob_trainer.rendezvous.notice import LossNotice
@@ -102,17 +114,35 @@ def everyone_known_joined(ctx: _RendezvousContext) -> bool:
     return all(node in placed for node in state.last_heartbeats)
 
 
+@dataclass(frozen=True)
+class ReplacementWait:
+    """After a lost peer: the round may complete with fewer than ``size`` participants (this
+    node's previous round) only once ``until`` (time.monotonic()) has passed."""
+
+    size: int
+    until: float
+    seconds: int  # the configured wait, for the log
+
+    def holds(self, ctx: _RendezvousContext, now: float | None = None) -> bool:
+        """Whether the round is still to wait: below ``size`` and before ``until``."""
+        return len(ctx.state.participants) < self.size and (time.monotonic() if now is None else now) < self.until
+
+
 class EarlyJoinOp(_RendezvousJoinOp):
     """torch's join op that first removes the nodes ``liveness`` proves gone and, when
     ``complete_early``, marks the round complete when everyone_known_joined. With ``refresh``
     (a fresh context from a fresh read of the state), it waits by polling every poll_interval
-    instead of handing torch's loop a one-second wait."""
+    instead of handing torch's loop a one-second wait. With ``wait`` (after a lost peer), a
+    round below the previous size completes neither early nor at torch's last call while the
+    wait holds."""
 
     def __init__(self, liveness: Liveness | None = None, mark_dirty=None, complete_early: bool = True,
-                 refresh: Callable[[], _RendezvousContext] | None = None) -> None:
+                 refresh: Callable[[], _RendezvousContext] | None = None,
+                 wait: ReplacementWait | None = None) -> None:
         self._liveness, self._mark_dirty, self._complete_early = liveness, mark_dirty, complete_early
-        self._refresh = refresh
+        self._refresh, self._wait = refresh, wait
         self._said_redundant = False
+        self._said_waiting = False
 
     def __call__(self, ctx: _RendezvousContext, deadline: float) -> _Action:
         action = self._decide(ctx, deadline)
@@ -137,9 +167,31 @@ class EarlyJoinOp(_RendezvousJoinOp):
             # if another node wrote first, the next call decides again on the fresh state).
             return _Action.KEEP_ALIVE
         action = super().__call__(ctx, deadline)
+        if self._holds_for_replacement(ctx, action):
+            # torch's last call would complete the round smaller: wait on, heartbeat included
+            # (a node that only syncs would expire from the state meanwhile).
+            return _Action.KEEP_ALIVE if _should_keep_alive(ctx) else _Action.SYNC
         if self._complete_early and action in _WAITING and everyone_known_joined(ctx):
             return _Action.MARK_RENDEZVOUS_COMPLETE
         return action
+
+    def _holds_for_replacement(self, ctx: _RendezvousContext, action: _Action) -> bool:
+        """Whether this node, a participant of an incomplete round, waits for a lost peer's
+        replacement (see ReplacementWait) instead of completing (or waiting as torch would)."""
+        if self._wait is None:
+            return False
+        holds = self._wait.holds(ctx)
+        if self._said_waiting and not holds:
+            self._said_waiting = False
+            say_wait_over(ctx, self._wait)
+        if not holds or action not in (*_WAITING, _Action.MARK_RENDEZVOUS_COMPLETE):
+            return False
+        if ctx.node not in ctx.state.participants or ctx.state.complete:
+            return False
+        if not self._said_waiting:
+            self._said_waiting = True
+            say_waiting(ctx, self._wait)
+        return True
 
 
 def say_redundant(ctx: _RendezvousContext) -> None:
@@ -148,6 +200,21 @@ def say_redundant(ctx: _RendezvousContext) -> None:
     logs/node-<i>.log) shows the moment it stands ready."""
     print(f"ddpjob_trainer: waiting outside the group as a spare (round {ctx.state.round} holds max_nodes "
           f"{ctx.settings.max_nodes}): joins the next round when a node is lost", file=sys.stderr, flush=True)
+
+
+def say_waiting(ctx: _RendezvousContext, wait: ReplacementWait) -> None:
+    """Says (on stderr, as say_redundant) that the round waits for a lost node's replacement."""
+    print(f"ddpjob_trainer: a node was lost: round {ctx.state.round} waits up to {wait.seconds} s for its "
+          f"replacement ({len(ctx.state.participants)} of the {wait.size} nodes before the loss have joined)",
+          file=sys.stderr, flush=True)
+
+
+def say_wait_over(ctx: _RendezvousContext, wait: ReplacementWait) -> None:
+    """Says how the wait for a replacement ended: it joined, or the round goes on smaller."""
+    joined = len(ctx.state.participants)
+    how = (f"the replacement joined: {joined} nodes, one pause" if joined >= wait.size else
+           f"no replacement within {wait.seconds} s: re-forming at reduced size ({joined} of {wait.size} nodes)")
+    print(f"ddpjob_trainer: round {ctx.state.round}: {how}", file=sys.stderr, flush=True)
 
 
 class RejoiningExitOp:
@@ -190,7 +257,8 @@ class _EarlyExecutor:
             handler = self._handler
             state_handler = EarlyJoinOp(handler.liveness, handler._state_holder.mark_dirty,
                                         complete_early=handler.membership_known,
-                                        refresh=self._refresh if handler.membership_known else None)
+                                        refresh=self._refresh if handler.membership_known else None,
+                                        wait=handler.pending_wait)
         self._inner.run(state_handler, deadline, update_deadline)
 
     def _refresh(self) -> _RendezvousContext:
@@ -206,8 +274,13 @@ class _EarlyExecutor:
 class EarlyRendezvousHandler(DynamicRendezvousHandler):
     """torch's handler whose re-rendezvous completes early (see the module docstring)."""
 
-    def __init__(self, *args, warm=None, spare: bool | None = None, **kwargs) -> None:
+    def __init__(self, *args, warm=None, spare: bool | None = None, replacement_wait: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # Seconds a round after a noticed loss waits for the lost node's replacement (module docstring).
+        self.replacement_wait = replacement_wait
+        self._last_size: int | None = None  # participants of this node's last complete round
+        self._lost_at: float | None = None  # time.monotonic() of the loss noticed since that round
+        self.pending_wait: ReplacementWait | None = None  # what the join of the current round waits for
         self._warm = warm  # the node's prestarted fork server (zygote.Warm), if any
         # A warm spare: its first join waits for a group that trains (see the module docstring).
         self.spare = os.environ.get(SPARE_ENV) == "1" if spare is None else spare
@@ -221,13 +294,13 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
 
     @classmethod
     def like(cls, handler: DynamicRendezvousHandler, backend_name: str | None = None,
-             warm=None, spare: bool | None = None) -> "EarlyRendezvousHandler":
+             warm=None, spare: bool | None = None, replacement_wait: int = 0) -> "EarlyRendezvousHandler":
         """A handler on the same node, settings, backend, store and state as torch's ``handler``
         (built by torch's create_handler, which parses the --rdzv_conf keys), named
         ``backend_name`` (torch's registry checks it is the --rdzv_backend asked for); ``spare``:
-        a warm spare (None: as DDPJOB_SPARE says)."""
+        a warm spare (None: as DDPJOB_SPARE says); ``replacement_wait``: see the module docstring."""
         return cls(handler._this_node, handler._settings, backend_name or handler._backend_name, handler._store,
-                   handler._state_holder, warm=warm, spare=spare)
+                   handler._state_holder, warm=warm, spare=spare, replacement_wait=replacement_wait)
 
     def next_rendezvous(self):
         self.liveness.start()
@@ -241,7 +314,12 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
                 self._warm.wait()
                 log.info("Joining a running group after this node's fork server imported torch (%.1f s)",
                          time.monotonic() - started)
-        info = super().next_rendezvous()
+        self.pending_wait = self._replacement_wait()
+        try:
+            info = super().next_rendezvous()
+        finally:
+            self.pending_wait, self._lost_at = None, None
+        self._last_size = len(self._state_holder.state.participants)
         self.membership_known = True
         self.liveness.publish()  # where the store could not be written before the first round (etcd-v3)
         self.notice.round_formed(dict(self._state_holder.state.participants))
@@ -252,9 +330,17 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
         node's workers: either way the agent restarts them into a new round."""
         lost = self.notice.check()
         if lost:
+            self._lost_at = time.monotonic()
             self.notice.act(lost)
             return 1
         return super().num_nodes_waiting()
+
+    def _replacement_wait(self) -> ReplacementWait | None:
+        """What the next round waits for: after a loss noticed since this node's last round,
+        that round's size, until replacement_wait seconds after the notice; else nothing."""
+        if not self.replacement_wait or self._lost_at is None or not self._last_size:
+            return None
+        return ReplacementWait(self._last_size, self._lost_at + self.replacement_wait, self.replacement_wait)
 
     def _wait_for_group(self) -> None:
         """A spare's first join: waits until a group trains (the round is complete) or the
@@ -280,6 +366,12 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
 
 
 def create_early_handler(store, backend, params, warm=None) -> EarlyRendezvousHandler:
-    """torch's ``create_handler(store, backend, params)``, completing re-rendezvous early;
-    ``warm``: the node's prestarted fork server."""
-    return EarlyRendezvousHandler.like(create_handler(store, backend, params), params.backend, warm)
+    """torch's ``create_handler(store, backend, params)``, completing re-rendezvous early and,
+    after a lost peer, waiting ``--rdzv_conf replacement_wait`` seconds for its replacement;
+    ``warm``: the node's prestarted fork server.
+
+    Raises:
+        ValueError: replacement_wait is not an integer from 0 to 300 (naming key and value).
+    """
+    return EarlyRendezvousHandler.like(create_handler(store, backend, params), params.backend, warm,
+                                       replacement_wait=replacement_wait_seconds(params.config))
