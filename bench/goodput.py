@@ -59,7 +59,7 @@ import time
 
 import yaml
 
-from bench._recovery import event_time, first_step_after, wait_for
+from bench._recovery import event_time, first_step_after, interrupt_ddpjob_run, wait_for
 from ddpjob_operator.api.validation import parse_job
 from ddpjob_operator.local.plan import local_plan
 from ddpjob_sandbox.metrics import MetricsWatcher, is_event
@@ -258,7 +258,7 @@ def measure(workdir: Path, kills: int, spares: int = 0, wait: int | None = None,
         kill_times = _inject(run_dir, kills)
         code = proc.wait(timeout=RUN_TIMEOUT)
     finally:
-        _stop(proc)
+        _stop(proc, run_dir)
     if code != 0:
         raise RuntimeError(f"ddpjob run with {kills} kill(s) exited {code}; see {workdir / 'ddpjob.out'}")
     return replace(_figures(run_dir, kill_times), spares=spares, promoted=bool(_event(run_dir, "promoted")),
@@ -357,7 +357,11 @@ def _reports(raw: list[dict]) -> list[dict]:
         later = [e for e in raw if event_time(e) >= event_time(start)]
         first_step = next((e for e in later if e["event"] == "step"), None)
         step = start.get("resume_step") or None
-        snapshot = next((e for e in reversed(raw) if e["event"] == "snapshot" and e["step"] == step
+        # The volume snapshot of that step, else the fast tier's copy, which the trainer makes right
+        # after the step (it logs no event of its own): the step's time stands for the copy's. The
+        # trainer reports the loaded copy's own time; without this a fast-tier resume had no
+        # snapshot time and its lost time counted from the job's start.
+        snapshot = next((e for e in reversed(raw) if e["event"] in ("snapshot", "step") and e["step"] == step
                          and event_time(e) <= event_time(start)), None) if step else None
         record = progress_message(None, node="0", resume={
             "time": start["time"], "fromStep": step, "fromSnapshotTime": snapshot["time"] if snapshot else None,
@@ -386,14 +390,9 @@ def _text(moment: float) -> str:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGINT)  # as Ctrl-C: ddpjob stops every node
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
+    if proc.poll() is None:
+        interrupt_ddpjob_run(proc, run_dir, 30)  # as Ctrl-C: ddpjob stops every node
 
 
 def _print_table(rows: list[RunFigures]) -> None:
