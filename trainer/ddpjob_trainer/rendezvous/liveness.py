@@ -25,7 +25,10 @@ live node is never dropped. The token tells this agent's beacon from any other l
 not a secret (whoever connects reads it), and a stranger answering with it only makes a node
 look alive, which leaves it to keep-alive expiry. Probes cost nothing while every node beats on
 time: only late nodes are probed, one that answered at most once a second, one that did not at
-most once per keep-alive interval.
+most once per keep-alive interval. The exception is a *suspect*, a node whose beacon this node saw
+close without a word while they trained (:mod:`.watch`): it is probed once at the next round
+without waiting for it to miss a heartbeat, which would keep the survivors waiting up to a
+keep-alive interval after the loss (``Liveness.suspect``).
 
 A beacon also tells the nodes of its round that it is gone while they train
 (:mod:`.watch`): it keeps each connection open after its token, and a peer that holds one sees
