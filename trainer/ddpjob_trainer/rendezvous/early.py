@@ -66,6 +66,7 @@ from ddpjob_rdzv.contract import SPARE_ENV
 
 from ddpjob_trainer.rendezvous.liveness import Liveness, forget
 from ddpjob_trainer.rendezvous.notice import LossNotice
+from ddpjob_trainer.rendezvous.stagger import without_first_run_stagger
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,8 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
                 self._warm.wait()
                 log.info("Joining a running group after this node's fork server imported torch (%.1f s)",
                          time.monotonic() - started)
-        info = super().next_rendezvous()
+        with without_first_run_stagger(self.membership_known):  # a restart is not a first run (.stagger)
+            info = super().next_rendezvous()
         self.membership_known = True
         self.liveness.publish()  # where the store could not be written before the first round (etcd-v3)
         self.notice.round_formed(dict(self._state_holder.state.participants))
