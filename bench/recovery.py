@@ -11,6 +11,7 @@ fault: node 1's whole process tree SIGKILLed right after the snapshot at step KI
 The parts, each measured from the kill, on the survivor (node 0):
   notice        its agent reports the worker group failed (the worker died of the lost peer), or
                 restarts it because the lost node's liveness beacon closed (rendezvous/notice.py)
+  stopped       its agent stopped its workers and begins the next round ("Rendezvous'ing worker group")
   rendezvous    its agent logs "Rendezvous complete" for the next round (LOGLEVEL=INFO)
   process       its new worker process started (/proc, written by ddpjob_trainer.marks)
   imports       the worker finished importing torch (ddpjob_trainer.dist, marks)
@@ -49,7 +50,7 @@ KILL_AFTER_STEP = 20
 BACKOFF_SECONDS = 1  # example_job's failurePolicy.backoffSeconds
 ARGS = trainer_args(epochs=30, samples=2048, step_sleep=0.1, snapshot_every_steps=10)
 DDPJOB = pathlib.Path(sys.executable).parent / "ddpjob"
-PARTS = ("notice", "rendezvous", "process", "imports", "group", "snapshot", "first step")
+PARTS = ("notice", "stopped", "rendezvous", "process", "imports", "group", "snapshot", "first step")
 CONFIGS = ("ddpjob run", "sandbox", "torchrun")
 # torch's elastic log lines: "I1124 04:23:15.511000 11533 torch/distributed/...py:1002] message"
 TORCH_LOG = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) \d+ \S+\] (.*)$")
@@ -69,7 +70,7 @@ def job_body(name: str, port: int, marks: pathlib.Path) -> dict:
 
 
 def agent_times(log: pathlib.Path, after: float) -> dict[str, float]:
-    """notice and rendezvous times (epoch seconds) from a torchrun agent's log, the first after `after`."""
+    """notice, stopped and rendezvous times (epoch seconds) from a torchrun agent's log, the first after `after`."""
     year = datetime.date.today().year
     found: dict[str, float] = {}
     for line in log.read_text(errors="replace").splitlines():
@@ -82,6 +83,8 @@ def agent_times(log: pathlib.Path, after: float) -> dict[str, float]:
             continue
         if "notice" not in found and any(needle in text for needle in NOTICE):
             found["notice"] = moment
+        if "notice" in found and "stopped" not in found and "Rendezvous'ing worker group" in text:
+            found["stopped"] = moment
         if "notice" in found and "rendezvous" not in found and "Rendezvous complete" in text:
             found["rendezvous"] = moment
     return found

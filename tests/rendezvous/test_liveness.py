@@ -153,6 +153,22 @@ def test_a_dead_node_is_not_probed_before_it_has_missed_a_heartbeat():
     assert Liveness(published.store, SURVIVOR, settings()).gone(heartbeats(survivor=0, dead=0.5)) == []
 
 
+def test_a_suspect_is_probed_before_it_has_missed_a_heartbeat_and_only_once():
+    """A node whose beacon this node saw close (.notice hands it over) is probed at once: gone
+    if refused. One that answers is a suspect no longer: it waits for a missed heartbeat again."""
+    published = Published().alive(SURVIVOR).dead(DEAD)
+    liveness = Liveness(published.store, SURVIVOR, settings())
+    liveness.suspect([repr(DEAD)])
+    assert liveness.gone(heartbeats(survivor=0, dead=0.5)) == [DEAD]
+
+    alive = Liveness(published.store, LATE, settings())
+    alive.start()
+    liveness.suspect([repr(LATE)])
+    assert liveness.gone(heartbeats(survivor=0, late=0.5)) == [], "its beacon answered its token"
+    alive.stop()  # gone now, but a suspect no longer, and its heartbeat is fresh: not probed
+    assert liveness.gone(heartbeats(survivor=0, late=0.5)) == []
+
+
 def test_the_join_removes_a_gone_participant_and_moves_a_complete_round_on():
     """The survivor waits for the round its dead peer still holds: the join removes the peer and,
     its round now empty, torch's epilogue starts the next one (as keep-alive expiry would)."""
@@ -167,14 +183,15 @@ def test_the_join_removes_a_gone_participant_and_moves_a_complete_round_on():
     assert (state.round, state.complete) == (5, False)
 
 
-def handlers(count: int, *, min_nodes: int, join_seconds: int = 30) -> list[EarlyRendezvousHandler]:
-    """Handlers of one rendezvous on one in-process store, keep-alive 1 s x 1000: a dead node
-    would take 1000 s to expire, longer than the join timeout."""
+def handlers(count: int, *, min_nodes: int, join_seconds: int = 30,
+             keep_alive_seconds: int = 1) -> list[EarlyRendezvousHandler]:
+    """Handlers of one rendezvous on one in-process store, keep-alive ``keep_alive_seconds`` x 1000:
+    a dead node would take 1000 intervals to expire, longer than the join timeout."""
     store = HashStore()
     backend = C10dRendezvousBackend(store, "run")
     timeout = RendezvousTimeout(join=timedelta(seconds=join_seconds), last_call=timedelta(seconds=1))
     return [EarlyRendezvousHandler.like(DynamicRendezvousHandler.from_backend(
-        "run", store, backend, min_nodes, count, "127.0.0.1", timeout, keep_alive_interval=1,
+        "run", store, backend, min_nodes, count, "127.0.0.1", timeout, keep_alive_interval=keep_alive_seconds,
         keep_alive_max_attempt=1000)) for _ in range(count)]
 
 

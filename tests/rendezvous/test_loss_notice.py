@@ -133,3 +133,33 @@ def test_a_loss_after_this_node_left_its_round_stops_nothing(round_of_two):
         for process in (dead, *workers):
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("acted", [True, False], ids=["notice-acted", "worker-failed-first"])
+def test_the_next_round_drops_the_lost_peer_without_waiting_for_its_heartbeat_to_age(acted):
+    """The lost peer's last heartbeat is fresh (keep-alive 60 s; the join times out in 10 s): the
+    survivor re-forms alone only because its notice handed the peer to liveness as a suspect,
+    whether the notice stopped the workers (acted) or a worker failed first and the agent
+    re-rendezvoused without asking (next_rendezvous forgets the watch, handing over what it saw)."""
+    survivor, peer = handlers(2, min_nodes=1, join_seconds=10, keep_alive_seconds=60)
+    rendezvous_together([survivor, peer])
+    dead = fake_beacon_for(peer)
+    workers = sleepers(1)
+    agent = FakeAgent(survivor, workers)
+    try:
+        assert agent.monitor_tick() == 0, "the first tick starts watching"
+        time.sleep(0.3)
+        peer._stop_heartbeats()
+        dead.send_signal(signal.SIGKILL)
+        assert eventually(survivor.notice.watch.lost, [repr(peer._this_node)]) == [repr(peer._this_node)]
+        if acted:
+            assert agent.monitor_tick() == 1
+        info = survivor.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        assert peer._this_node not in survivor._state_holder.state.last_heartbeats
+    finally:
+        for process in (dead, *workers):
+            process.kill()
+            process.wait()
+        survivor.shutdown()
+        peer.shutdown()

@@ -78,6 +78,7 @@ from ddpjob_rdzv.contract import SPARE_ENV, replacement_wait_seconds
 
 from ddpjob_trainer.rendezvous.liveness import Liveness, forget
 from ddpjob_trainer.rendezvous.notice import LossNotice
+from ddpjob_trainer.rendezvous.stagger import without_first_run_stagger
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,8 @@ class EarlyRendezvousHandler(DynamicRendezvousHandler):
                          time.monotonic() - started)
         self.pending_wait = self._replacement_wait()
         try:
-            info = super().next_rendezvous()
+            with without_first_run_stagger(self.membership_known):  # a restart is not a first run (.stagger)
+                info = super().next_rendezvous()
         finally:
             self.pending_wait, self._lost_at = None, None
         self._last_size = len(self._state_holder.state.participants)

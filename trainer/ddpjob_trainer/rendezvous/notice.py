@@ -77,7 +77,11 @@ class LossNotice:
         self._to_watch = peers_to_watch(participants, self._node)
 
     def forget(self) -> None:
-        """The round is over (this node re-rendezvouses): what its peers' beacons say no longer matters."""
+        """The round is over (this node re-rendezvouses): its peers' beacons are no longer watched.
+        The peers seen lost are handed to liveness as suspects first, whether this notice acted on
+        them or a worker failed on the lost peer before the agent asked: the next round removes them
+        on a probe at once, instead of after they have missed a heartbeat (Liveness.suspect)."""
+        self._liveness.suspect(self.watch.lost())
         self._to_watch = None
         self.watch.forget()
 
