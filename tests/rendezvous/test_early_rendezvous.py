@@ -251,6 +251,22 @@ def waiting_for(size: int, seconds_left: float) -> ReplacementWait:
     return ReplacementWait(size, time.monotonic() + seconds_left, 30)
 
 
+def test_torchs_last_call_does_not_complete_a_round_below_max_nodes_while_a_spare_is_on_its_way():
+    """A survivor alone after a loss, a warm spare still in the redundancy list (it moves into the
+    round at its own next read, up to a second later): torch would complete the round at world
+    size 1 once its last call is over, and the spare's join would restart the group again. The
+    round waits for it, until the join deadline; with no spare it completes."""
+    spared = last_call_over(round_with([SURVIVOR], [SURVIVOR, NEWCOMER], redundant=[NEWCOMER]))
+    ctx = _RendezvousContext(SURVIVOR, spared, settings(max_nodes=2))
+    assert _RendezvousJoinOp()(ctx, time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE
+    assert EarlyJoinOp()(ctx, time.monotonic() + 60) == _Action.SYNC
+    past = time.monotonic() - 0.1  # the join deadline: torch's own answer stands
+    assert EarlyJoinOp()(ctx, past) == _RendezvousJoinOp()(ctx, past) != _Action.SYNC
+    alone = last_call_over(round_with([SURVIVOR], [SURVIVOR]))
+    assert EarlyJoinOp()(_RendezvousContext(SURVIVOR, alone, settings(max_nodes=2)),
+                         time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE
+
+
 def test_after_a_loss_a_round_below_the_previous_size_waits_instead_of_completing():
     """Alone after the loss of the other node of a round of 2: torch's last call is over and every
     known node joined, yet within the bound the round neither completes early nor at torch's

@@ -131,7 +131,9 @@ def test_a_permanent_exit_code_fails_the_job_with_the_reason_in_status_and_an_ev
     failed = condition(k8s, C.COND_FAILED, job)
     assert failed["status"] == "True" and failed["reason"] == C.REASON_PERMANENT_ERROR
     assert "failed (exit code 1, Error)" in failed["message"] and "permanentExitCodes" in failed["message"]
-    assert (C.EVENT_WARNING, C.REASON_PERMANENT_ERROR, failed["message"]) in events(k8s, job)
+    expected = (C.EVENT_WARNING, C.REASON_PERMANENT_ERROR, failed["message"])
+    # The operator posts a pass's Events after its status write: this test may be a moment ahead.
+    k8s.wait_for(lambda: expected in events(k8s, job), timeout=30, interval=0.2, what="the PermanentExitCode Event")
     assert status["restarts"] == 0
     # Nothing was replaced and nothing is left running (cleanPodPolicy Running deletes a survivor).
     k8s.wait_for(lambda: all(c.exit_code is not None for c in nodes.all()), timeout=20,

@@ -65,7 +65,9 @@ def test_an_unschedulable_node_lets_training_start_at_min_replicas_and_joins_whe
         message = unschedulable["message"]
         assert f"pendingTimeoutSeconds ({pending_timeout}s)" in message and "training continues on 1 node(s)" in message
         assert f"{held}: Unschedulable: {words['message']}" in message, message
-        assert (C.EVENT_WARNING, C.REASON_UNSCHEDULABLE, message) in events(k8s, job)
+        expected = (C.EVENT_WARNING, C.REASON_UNSCHEDULABLE, message)
+        # The operator posts a pass's Events after its status write: this test may be a moment ahead.
+        k8s.wait_for(lambda: expected in events(k8s, job), timeout=30, interval=0.2, what="the Unschedulable Event")
         assert nodes.current(held) is None, "the held pod must not run"
 
         with sandbox.join_node("second") as second:  # capacity arrives: a Node with a slot joins

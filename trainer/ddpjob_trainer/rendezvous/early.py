@@ -115,6 +115,18 @@ def everyone_known_joined(ctx: _RendezvousContext) -> bool:
     return all(node in placed for node in state.last_heartbeats)
 
 
+def spare_on_its_way(ctx: _RendezvousContext) -> bool:
+    """Whether a warm spare is about to join this incomplete round, which this node takes part
+    in below max_nodes: torch's join op moves a redundant node into the round at that node's next
+    read of the state (up to a second later, more on a busy machine). Completed at torch's last
+    call without it, the round would run at reduced size and restart the group again a moment
+    later when the spare joins. Bounded: the spare joins, or its heartbeat stops and keep-alive
+    expiry (or its closed beacon) removes it from the redundancy list."""
+    state, settings = ctx.state, ctx.settings
+    return (not state.complete and not state.closed and ctx.node in state.participants
+            and len(state.participants) < settings.max_nodes and bool(state.redundancy_list))
+
+
 @dataclass(frozen=True)
 class ReplacementWait:
     """After a lost peer: the round may complete with fewer than ``size`` participants (this
@@ -168,9 +180,11 @@ class EarlyJoinOp(_RendezvousJoinOp):
             # if another node wrote first, the next call decides again on the fresh state).
             return _Action.KEEP_ALIVE
         action = super().__call__(ctx, deadline)
-        if self._holds_for_replacement(ctx, action):
+        if self._holds_for_replacement(ctx, action) or (
+                action == _Action.MARK_RENDEZVOUS_COMPLETE and spare_on_its_way(ctx)):
             # torch's last call would complete the round smaller: wait on, heartbeat included
-            # (a node that only syncs would expire from the state meanwhile).
+            # (a node that only syncs would expire from the state meanwhile). Past the join
+            # deadline torch's op answers otherwise (it takes this node out of the round).
             return _Action.KEEP_ALIVE if _should_keep_alive(ctx) else _Action.SYNC
         if self._complete_early and action in _WAITING and everyone_known_joined(ctx):
             return _Action.MARK_RENDEZVOUS_COMPLETE
