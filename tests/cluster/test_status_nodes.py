@@ -56,6 +56,9 @@ def test_a_bound_pod_is_reported_running_at_the_given_address_and_runs_nothing(s
     assert pod["spec"]["nodeName"] == "status-b"
     assert (pod["status"]["podIP"], pod["status"]["containerStatuses"][0]["name"]) == (ADDRESS, "trainer")
     assert pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+    # The node notes what it reported once its PATCH returned: this test may see the API first.
+    kube.wait_for(lambda: any("bound" in n.reported.values() for n in status_nodes), timeout=10,
+                  what="a status node noting its report of pod bound")
     by_node = {n.name: set(n.reported.values()) for n in status_nodes}
     assert "bound" in by_node["status-b"] and "bound" not in by_node["status-a"]
     assert all(n.errors == [] for n in status_nodes), [n.errors for n in status_nodes]
