@@ -12,7 +12,9 @@ neither torch nor pydantic, so the operator image never pulls torch:
   directory a mounted Secret provides), :mod:`.client` (endpoint fail-over, TLS, auth) and
   :mod:`.cleanup` (``delete_rendezvous``, which the operator calls when a job finishes or
   is deleted). The torch side (the ``RendezvousBackend`` and the c10d store) lives in
-  ``ddpjob_trainer.rendezvous``.
+  ``ddpjob_trainer.rendezvous``;
+* :mod:`.process_start`: when a process started, from /proc (the operator's peering priority,
+  the recovery benchmark's marks).
 
 The distribution keeps its name, ``ddpjob-rdzv``: renaming it would change the install
 requirement of both images and of every user's ``pip install ddpjob-trainer`` resolution for

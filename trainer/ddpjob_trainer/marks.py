@@ -12,6 +12,8 @@ import json
 import os
 import time
 
+from ddpjob_rdzv.process_start import process_start_time
+
 MARKS_ENV = "DDPJOB_RECOVERY_MARKS"
 
 
@@ -28,15 +30,6 @@ def mark(name: str, at: float | None = None) -> None:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
-
-
-def process_start_time(pid: int | str = "self") -> float:
-    """When process ``pid`` started (seconds since the epoch), from /proc (Linux only)."""
-    # Field 22 of stat counts clock ticks since boot; the command name (field 2) may hold spaces.
-    # Against /proc/uptime (10 ms) rather than btime, which has whole seconds only.
-    ticks = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
-    now, uptime = time.time(), float(open("/proc/uptime").read().split()[0])
-    return now - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def mark_imports_done() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import kopf
 
 from ddpjob_rdzv import contract
+from ddpjob_rdzv.process_start import stable_start_time
 
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import MAX_REPLICAS
@@ -37,8 +39,11 @@ DEFAULT_METRICS_PORT = 9090  # Prometheus scrapes /metrics here
 # Where a pod finds its own namespace (the service account's projected files).
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Milliseconds since the epoch stay below this until the year 2286; the
-# difference keeps priorities positive and higher for older processes.
+# difference keeps priorities positive and higher for older processes. Times the
+# tie breakers, it stays below 2**53 for any start after 2001, so a client reading
+# JSON numbers as doubles reads it exactly.
 _PRIORITY_EPOCH_MS = 10**13
+_TIE_BREAKERS = 1000
 # Environment variables that set the defaults of the scaling flags (charts/ddpjob-operator sets them).
 ENV_QPS = "DDPJOB_KUBE_API_QPS"
 ENV_BURST = "DDPJOB_KUBE_API_BURST"
@@ -161,15 +166,29 @@ def operator_peer(selector: str, namespace: str | None) -> OperatorPeer:
     return OperatorPeer(tuple((key, value) for key, value in pairs), namespace)
 
 
-def standby_priority(started_at: float) -> int:
+def standby_priority(started_at: float, tie_breaker: int = 0) -> int:
     """A peering priority from a process start time (seconds): older processes rank higher.
 
     The incumbent keeps acting while a rollout or a second replica starts, as
     a leader keeps its lease; a replacement takes over once the incumbent has
     left the peering object (at once on a clean exit, after kopf's peering
-    lifetime when it died without one).
+    lifetime when it died without one). ``tie_breaker`` (0-999) orders two
+    processes that started in the same millisecond, which kopf would otherwise
+    both pause; it never reorders processes a millisecond or more apart.
     """
-    return _PRIORITY_EPOCH_MS - int(started_at * 1000)
+    if not 0 <= tie_breaker < _TIE_BREAKERS:
+        raise ValueError(f"tie_breaker ({tie_breaker}) must be in 0..{_TIE_BREAKERS - 1}")
+    return (_PRIORITY_EPOCH_MS - int(started_at * 1000)) * _TIE_BREAKERS + tie_breaker
+
+
+def own_start_time() -> float:
+    """This process's start (ddpjob_rdzv.process_start.stable_start_time), not the moment after
+    its imports: under load, imports take seconds, and a replica started first but slower to import
+    would rank below the other. Outside Linux (no /proc), the time of this call."""
+    try:
+        return stable_start_time()
+    except OSError:
+        return time.time()
 
 
 def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
@@ -186,7 +205,7 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage()
     if args.peering is not None:
-        settings.peering.priority = args.priority if args.priority is not None else standby_priority(time.time())
+        settings.peering.priority = args.priority if args.priority is not None else standby_priority(own_start_time(), random.randrange(_TIE_BREAKERS))
     return settings
 
 

@@ -4,6 +4,7 @@ other stands by and takes over when the first stops. (The priority rules themsel
 tests/operator/controller/test_peering_priority.py.)"""
 import pytest
 
+from ddpjob_rdzv.process_start import stable_start_time
 from ddpjob_sandbox.readers import pod_names
 from tests.cluster.installed_operator import OPERATOR_READY_SECONDS, installed_operator, operator_selector, wait
 from tests.cluster.operators import RELEASE_ENV, Operated, clean, status_manifest, unique_job_name, wait_handling_jobs
@@ -36,6 +37,14 @@ def log_since(installed, pod: str, start: dict[str, int]) -> str:
     return installed.pod_log(pod)[start[pod]:]
 
 
+def running_pid(installed, pod: str) -> int:
+    """The process id of operator pod ``pod``'s running container, from its kubelet."""
+    found = [c.process.pid for k in installed.kubelets for c in list(k.agent.pods.values())
+             if (c.namespace, c.name) == (installed.kube.namespace, pod) and c.process.poll() is None]
+    assert len(found) == 1, f"{pod}: running containers {found}"
+    return found[0]
+
+
 def test_of_two_replicas_the_older_acts_and_the_other_takes_over_when_it_stops(peered):
     kube, job = peered.kube, unique_job_name()
     running = wait(peered, lambda: len(pods := [p for p in operator_pods(kube)
@@ -46,7 +55,9 @@ def test_of_two_replicas_the_older_acts_and_the_other_takes_over_when_it_stops(p
     ranks = peers(kube)
     active, standby = sorted(names, key=lambda n: ranks[n]["priority"], reverse=True)
     assert ranks[active]["priority"] > ranks[standby]["priority"], ranks
-    started = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] for p in running}
+    # The pods' startedAt has whole seconds: two replicas started a few milliseconds apart across a
+    # second's boundary would look reversed. Their processes' own start (from /proc) is exact.
+    started = {name: stable_start_time(running_pid(peered, name)) for name in names}
     assert started[active] <= started[standby], f"the younger replica ranks higher: {started}, {ranks}"
     start = {name: len(peered.pod_log(name)) for name in names}
     try:
