@@ -15,7 +15,7 @@ failure is the kubelet's status write, made here by the admin. Every wait is on 
 
 Many jobs at once (100 and 1,000 x 8 pods, requests by verb, steady state): bench/operator_scale.py.
 The emulator's figures of this bench (docs/design/benchmarks.md) come from this file before
-this change (git history); notes/benchreal.md has both.
+this change (git history); docs/design/benchmarks.md has both.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ it; and whether a redirect target was ever asked. Figures only: nothing here is 
 
 ``BENCH_OPERATOR_SRC=/path/to/checkout python -m bench progress_poll`` runs the operator of
 another checkout (e.g. one before the poll was hardened) for comparison. The emulator's figures
-(docs/) come from this file before this change (git history); notes/benchreal.md has both.
+(docs/) come from this file before this change (git history); docs/design/benchmarks.md has both.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ the machine's load) and their median is reported with the range.
 The sandbox's backoff counts from the pod's finishedAt, which (like a kubelet's) has second
 precision, so its replacement may start up to 1 s sooner than the by-hand one. The emulator's
 figures of this bench (docs/) come from this file before this change (git history);
-notes/benchreal.md has both.
+docs/design/benchmarks.md has both.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ membership change) at almost no cost to throughput:
   A contiguous CPU tensor is copied by one plain ``memmove`` (ctypes, outside the GIL), not
   ``Tensor.copy_``: called from a thread of its own, copy_ starts an OpenMP team for it that
   competes with the training thread's, and the process spent 60-220 ms of CPU on a 107 MB
-  copy against 18-24 ms for memmove (2 cores, load ~20; the script is in notes/notice.md);
+  copy against 18-24 ms for memmove (2 cores, load ~20; the script: git show 5e46166^:notes/notice.md);
   Parameters and optimizer state change only in ``optimizer.step()``, so the trainer waits for
   the copy just before the next one (``wait``); small tensors (e.g. BatchNorm statistics, which
   the forward pass updates) and the non-tensor values are copied at once, before the thread starts;
