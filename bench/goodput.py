@@ -25,10 +25,14 @@ Next to the clean and the 1-kill run, the same job runs as two bare torchrun age
 plan's command, environment and rendezvous settings, torch's c10d backend, fresh Python workers),
 clean and with the same kill, node 1 started again by hand after the spec's backoff; the
 wall time lost per kill (1-kill wall minus clean wall) is compared between the two.
-A fifth run per round kills the same node of the job with one warm spare
-(``spec.elasticPolicy.spareReplicas: 1``, maxReplicas 2 as a spare needs): the spares column.
-``BENCH_GOODPUT_ROUNDS`` (default 1) repeats the five runs behind the ratios (clean and 1-kill
-each way, and the spares run) and prints each round's figures, then per column the median and
+Two more runs per round give the spares column: the job with one warm spare
+(``spec.elasticPolicy.spareReplicas: 1``, maxReplicas 2 as a spare needs), clean and with the same
+kill. Its lost time is against that clean run with the spare: on one machine the waiting spare is a
+third process beside two training nodes, and its start (importing torch) slows them whether or not a
+node is killed, a cost a cluster does not have (the spare is a pod on a node of its own). The table
+prints that cost apart ("the waiting spare's own cost": clean with the spare minus clean without).
+``BENCH_GOODPUT_ROUNDS`` (default 1) repeats the six runs behind the ratios (clean and 1-kill
+each way: ddpjob run, bare torchrun, ddpjob run with a spare) and prints each round's figures, then per column the median and
 range of the wall time lost per kill and the ratios to bare torchrun's: one run is +-2 s on a
 shared machine, a quarter of what is compared.
 
@@ -112,10 +116,13 @@ SPARES = 1  # warm spares of the spares column
 class Lost:
     """One round: wall seconds lost per node SIGKILL (1-kill wall minus the clean wall), each way."""
 
-    spares: float  # ddpjob run with SPARES warm spares
+    spares: float  # ddpjob run with SPARES warm spares, against the same job's clean run with them
     without: float  # ddpjob run without spares
     bare: float  # bare torchrun agents, replaced by hand after the backoff
     promoted: bool  # the spares run's spare took the killed node's place (else it was not ready yet)
+    spare_cost: float  # clean run with the spares minus clean run without: what waiting spares cost
+    spares_behind: float | None  # the spares run's kill -> last step minus the work at its pre-kill pace
+    without_behind: float | None
 
 
 @dataclass(frozen=True)
@@ -143,13 +150,16 @@ def main() -> None:
                     bare[kills] = torchrun_wall(Path(tmp), kills)
                 print(f"round {round_ + 1}: bare torchrun with {kills} kill(s): wall {bare[kills]:.1f} s", flush=True)
         if not WAIT_ONLY:
-            with tempfile.TemporaryDirectory(prefix="bench-goodput-spares-") as tmp:
-                spared = measure(Path(tmp), 1, spares=SPARES)
-            if round_ == 0:
-                rows.append(spared)
-            print(f"round {round_ + 1}: run with 1 kill and {SPARES} warm spare(s): {spared}", flush=True)
-            lost.append(Lost(spared.wall - runs[0].wall, runs[1].wall - runs[0].wall, bare[1] - bare[0],
-                             spared.promoted))
+            spared = {}
+            for kills in (0, 1):
+                with tempfile.TemporaryDirectory(prefix="bench-goodput-spares-") as tmp:
+                    spared[kills] = measure(Path(tmp), kills, spares=SPARES)
+                if round_ == 0:
+                    rows.append(spared[kills])
+                print(f"round {round_ + 1}: run with {kills} kill(s) and {SPARES} warm spare(s): {spared[kills]}",
+                      flush=True)
+            lost.append(Lost(spared[1].wall - spared[0].wall, runs[1].wall - runs[0].wall, bare[1] - bare[0],
+                             spared[1].promoted, spared[0].wall - runs[0].wall, spared[1].behind, runs[1].behind))
         waited = {}
         for wait in (0, WAIT):
             with tempfile.TemporaryDirectory(prefix="bench-goodput-wait-") as tmp:
@@ -220,13 +230,14 @@ def torchrun_wall(workdir: Path, kills: int) -> float:
 def _print_lost_per_kill(lost: list[Lost]) -> None:
     """Per round and then as median [range]: the wall time lost per kill in each column, and the
     ratios to bare torchrun's (per round, so the range of a ratio is that of side-by-side runs)."""
-    print("\nwall time lost per node SIGKILL (1-kill run minus clean run), side by side per round:")
+    print("\nwall time lost per node SIGKILL (1-kill run minus the same job's clean run), side by side per round:")
     print(f"| round | with {SPARES} spare(s) | without spares | bare torchrun | spares / bare | without / bare "
-          "| spare promoted |")
-    print("|---|---|---|---|---|---|---|")
+          f"| spare promoted | the waiting spare's own cost | behind pace, with / without spares |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, row in enumerate(lost, 1):
         print(f"| {i} | {row.spares:.1f} s | {row.without:.1f} s | {row.bare:.1f} s | {row.spares / row.bare:.2f}x "
-              f"| {row.without / row.bare:.2f}x | {'yes' if row.promoted else 'no'} |")
+              f"| {row.without / row.bare:.2f}x | {'yes' if row.promoted else 'no'} | {row.spare_cost:.1f} s "
+              f"| {row.spares_behind} s / {row.without_behind} s |")
     columns = {"with spares": [r.spares for r in lost], "without spares": [r.without for r in lost],
                "bare torchrun": [r.bare for r in lost]}
     for name, values in columns.items():
@@ -410,7 +421,7 @@ def _print_table(rows: list[RunFigures]) -> None:
     for row in rows:
         name = ("clean" if not row.kills else f"{row.kills} node {'loss' if row.node_lost else 'kill(s)'}") + (
             f", {row.spares} spare(s)" if row.spares else "") + (f", wait {row.wait} s" if row.wait is not None else "")
-        recover = ", ".join(f"{x:.1f} s" for x in row.recover) or "-"
+        recover = ", ".join("not before the end" if x is None else f"{x:.1f} s" for x in row.recover) or "-"
         full = ", ".join("not before the end" if x is None else f"{x:.1f} s" for x in row.full_size) or "-"
         print(f"| {name} | {row.wall:.1f} s | {row.steps} ({row.redone}) | {recover} | {full} | {row.lost:.1f} s "
               f"| {row.goodput:.3f} | {row.wall / clean.wall:.2f}x | {row.goodput / clean.goodput:.2f}x |")
