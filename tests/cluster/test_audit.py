@@ -52,6 +52,47 @@ def test_a_line_the_api_server_is_still_writing_belongs_to_the_next_window(tmp_p
     assert [r.audit_id for r in audit.requests(log, len(whole))] == ["b"]
 
 
+def test_a_mark_taken_while_the_api_server_appends_still_ends_on_a_whole_line(tmp_path: Path, monkeypatch):
+    # The API server appends between the mark's look at the size and its read of the tail: the
+    # tail then holds more than the size said, and counting back from that size landed mid-line.
+    log = tmp_path / "audit.log"
+    earlier = b"".join(event(f"e{i}") for i in range(400))  # past the tail the mark reads
+    log.write_bytes(earlier)
+
+    class AppendingWhileRead:
+        def __init__(self, path, mode):
+            self.file = open(path, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def seek(self, offset, whence=0):
+            at = self.file.seek(offset, whence)
+            if whence == 2:
+                with open(log, "ab") as out:
+                    out.write(event("late") + event("later")[:30])
+            return at
+
+        def read(self, *size):
+            return self.file.read(*size)
+
+    monkeypatch.setattr(audit, "open", AppendingWhileRead, raising=False)
+    start = audit.mark(log)
+    monkeypatch.undo()
+    assert start == len(earlier)
+    assert [r.audit_id for r in audit.requests(log, start)] == ["late"]
+
+
+def test_a_mark_refuses_a_tail_without_a_line_end_instead_of_starting_mid_line(tmp_path: Path):
+    log = tmp_path / "audit.log"
+    log.write_bytes(b"x" * (audit.TAIL_BYTES + 10))
+    with pytest.raises(ValueError, match="no line ends in its last 65536 bytes"):
+        audit.mark(log)
+
+
 def test_a_watch_logs_two_events_and_counts_once(tmp_path: Path):
     log = tmp_path / "audit.log"
     log.write_bytes(event("w", "watch", stage="ResponseStarted") + event("g", "get")

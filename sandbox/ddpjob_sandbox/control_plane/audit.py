@@ -47,11 +47,18 @@ def mark(path: Path) -> int:
     try:
         with open(path, "rb") as log:
             size = log.seek(0, 2)
-            log.seek(max(0, size - TAIL_BYTES))
-            tail = log.read()
+            start = max(0, size - TAIL_BYTES)
+            log.seek(start)
+            # Exactly up to the size seen: the API server appends between the two calls, and a
+            # tail read to the new end, counted back from the old size, would land mid-line
+            # (1,000 jobs on the real control plane did: "Extra data" in the next window's parse).
+            tail = log.read(size - start)
     except FileNotFoundError:
         return 0
-    return size - len(tail) + tail.rfind(b"\n") + 1
+    last = tail.rfind(b"\n")
+    if last < 0 and start > 0:
+        raise ValueError(f"{path}: no line ends in its last {TAIL_BYTES} bytes; an audit event is longer than that")
+    return start + last + 1
 
 
 def requests(path: Path, start: int = 0, end: int | None = None) -> list[Request]:
