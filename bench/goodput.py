@@ -32,9 +32,9 @@ third process beside two training nodes, and its start (importing torch) slows t
 node is killed, a cost a cluster does not have (the spare is a pod on a node of its own). The table
 prints that cost apart ("the waiting spare's own cost": clean with the spare minus clean without).
 ``BENCH_GOODPUT_ROUNDS`` (default 1) repeats the six runs behind the ratios (clean and 1-kill
-each way: ddpjob run, bare torchrun, ddpjob run with a spare) and prints each round's figures, then per column the median and
-range of the wall time lost per kill and the ratios to bare torchrun's: one run is +-2 s on a
-shared machine, a quarter of what is compared.
+each way: ddpjob run, bare torchrun, ddpjob run with a spare) and prints each round's figures, then
+per column the median and range of the wall time lost per kill and the ratios to bare torchrun's:
+one run is +-2 s on a shared machine, a quarter of what is compared.
 
 The wait columns (elasticPolicy.replacementWaitSeconds, docs/recovery.md "One pause without
 spares"): two more 1-kill runs per round without spares, the kill given as the node's machine lost
@@ -139,39 +139,34 @@ def main() -> None:
     for round_ in range(ROUNDS):
         runs, bare = {}, {}
         for kills in (0,) if WAIT_ONLY else (0, 1, 2) if round_ == 0 else (0, 1):  # the 2-kill run only once
-            with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
-                row = measure(Path(tmp), kills)
-            runs[kills] = row
-            if round_ == 0:
-                rows.append(row)
-            print(f"round {round_ + 1}: run with {kills} kill(s): {row}", flush=True)
+            runs[kills] = _run(round_, rows, f"run with {kills} kill(s)", kills)
             if kills < 2 and not WAIT_ONLY:
                 with tempfile.TemporaryDirectory(prefix="bench-goodput-torchrun-") as tmp:
                     bare[kills] = torchrun_wall(Path(tmp), kills)
                 print(f"round {round_ + 1}: bare torchrun with {kills} kill(s): wall {bare[kills]:.1f} s", flush=True)
         if not WAIT_ONLY:
-            spared = {}
-            for kills in (0, 1):
-                with tempfile.TemporaryDirectory(prefix="bench-goodput-spares-") as tmp:
-                    spared[kills] = measure(Path(tmp), kills, spares=SPARES)
-                if round_ == 0:
-                    rows.append(spared[kills])
-                print(f"round {round_ + 1}: run with {kills} kill(s) and {SPARES} warm spare(s): {spared[kills]}",
-                      flush=True)
+            spared = {kills: _run(round_, rows, f"run with {kills} kill(s) and {SPARES} warm spare(s)", kills,
+                                  spares=SPARES) for kills in (0, 1)}
             lost.append(Lost(spared[1].wall - spared[0].wall, runs[1].wall - runs[0].wall, bare[1] - bare[0],
                              spared[1].promoted, spared[0].wall - runs[0].wall, spared[1].behind, runs[1].behind))
-        waited = {}
-        for wait in (0, WAIT):
-            with tempfile.TemporaryDirectory(prefix="bench-goodput-wait-") as tmp:
-                waited[wait] = measure(Path(tmp), 1, wait=wait, node_lost=True)
-            if round_ == 0:
-                rows.append(waited[wait])
-            print(f"round {round_ + 1}: run with 1 node lost, replacementWaitSeconds {wait}: {waited[wait]}", flush=True)
+        waited = {wait: _run(round_, rows, f"run with 1 node lost, replacementWaitSeconds {wait}", 1, wait=wait,
+                             node_lost=True) for wait in (0, WAIT)}
         waits.append(WaitRound(runs[0], waited[0], waited[WAIT]))
     _print_table(rows)
     if lost:
         _print_lost_per_kill(lost)
     _print_wait(waits)
+
+
+def _run(round_: int, rows: list[RunFigures], what: str, kills: int, **options) -> RunFigures:
+    """One measured `ddpjob run` (see measure) in a scratch directory, printed as ``what``; the
+    first round's runs also go into the summary table's ``rows``."""
+    with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
+        row = measure(Path(tmp), kills, **options)
+    if round_ == 0:
+        rows.append(row)
+    print(f"round {round_ + 1}: {what}: {row}", flush=True)
+    return row
 
 
 def _print_wait(rounds: list[WaitRound]) -> None:

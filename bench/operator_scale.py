@@ -32,8 +32,8 @@ once at the end; it never lists in a loop. The emulator's figures of this bench 
 benchmarks.md) come from bench/operator_scale.py before this change (git history).
 
 On the shared 2-core machine (load 30-60) 100 x 8 takes 7-11 minutes per run and 1,000 x 8 does
-not finish (docs/design/benchmarks.md, "The benches on the real control plane"); with the chart's 20 requests/s, 1,000 jobs need ~19 minutes
-of the operator's requests alone on any machine.
+not finish (docs/design/benchmarks.md, "The benches on the real control plane"); with the chart's
+20 requests/s, 1,000 jobs need ~19 minutes of the operator's requests alone on any machine.
 
     python -m bench operator_scale                      # 100 and 1,000 jobs, chart QPS (20) and 0
     python -m bench operator_scale --jobs 100 --qps 0 --quiet-seconds 60

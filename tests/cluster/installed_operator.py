@@ -58,11 +58,16 @@ class Installed:
         `kubectl logs`); empty before it ran."""
         return operator_log(self.kube.namespace, self.kubelets, chars)
 
+    def containers(self, pod: str) -> list:
+        """Every container its kubelet started for operator pod ``pod`` (none before it ran, or
+        once its kubelet removed it)."""
+        return [c for k in self.kubelets for c in list(k.agent.pods.values())
+                if (c.namespace, c.name) == (self.kube.namespace, pod)]
+
     def pod_log(self, pod: str, chars: int = 10**8) -> str:
         """The log of operator pod ``pod`` alone, from its kubelet ("" before it ran, or once its
         kubelet removed it)."""
-        return "\n".join(c.log(chars) for k in self.kubelets for c in list(k.agent.pods.values())
-                         if (c.namespace, c.name) == (self.kube.namespace, pod))
+        return "\n".join(c.log(chars) for c in self.containers(pod))
 
 
 def helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProcess:

@@ -205,7 +205,8 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage()
     if args.peering is not None:
-        settings.peering.priority = args.priority if args.priority is not None else standby_priority(own_start_time(), random.randrange(_TIE_BREAKERS))
+        settings.peering.priority = (args.priority if args.priority is not None
+                                     else standby_priority(own_start_time(), random.randrange(_TIE_BREAKERS)))
     return settings
 
 

@@ -39,8 +39,7 @@ def log_since(installed, pod: str, start: dict[str, int]) -> str:
 
 def running_pid(installed, pod: str) -> int:
     """The process id of operator pod ``pod``'s running container, from its kubelet."""
-    found = [c.process.pid for k in installed.kubelets for c in list(k.agent.pods.values())
-             if (c.namespace, c.name) == (installed.kube.namespace, pod) and c.process.poll() is None]
+    found = [c.process.pid for c in installed.containers(pod) if c.process.poll() is None]
     assert len(found) == 1, f"{pod}: running containers {found}"
     return found[0]
 

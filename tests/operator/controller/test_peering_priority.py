@@ -1,10 +1,10 @@
 """Peering priorities (pure): kopf pauses every operator when two live peers share a priority, so
 replicas started from one Deployment (same flags) must still rank differently. The replicas
 themselves, helm-installed with peering, are tests/cluster/e2e/test_operator_peering.py's."""
-import pytest
-
 import subprocess
 import sys
+
+import pytest
 
 from ddpjob_operator.controller.main import own_start_time, parse_args, settings_for, standby_priority
 from ddpjob_rdzv.process_start import stable_start_time
