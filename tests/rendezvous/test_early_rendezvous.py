@@ -267,6 +267,41 @@ def test_torchs_last_call_does_not_complete_a_round_below_max_nodes_while_a_spar
                          time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE
 
 
+def test_torchs_last_call_waits_for_a_node_in_the_wait_list_too():
+    """A spare (or a replacement) already moved to the wait list is as much on its way as one in
+    the redundancy list; one whose heartbeat expired is not waited for."""
+    waiting = last_call_over(round_with([SURVIVOR], [SURVIVOR, NEWCOMER], wait_list=[NEWCOMER]))
+    assert EarlyJoinOp()(_RendezvousContext(SURVIVOR, waiting, settings(max_nodes=2)),
+                         time.monotonic() + 60) == _Action.SYNC
+    expired = last_call_over(round_with([SURVIVOR], [SURVIVOR], wait_list=[NEWCOMER]))
+    assert EarlyJoinOp()(_RendezvousContext(SURVIVOR, expired, settings(max_nodes=2)),
+                         time.monotonic() + 60) == _Action.MARK_RENDEZVOUS_COMPLETE
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["before-the-survivors-restart", "in-their-next-round"])
+def test_a_spare_leaving_the_redundancy_list_stays_known_and_its_join_deadline_is_renewed(complete):
+    """torch's op takes a spare off the redundancy list with its heartbeat (REMOVE_FROM_REDUNDANCY_LIST),
+    and only its next write adds it back: in between a survivor that knows no one else completes
+    its round alone. Here the spare goes to the wait list in one write, heartbeat kept. It waited
+    far longer than its join timeout as a spare; the deadline is renewed, as torch renews it."""
+    state = round_with([SURVIVOR], [SURVIVOR, NEWCOMER], redundant=[NEWCOMER], complete=complete)
+    ctx, stale = _RendezvousContext(NEWCOMER, state, settings(max_nodes=2)), time.monotonic() - 600
+    assert _RendezvousJoinOp()(ctx, stale) == _Action.REMOVE_FROM_REDUNDANCY_LIST
+    spare = EarlyJoinOp()
+    assert spare(ctx, stale) == _Action.ADD_TO_WAIT_LIST
+    # What torch's executor then writes (its _add_to_wait_list), as the survivor reads it:
+    state.redundancy_list.discard(NEWCOMER)
+    state.wait_list.add(NEWCOMER)
+    assert NEWCOMER in state.last_heartbeats
+    if not complete:
+        survivor = _RendezvousContext(SURVIVOR, last_call_over(state), settings(max_nodes=2))
+        assert EarlyJoinOp()(survivor, time.monotonic() + 60) == _Action.SYNC, "the survivor waits for the spare"
+        assert spare(ctx, stale) == _Action.ADD_TO_PARTICIPANTS
+        assert _RendezvousJoinOp()(ctx, stale) == _Action.ERROR_TIMEOUT  # the stale deadline would end its wait
+    else:
+        assert spare(ctx, stale) == _RendezvousJoinOp()(ctx, time.monotonic() + 60)
+
+
 def test_after_a_loss_a_round_below_the_previous_size_waits_instead_of_completing():
     """Alone after the loss of the other node of a round of 2: torch's last call is over and every
     known node joined, yet within the bound the round neither completes early nor at torch's

@@ -47,9 +47,10 @@ A warm spare (``DDPJOB_SPARE=1``, elasticPolicy.spareReplicas) starts with the n
 only once a group trains (or the rendezvous closed): the round then holds ``max_nodes``, so
 torch's join op puts it in the redundancy list, where it keeps its heartbeat, is not counted
 by ``num_nodes_waiting`` (the group does not restart for it) and waits without a join deadline.
-When a participant is lost, torch moves it to the wait list and it joins the survivors' next
-round (its join deadline renewed); the survivors' round completes early with it (it is a
-known node). Its fork server is warm before it joins, as for any node joining a running group.
+When a participant is lost, it moves to the wait list in one write (torch would first drop it
+from the state, heartbeat and all, then add it back: in between a survivor could complete its
+round without it) and joins the survivors' next round (its join deadline renewed); the
+survivors' round completes early with it (it is a known node). Its fork server is warm before it joins, as for any node joining a running group.
 Started beside the nodes without waiting, a spare could take a place in the first round and
 leave a node waiting as the spare.
 
@@ -115,16 +116,19 @@ def everyone_known_joined(ctx: _RendezvousContext) -> bool:
     return all(node in placed for node in state.last_heartbeats)
 
 
-def spare_on_its_way(ctx: _RendezvousContext) -> bool:
-    """Whether a warm spare is about to join this incomplete round, which this node takes part
-    in below max_nodes: torch's join op moves a redundant node into the round at that node's next
-    read of the state (up to a second later, more on a busy machine). Completed at torch's last
-    call without it, the round would run at reduced size and restart the group again a moment
-    later when the spare joins. Bounded: the spare joins, or its heartbeat stops and keep-alive
-    expiry (or its closed beacon) removes it from the redundancy list."""
+def node_on_its_way(ctx: _RendezvousContext) -> bool:
+    """Whether a node the state knows is about to join this incomplete round, which this node
+    takes part in below max_nodes: a warm spare in the redundancy list, or a node in the wait
+    list (a spare on its way out of the redundancy list, a replacement, a scale-up). torch's join
+    op moves either into the round at that node's next read of the state (up to a second later,
+    more on a busy machine). Completed at torch's last call without it, the round would run at
+    reduced size and restart the group again a moment later when that node joins. Bounded: the
+    node joins, or its heartbeat stops and keep-alive expiry (or its closed beacon) removes it
+    from the state."""
     state, settings = ctx.state, ctx.settings
+    on_its_way = (state.redundancy_list | state.wait_list) & state.last_heartbeats.keys()
     return (not state.complete and not state.closed and ctx.node in state.participants
-            and len(state.participants) < settings.max_nodes and bool(state.redundancy_list))
+            and len(state.participants) < settings.max_nodes and bool(on_its_way))
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,8 @@ class EarlyJoinOp(_RendezvousJoinOp):
     (a fresh context from a fresh read of the state), it waits by polling every poll_interval
     instead of handing torch's loop a one-second wait. With ``wait`` (after a lost peer), a
     round below the previous size completes neither early nor at torch's last call while the
-    wait holds."""
+    wait holds. A spare leaving the redundancy list goes straight to the wait list, known to
+    the others all the way into the round (node_on_its_way)."""
 
     def __init__(self, liveness: Liveness | None = None, mark_dirty=None, complete_early: bool = True,
                  refresh: Callable[[], _RendezvousContext] | None = None,
@@ -156,6 +161,7 @@ class EarlyJoinOp(_RendezvousJoinOp):
         self._refresh, self._wait = refresh, wait
         self._said_redundant = False
         self._said_waiting = False
+        self._renewed_deadline: float | None = None  # when a spare left the redundancy list (_decide)
 
     def __call__(self, ctx: _RendezvousContext, deadline: float) -> _Action:
         action = self._decide(ctx, deadline)
@@ -179,9 +185,18 @@ class EarlyJoinOp(_RendezvousJoinOp):
             # A keep-alive is an action that writes: the removal is synced at once (compare-and-set;
             # if another node wrote first, the next call decides again on the fresh state).
             return _Action.KEEP_ALIVE
+        if self._renewed_deadline is not None:
+            deadline = max(deadline, self._renewed_deadline)
         action = super().__call__(ctx, deadline)
+        if action == _Action.REMOVE_FROM_REDUNDANCY_LIST:
+            # torch's removal deletes this node's heartbeat too: until its next write (the wait list
+            # or the round) no other node knows it, and a survivor completes its round without it
+            # (everyone it knows joined), to restart again when this node joins. The wait list
+            # keeps it known in one write; the join deadline is renewed as torch renews it there.
+            self._renewed_deadline = time.monotonic() + ctx.settings.timeout.join.total_seconds()
+            return _Action.ADD_TO_WAIT_LIST
         if self._holds_for_replacement(ctx, action) or (
-                action == _Action.MARK_RENDEZVOUS_COMPLETE and spare_on_its_way(ctx)):
+                action == _Action.MARK_RENDEZVOUS_COMPLETE and node_on_its_way(ctx)):
             # torch's last call would complete the round smaller: wait on, heartbeat included
             # (a node that only syncs would expire from the state meanwhile). Past the join
             # deadline torch's op answers otherwise (it takes this node out of the round).
