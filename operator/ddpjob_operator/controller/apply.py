@@ -60,10 +60,11 @@ def merge_patch(old: dict, new: dict) -> dict:
     return patch
 
 
-async def apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], actions: list[Action],
+async def apply(api: kube.Kube, cache: ClusterCache, job: dict, pods: tuple[PodView, ...], actions: list[Action],
                 creates: CreateRetries, memory: ApiMemory) -> float | None:
     """Executes the pass's actions but DeleteRendezvousKeys (job_pass.py starts that outside the
-    pass); returns when to look again (None: no need)."""
+    pass); returns when to look again (None: no need). What it creates goes into ``cache`` from
+    the create's answer (ClusterCache.offer)."""
     namespace = job["metadata"]["namespace"]
     uids = {p.name: p.uid or None for p in pods}
     # The policy first, and no pod unless it went through (decide/isolation.py): a pod never runs
@@ -71,13 +72,13 @@ async def apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], actions: l
     isolated = True
     for action in actions:
         if isinstance(action, (CreateNetworkPolicy, PatchNetworkPolicy)):
-            isolated = await _write_network_policy(api, namespace, action, memory) and isolated
+            isolated = await _write_network_policy(api, cache, namespace, action, memory) and isolated
     bodies = [a.body for a in actions if isinstance(a, CreateService)
               or (isinstance(a, CreatePod) and isolated)]
-    writes, requeue = [_create(api, (namespace, job["metadata"]["name"]), bodies, creates)], None
+    writes, requeue = [_create(api, cache, (namespace, job["metadata"]["name"]), bodies, creates)], None
     for action in actions:
         if isinstance(action, (CreateDisruptionBudget, PatchDisruptionBudget, DeleteDisruptionBudget)):
-            writes.append(_write_disruption_budget(api, namespace, action, memory))
+            writes.append(_write_disruption_budget(api, cache, namespace, action, memory))
         elif isinstance(action, DeletePod):
             logger.info("Deleting pod %s/%s: %s", namespace, action.name, action.reason)
             writes.append(api.delete_or_skip("Pod", namespace, action.name, uids.get(action.name),
@@ -91,8 +92,8 @@ async def apply(api: kube.Kube, job: dict, pods: tuple[PodView, ...], actions: l
     return min((r for r in (requeue, create_requeue) if r is not None), default=None)
 
 
-async def _write_network_policy(api: kube.Kube, namespace: str, action: CreateNetworkPolicy | PatchNetworkPolicy,
-                                memory: ApiMemory) -> bool:
+async def _write_network_policy(api: kube.Kube, cache: ClusterCache, namespace: str,
+                                action: CreateNetworkPolicy | PatchNetworkPolicy, memory: ApiMemory) -> bool:
     """Create-or-skip, or put the spec back; False when the pass must create no pod (someone
     else's policy has the name: the next passes report it, from ``memory``). Without the grant
     to create (403) the job runs without one, as when it cannot be read, and the next pass's
@@ -103,7 +104,7 @@ async def _write_network_policy(api: kube.Kube, namespace: str, action: CreateNe
             await api.patch_or_skip("NetworkPolicy", namespace, action.name,
                                     {"spec": merge_patch(action.observed, action.wanted)})
             return True
-        await api.create_or_skip(action.body, namespace)
+        await _create_and_keep(api, cache, action.body, namespace)
         memory.policy_created((namespace, action.body["metadata"]["name"]))
     except kube.ForeignObjectError as e:
         logger.warning("Not creating the NetworkPolicy in %s: %s", namespace, e.api_message)
@@ -117,12 +118,12 @@ async def _write_network_policy(api: kube.Kube, namespace: str, action: CreateNe
     return True
 
 
-async def _write_disruption_budget(api: kube.Kube, namespace: str, action: CreateDisruptionBudget
+async def _write_disruption_budget(api: kube.Kube, cache: ClusterCache, namespace: str, action: CreateDisruptionBudget
                                    | PatchDisruptionBudget | DeleteDisruptionBudget, memory: ApiMemory) -> None:
     """Create-or-skip, patch-or-skip or delete-or-skip the budget; without the grant (403) the job runs without one."""
     try:
         if isinstance(action, CreateDisruptionBudget):
-            await api.create_or_skip(action.body, namespace)
+            await _create_and_keep(api, cache, action.body, namespace)
         elif isinstance(action, PatchDisruptionBudget):
             await api.patch_or_skip("PodDisruptionBudget", namespace, action.name, action.patch)
         else:
@@ -135,7 +136,8 @@ async def _write_disruption_budget(api: kube.Kube, namespace: str, action: Creat
         memory.warn_missing_grant("PodDisruptionBudget", namespace, NO_BUDGET_GRANT, namespace, e)
 
 
-async def _create(api: kube.Kube, key: JobKey, bodies: list[dict], creates: CreateRetries) -> float | None:
+async def _create(api: kube.Kube, cache: ClusterCache, key: JobKey, bodies: list[dict],
+                  creates: CreateRetries) -> float | None:
     """Creates ``bodies`` unless the job's creates back off; returns when to look again (None: no need).
 
     A refusal is kept in ``creates`` for the next pass to report, and that pass comes at once
@@ -144,7 +146,7 @@ async def _create(api: kube.Kube, key: JobKey, bodies: list[dict], creates: Crea
     reported, requeue = creates.last(key), None
     if bodies and creates.hold(key) > 0:
         return creates.hold(key)
-    refused = await _create_in_waves(api, key[0], bodies) if bodies else None
+    refused = await _create_in_waves(api, cache, key[0], bodies) if bodies else None
     if refused is None:
         creates.succeeded(key)
     else:
@@ -157,7 +159,7 @@ async def _create(api: kube.Kube, key: JobKey, bodies: list[dict], creates: Crea
     return requeue
 
 
-async def _create_in_waves(api: kube.Kube, namespace: str,
+async def _create_in_waves(api: kube.Kube, cache: ClusterCache, namespace: str,
                            bodies: list[dict]) -> tuple[CreateFailure, float | None] | None:
     """Creates in waves of 1, 2, 4, ... (the ReplicaSet controller's slow start) and stops at
     the first wave with a refusal: a quota that refuses one pod refuses the rest, and costs one
@@ -165,7 +167,7 @@ async def _create_in_waves(api: kube.Kube, namespace: str,
     done, size = 0, 1
     while done < len(bodies):
         wave = bodies[done:done + size]
-        outcomes = await asyncio.gather(*(_create_one(api, namespace, body) for body in wave))
+        outcomes = await asyncio.gather(*(_create_one(api, cache, namespace, body) for body in wave))
         refused = next((o for o in outcomes if o is not None), None)
         if refused is not None:
             return refused
@@ -173,10 +175,18 @@ async def _create_in_waves(api: kube.Kube, namespace: str,
     return None
 
 
-async def _create_one(api: kube.Kube, namespace: str, body: dict) -> tuple[CreateFailure, float | None] | None:
+async def _create_one(api: kube.Kube, cache: ClusterCache, namespace: str,
+                      body: dict) -> tuple[CreateFailure, float | None] | None:
     try:
-        await api.create_or_skip(body, namespace)
+        await _create_and_keep(api, cache, body, namespace)
     except (kube.ApiError, kube.RetryableError) as e:
         failure = CreateFailure(body["kind"], body["metadata"]["name"], e.status, e.reason, e.api_message)
         return failure, e.retry_after
     return None
+
+
+async def _create_and_keep(api: kube.Kube, cache: ClusterCache, body: dict, namespace: str) -> None:
+    """Create-or-skip, and the created object into the cache at once (ClusterCache.offer)."""
+    created = await api.create_or_skip(body, namespace)
+    if created:
+        cache.offer(created)

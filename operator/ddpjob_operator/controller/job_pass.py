@@ -48,7 +48,7 @@ async def run_pass(ctx: PassContext, key: JobKey) -> PassOutcome:
             ctx.statuses.wrote(key, uid)
         else:
             ctx.statuses.keep(key, result.status)
-        requeue = await apply.apply(ctx.api, job, observed.pods, result.actions, ctx.creates, ctx.memory)
+        requeue = await apply.apply(ctx.api, ctx.cache, job, observed.pods, result.actions, ctx.creates, ctx.memory)
         await post_events(ctx.api, job, result.events)
     metrics.observe_job(namespace, name, result.status.get("phase"))
     metrics.observe_goodput(namespace, name, result.status, now)

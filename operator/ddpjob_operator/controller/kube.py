@@ -207,9 +207,9 @@ class Kube:
 
     # ------------------------------------------------------------------ verbs
 
-    async def create_or_skip(self, obj: Mapping[str, Any], namespace: str) -> bool:
-        """Creates ``obj``; False (not an error) when it exists already and is ours, e.g. from a
-        pass before a restart.
+    async def create_or_skip(self, obj: Mapping[str, Any], namespace: str) -> dict | None:
+        """Creates ``obj`` and returns it as the API server stored it; None (not an error) when it
+        exists already and is ours, e.g. from a pass before a restart.
 
         A 409 alone does not say whose the object is: anyone who may create pods can take a
         name the operator will use. So an ``obj`` with a controller ownerReference is read
@@ -220,13 +220,12 @@ class Kube:
         """
         path = object_path(obj["apiVersion"], _PLURALS[obj["kind"]], namespace)
         try:
-            await self.request("POST", path, obj)
+            return await self.request("POST", path, obj)
         except ApiError as e:
             if e.status != 409:
                 raise
             await self._check_controller(obj, namespace)
-            return False
-        return True
+            return None
 
     async def _check_controller(self, obj: Mapping[str, Any], namespace: str) -> None:
         """Raises ForeignObjectError when the object named like ``obj`` has not ``obj``'s controller."""

@@ -32,11 +32,14 @@ def run(connect, scenario):
     return asyncio.run(with_client())
 
 
-def test_create_or_skip_creates_once_and_then_skips(kube, connect):
+def test_create_or_skip_creates_once_and_answers_the_stored_object_then_skips(kube, connect):
     async def scenario(api):
         return [await api.create_or_skip(pod("p0"), kube.namespace), await api.create_or_skip(pod("p0"), kube.namespace)]
-    assert run(connect, scenario) == [True, False]
-    assert [p["metadata"]["name"] for p in kube.list("pods")] == ["p0"]
+    created, skipped = run(connect, scenario)
+    [stored] = kube.list("pods")
+    assert skipped is None and stored["metadata"]["name"] == "p0"
+    assert (created["metadata"]["uid"], created["metadata"]["resourceVersion"]) == (
+        stored["metadata"]["uid"], stored["metadata"]["resourceVersion"])
 
 
 def owned(name: str, job: dict) -> dict:
@@ -65,7 +68,7 @@ def test_a_409_on_an_object_the_job_controls_is_skipped_and_on_anyone_elses_is_r
         return outcomes
     skipped, no_owner, theirs = run(connect, scenario)
     uid = mlp["metadata"]["uid"]
-    assert skipped is False
+    assert skipped is None
     assert no_owner == (409, "ForeignObject", (
         f"Pod 'mlp-node-1' already exists and has no controller, not by DDPJob 'mlp' (uid {uid}): the operator "
         "neither adopts nor replaces it; delete or rename it so the job can create its own"))

@@ -9,6 +9,7 @@ import pytest
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.controller import apply as executor, kube, observe
 from ddpjob_operator.controller.backoff import CreateRetries
+from ddpjob_operator.controller.cache import ClusterCache
 from ddpjob_operator.controller.memory import ApiMemory
 from ddpjob_operator.decide.actions import CreateNetworkPolicy, CreatePod, CreateService
 from ddpjob_operator.decide.isolation import FOREIGN_POLICY_RECHECK_SECONDS
@@ -33,13 +34,13 @@ class Api:
             raise self.policy_error
         await asyncio.sleep(0)
         self.created.append(f"{obj['kind']}/{obj['metadata']['name']}")
-        return True
+        return obj
 
 
 def apply(api: Api, memory: ApiMemory | None = None) -> list[str]:
     actions = [CreateNetworkPolicy(body("NetworkPolicy", "mlp")), CreateService(body("Service", "mlp")),
                CreatePod(body("Pod", "mlp-node-0"))]
-    asyncio.run(executor.apply(api, JOB, (), actions, CreateRetries(), memory or ApiMemory()))
+    asyncio.run(executor.apply(api, ClusterCache(api), JOB, (), actions, CreateRetries(), memory or ApiMemory()))
     return api.created
 
 
