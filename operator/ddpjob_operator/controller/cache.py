@@ -180,6 +180,9 @@ class Store:
         entry = self._objects.get((namespace, name))
         return entry[2] if entry is not None else None
 
+    def keys(self) -> list[ObjectKey]:
+        return list(self._objects)
+
     def of_job(self, namespace: str, job: str) -> tuple[Any, ...]:
         """The kept objects of one job, by name (the order a LIST answers in)."""
         held = self._by_job.get((namespace, job)) or {}
@@ -276,6 +279,10 @@ class ClusterCache:
 
     def job(self, namespace: str, name: str) -> dict | None:
         return self.stores[JOBS.plural].get(namespace, name)
+
+    def job_keys(self) -> list[ObjectKey]:
+        """Every job held: (namespace, name)."""
+        return self.stores[JOBS.plural].keys()
 
     def pods(self, namespace: str, job: str) -> tuple[PodView, ...]:
         """Every pod of the job (node, store and etcd pods alike), by name."""

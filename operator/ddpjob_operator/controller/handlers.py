@@ -30,6 +30,9 @@ async def start(memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig was found")
     memo.operator = OperatorState.start(info, memo, run_pass)
+    # Before kopf's keep-alive starts (kopf holds it until the startup handlers finish), so that its
+    # first heartbeat finds the peering object.
+    await memo.operator.follow_peering()
 
 
 @kopf.on.cleanup()

@@ -308,7 +308,7 @@ class Kube:
         return list(result.get("items") or []), str((result.get("metadata") or {}).get("resourceVersion") or "")
 
     async def watch(self, api_version: str, plural: str, namespace: str | None, label_selector: str,
-                    resource_version: str, seconds: int) -> AsyncIterator[dict]:
+                    resource_version: str, seconds: int, field_selector: str = "") -> AsyncIterator[dict]:
         """The watch events after ``resource_version``, one dict each, until the server ends the
         watch (after ``seconds``). An ERROR event (410 Gone, ...) is yielded like the others.
 
@@ -319,6 +319,8 @@ class Kube:
                   "allowWatchBookmarks": "true"}
         if label_selector:
             params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
         path = object_path(api_version, plural, namespace)
         await self.rate.wait()
         try:

@@ -18,6 +18,8 @@ import argparse
 import logging
 import os
 import random
+import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ from ddpjob_rdzv.process_start import stable_start_time
 from ddpjob_operator.api import constants as C
 from ddpjob_operator.api.spec import MAX_REPLICAS
 from ddpjob_operator.controller import kube, metrics
+from ddpjob_operator.controller.peering import Peering
 from ddpjob_operator.render.network_policy import OperatorPeer
 from ddpjob_operator.decide import writes
 
@@ -111,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--max-replicas ({args.max_replicas}) must be 1..{MAX_REPLICAS}, the CRD's own maximum")
     if args.priority is not None and args.peering is None:
         parser.error("--priority only matters with --peering NAME: a standalone operator has no peers to rank against")
+    if args.peering is not None and not watched_namespaces(args.namespace) and args.namespace:
+        parser.error(f"--peering with a namespace pattern ({', '.join(args.namespace)}) is not supported: the "
+                     "replicas follow one peering object per namespace; name the namespaces")
     for port_flag in ("liveness_port", "metrics_port"):
         if not 0 <= getattr(args, port_flag) <= 65535:
             parser.error(f"--{port_flag.replace('_', '-')} ({getattr(args, port_flag)}) must be 0..65535")
@@ -210,6 +216,13 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     return settings
 
 
+def peering_identity() -> str:
+    """This replica's name in the peering object: the pod's (POD_ID, as kopf reads it; the chart
+    sets it), else host, process and a random part. main.py hands it to kopf and to the
+    operator's own view of the object (peering.PeeringView), which must find itself there."""
+    return os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import ddpjob_operator.controller.handlers  # noqa: F401  (registers the handlers with kopf)
@@ -218,19 +231,22 @@ def main(argv: list[str] | None = None) -> int:
     host = contract.listen_host()
     metrics.serve(args.metrics_port, host)
     settings = settings_for(args)
+    peering = None
     if args.peering is not None:
+        peering = Peering(args.peering, peering_identity(), settings.peering.priority, tuple(args.namespace))
         logging.getLogger("ddpjob_operator").info(
-            "peering through %r with priority %d: the highest live priority acts, the others stand by",
-            args.peering, settings.peering.priority)
+            "peering through %r as %s with priority %d: the highest live priority acts, the others stand by",
+            args.peering, peering.identity, peering.priority)
     kopf.run(
         settings=settings,
         memo=kopf.Memo(progress_poll_seconds=args.progress_poll_seconds,
                        status_write_interval_seconds=args.status_write_interval_seconds, operator_peer=args.operator_peer,
                        max_replicas=args.max_replicas, kube_api_qps=args.kube_api_qps,
                        kube_api_burst=args.kube_api_burst, max_concurrent_passes=args.max_concurrent_passes,
-                       watched_namespaces=watched_namespaces(args.namespace)),
+                       watched_namespaces=watched_namespaces(args.namespace), peering=peering),
         standalone=args.peering is None,
         peering_name=args.peering,
+        identity=peering.identity if peering is not None else None,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=liveness_endpoint(args.liveness_port, host),

@@ -44,8 +44,11 @@ class JobPasses:
     """
 
     def __init__(self, run: Callable[[JobKey], Awaitable[PassOutcome]], errors: Backoff | None = None,
-                 limit: int = kube.DEFAULT_CONCURRENT_PASSES):
+                 limit: int = kube.DEFAULT_CONCURRENT_PASSES, acting: Callable[[], bool] = lambda: True):
         self._run = run
+        # False while another replica acts (peering.PeeringView): pokes and timers are dropped,
+        # and the view pokes every job when this replica takes over.
+        self.acting = acting
         self.errors = errors or Backoff()  # failed passes in a row, per job
         self._slots = asyncio.Semaphore(limit)
         self._locks: dict[JobKey, asyncio.Lock] = {}
@@ -78,8 +81,9 @@ class JobPasses:
         return outcome
 
     def poke(self, key: JobKey) -> None:
-        """A pass soon; several pokes within COALESCE_SECONDS share it."""
-        if key in self._queued:
+        """A pass soon; several pokes within COALESCE_SECONDS share it. None while another
+        replica acts (``acting``)."""
+        if key in self._queued or not self.acting():
             return
         self._queued.add(key)
         task = asyncio.get_running_loop().create_task(self._poked(key))

@@ -5,6 +5,7 @@ event to it; nothing of it is module-global.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -18,6 +19,7 @@ from ddpjob_operator.controller.cache import ClusterCache
 from ddpjob_operator.controller.etcd_cleanup import RendezvousCleaner
 from ddpjob_operator.controller.memory import ApiMemory, StatusMemory
 from ddpjob_operator.controller.passes import JobKey, JobPasses, PassOutcome
+from ddpjob_operator.controller.peering import Peering, PeeringView, wait_until_present
 from ddpjob_operator.decide import writes
 from ddpjob_operator.render.network_policy import OperatorPeer
 
@@ -51,10 +53,13 @@ Pass = Callable[[PassContext, JobKey], Awaitable[PassOutcome]]  # job_pass.run_p
 
 @dataclasses.dataclass
 class OperatorState:
-    """One operator process: ``context`` is what its passes share, ``passes`` runs them."""
+    """One operator process: ``context`` is what its passes share, ``passes`` runs them; with
+    --peering, ``peering`` says whether this replica acts (its passes' pokes wait for it)."""
 
     context: PassContext
     passes: JobPasses
+    peering: PeeringView | None = None
+    _tasks: set[asyncio.Task] = dataclasses.field(default_factory=set)
 
     @classmethod
     def start(cls, info: kopf.ConnectionInfo, flags: Mapping[str, Any], run_pass: Pass) -> OperatorState:
@@ -76,8 +81,39 @@ class OperatorState:
         # Pod, Service and NetworkPolicy events reach the job's passes through the cache's watches.
         cache = ClusterCache(api, flags.get("watched_namespaces", ()), poke=passes.poke)
         context = PassContext(api, cache, RendezvousCleaner(api), settings)
+        state = cls(context, passes)
+        peering: Peering | None = flags.get("peering")
+        if peering is not None:  # standby until follow_peering's view says otherwise
+            state.peering = PeeringView(api, peering, on_active=state._pass_every_job)
+            passes.acting = lambda: state.peering.active
         cache.start()
-        return cls(context, passes)
+        return state
+
+    async def follow_peering(self) -> None:
+        """With --peering: waits for the peering object (peering.wait_until_present), then
+        follows it; this replica's own passes run while kopf's rule says it acts.
+
+        Raises:
+            kopf.PermanentError: the object is still missing after the bound (the message names it).
+        """
+        if self.peering is None:
+            return
+        try:
+            await wait_until_present(self.context.api, self.peering.peering)
+        except LookupError as e:
+            raise kopf.PermanentError(str(e)) from e
+        self.peering.start()
+
+    def _pass_every_job(self) -> None:
+        """This replica takes over: a pass of every job, as at start-up (the timers and pokes of
+        the replica that acted are gone with it, and kopf calls no handler on resuming)."""
+        async def every_job() -> None:
+            await self.context.cache.synced()
+            for key in self.context.cache.job_keys():
+                self.passes.poke(key)
+        task = asyncio.get_running_loop().create_task(every_job())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def job_changed(self, body: Mapping[str, Any], key: tuple[str, str], retry: int) -> None:
         """A job appeared, changed its spec (replicas, suspend, ...) or was found at start-up.
@@ -104,6 +140,8 @@ class OperatorState:
             await self.context.cleaner.on_delete(body, retry)
 
     async def stop(self) -> None:
+        if self.peering is not None:
+            await self.peering.stop()
         await self.context.cache.stop()
         if self.context.cleaner is not None:
             self.context.cleaner.close()

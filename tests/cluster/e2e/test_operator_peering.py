@@ -2,6 +2,8 @@
 ``replicaCount: 2, peering.enabled: true``, two operator pods of one Deployment; one acts, the
 other stands by and takes over when the first stops. (The priority rules themselves, pure:
 tests/operator/controller/test_peering_priority.py.)"""
+import re
+
 import pytest
 
 from ddpjob_rdzv.process_start import stable_start_time
@@ -37,6 +39,13 @@ def log_since(installed, pod: str, start: dict[str, int]) -> str:
     return installed.pod_log(pod)[start[pod]:]
 
 
+def own_view(installed, pod: str) -> str | None:
+    """What operator pod ``pod`` last logged of its own view of the peering object: "acts",
+    "stands by", or None (nothing yet: it starts standing by)."""
+    said = re.findall(rf"Peering: this replica \({re.escape(pod)}\) (acts|stands by)", installed.pod_log(pod))
+    return said[-1] if said else None
+
+
 def running_pid(installed, pod: str) -> int:
     """The process id of operator pod ``pod``'s running container, from its kubelet."""
     found = [c.process.pid for c in installed.containers(pod) if c.process.poll() is None]
@@ -58,6 +67,11 @@ def test_of_two_replicas_the_older_acts_and_the_other_takes_over_when_it_stops(p
     # second's boundary would look reversed. Their processes' own start (from /proc) is exact.
     started = {name: stable_start_time(running_pid(peered, name)) for name in names}
     assert started[active] <= started[standby], f"the younger replica ranks higher: {started}, {ranks}"
+    # The operator's own view of the peering object (its cache's passes) agrees with kopf's. (Two
+    # replicas started together may each act for a moment, kopf's handlers too, until the other's
+    # first heartbeat shows.)
+    wait(peered, lambda: own_view(peered, active) == "acts" and own_view(peered, standby) in (None, "stands by"),
+         10, "the operator's own view of the peering object")
     start = {name: len(peered.pod_log(name)) for name in names}
     try:
         # Elastic bounds: the CRD refuses a change of replicas to a job started with fixed --nnodes.
@@ -75,6 +89,7 @@ def test_of_two_replicas_the_older_acts_and_the_other_takes_over_when_it_stops(p
         kube.delete("pods", active)
         wait(peered, lambda: "Resuming operations after the pause" in log_since(peered, standby, start), 60,
              f"{standby} taking over")
+        wait(peered, lambda: own_view(peered, standby) == "acts", 10, f"{standby}'s own passes taking over")
         kube.patch("ddpjobs", job, {"spec": {"replicas": 3}})
         wait(peered, lambda: f"{job}-node-2" in pod_names(kube, job), 30, f"{standby} scaling the job up")
         assert "Handler 'job_changed' succeeded" in log_since(peered, standby, start)
