@@ -5,9 +5,9 @@ higher (or the same) priority, and starts paused until the object's first event.
 own cache watches and the passes they start (a pod's exit, a planned requeue, a progress poll)
 are not kopf's: a standby replica ran them too, two replicas writing one job. ``PeeringView``
 follows the same object with the same rule (``acts``); JobPasses drops its pokes while the view
-says standby, and the view pokes every job when this replica takes over, as kopf's handlers do
-not (kopf resumes a watch without calling them again). kopf's handlers need no gate: kopf calls
-them only while it acts.
+says standby, and the view pokes every job when this replica takes over (kopf's resume handler
+runs only for the jobs this process has not handled before). kopf's handlers need no gate: kopf
+calls them only while it acts.
 
 kopf's keep-alive patches the object and skips a missing one until its next try, ~50 s later,
 and a replica that sees the object without peers acts: with the chart creating the object after

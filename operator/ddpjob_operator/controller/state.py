@@ -105,8 +105,9 @@ class OperatorState:
         self.peering.start()
 
     def _pass_every_job(self) -> None:
-        """This replica takes over: a pass of every job, as at start-up (the timers and pokes of
-        the replica that acted are gone with it, and kopf calls no handler on resuming)."""
+        """This replica takes over: a pass of every job, as at start-up. The timers and pokes of
+        the replica that acted are gone with it, and kopf's resume handler, on resuming, runs
+        only for the jobs this process has not handled before."""
         async def every_job() -> None:
             await self.context.cache.synced()
             for key in self.context.cache.job_keys():
