@@ -233,13 +233,10 @@ class Kube:
         wanted = controller_of(meta)
         if wanted is None:  # nothing to compare with (an object the operator does not own)
             return
-        # A LIST by name, not a GET: the operator lists (and watches) every kind it creates, and
-        # needs no `get` grant for this rare read.
-        found, _ = await self.list_objects(obj["apiVersion"], _PLURALS[obj["kind"]], namespace,
-                                           field_selector=f"metadata.name={meta['name']}")
-        if not found:  # deleted since the 409: the next pass creates it
+        found = await self.find_by_name(obj["apiVersion"], _PLURALS[obj["kind"]], namespace, meta["name"])
+        if found is None:  # deleted since the 409: the next pass creates it
             return
-        theirs = controller_of(found[0].get("metadata") or {})
+        theirs = controller_of(found.get("metadata") or {})
         if theirs is None or theirs.get("uid") != wanted.get("uid"):
             path = object_path(obj["apiVersion"], _PLURALS[obj["kind"]], namespace, meta["name"])
             raise ForeignObjectError(obj["kind"], meta["name"], wanted, theirs, f"POST {path}")
@@ -306,6 +303,12 @@ class Kube:
         params = params or None
         result = await self.request("GET", object_path(api_version, plural, namespace), params=params)
         return list(result.get("items") or []), str((result.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def find_by_name(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
+        """One object, None when it does not exist. A LIST by name, not a GET: the operator lists
+        (and watches) every kind it reads, and needs no `get` grant for these rare reads."""
+        found, _ = await self.list_objects(api_version, plural, namespace, field_selector=f"metadata.name={name}")
+        return found[0] if found else None
 
     async def watch(self, api_version: str, plural: str, namespace: str | None, label_selector: str,
                     resource_version: str, seconds: int, field_selector: str = "") -> AsyncIterator[dict]:

@@ -95,7 +95,8 @@ async def wait_until_present(api: kube.Kube, peering: Peering, timeout: float = 
     deadline, said = time.monotonic() + timeout, False
     missing = list(peering.scopes)
     while True:
-        missing = [ns for ns in missing if not await _read(api, peering, ns)]
+        missing = [ns for ns in missing
+                   if await api.find_by_name(API_VERSION, peering.plural, ns, peering.name) is None]
         if not missing:
             return
         if time.monotonic() >= deadline:
@@ -108,14 +109,6 @@ async def wait_until_present(api: kube.Kube, peering: Peering, timeout: float = 
             logger.info("Waiting for %s (up to %.0f s): kopf heartbeats only into an existing one",
                         peering.describe(missing[0]), timeout)
         await asyncio.sleep(poll)
-
-
-async def _read(api: kube.Kube, peering: Peering, namespace: str | None) -> dict | None:
-    """The peering object in ``namespace``; None when it does not exist. A LIST by name: the
-    operator may list and watch peering objects, as kopf does, not get them."""
-    found, _ = await api.list_objects(API_VERSION, peering.plural, namespace,
-                                      field_selector=f"metadata.name={peering.name}")
-    return found[0] if found else None
 
 
 class PeeringView:

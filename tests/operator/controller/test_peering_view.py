@@ -11,7 +11,7 @@ import datetime
 import pytest
 from kopf._core.engines.peering import Peer
 
-from ddpjob_operator.controller import passes as passes_module
+from ddpjob_operator.controller import kube, passes as passes_module
 from ddpjob_operator.controller.cache import ClusterCache
 from ddpjob_operator.controller.main import parse_args, peering_identity
 from ddpjob_operator.controller.passes import JobPasses, PassOutcome
@@ -58,6 +58,8 @@ class FakeApi:
         assert (api_version, plural, field_selector) == ("kopf.dev/v1", "kopfpeerings", "metadata.name=ddpjob-operator")
         self.lists += 1
         return (self.found.pop(0) if len(self.found) > 1 else self.found[0]), "7"
+
+    find_by_name = kube.Kube.find_by_name  # the real one, through list_objects above
 
     async def watch(self, api_version, plural, namespace, label_selector, version, seconds, field_selector=""):
         while True:
