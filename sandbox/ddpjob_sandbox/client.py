@@ -1,23 +1,32 @@
 """Talking to the API server over HTTP, as a test or benchmark does.
 
-:class:`KubeClient` is a small synchronous client on urllib: nothing is shared with the
+:class:`KubeClient` is a small synchronous client on http.client: nothing is shared with the
 operator's own client, so a test sees the API as any other client does. ``kubectl`` runs
 against the same server through the cluster's kubeconfig.
+
+Each thread keeps one connection open, as client-go and kubectl do: a new TLS connection per
+request (with a client certificate to verify) cost the API server and the tests more CPU than
+the requests themselves, at the kubelets' and the tests' polling rates.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import pathlib
 import ssl
 import subprocess
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddpjob_sandbox.binaries import DEFAULT_BIN_DIR
+
+# A connection idle this long is closed before the next request rather than reused: well under the
+# API server's own idle timeout (Go's http.Server: 90 s), so the server never closes one under us
+# except when it stops.
+IDLE_SECONDS = 30.0
 
 # Resource name -> (API path prefix, namespaced). Only what the tests use.
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -70,6 +79,8 @@ class KubeClient:
         # A cluster that logs users in by token (a ServiceAccount's, an exec plugin's): asked for at
         # every request, so one that expires mid-session is renewed (control_plane.external).
         self.bearer = bearer
+        self._target = urllib.parse.urlsplit(self.url)
+        self._local = threading.local()  # this thread's kept connection and when it was last used
 
     def path(self, resource: str, name: str | None = None, namespace: str | None = None,
              subresource: str | None = None) -> str:
@@ -89,24 +100,77 @@ class KubeClient:
                 params: Mapping[str, str] | None = None, timeout: float = 10,
                 headers: Mapping[str, str] | None = None) -> Any:
         """``headers``: further request headers, e.g. ``Impersonate-User`` to ask as another user."""
-        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        target = self._target.path + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": content_type, **(headers or {})}
         token = self.bearer() if self.bearer else None
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context) as response:
-                text = response.read()
-        except urllib.error.HTTPError as e:
-            raw = e.read()
+        status, raw = self._exchange(method, target, data, headers, timeout)
+        if status >= 400:
             try:
                 payload = json.loads(raw)
             except ValueError:
                 payload = raw.decode(errors="replace")
-            raise ApiError(e.code, payload, f"{method} {path}") from None
-        return json.loads(text) if text else None
+            raise ApiError(status, payload, f"{method} {path}")
+        return json.loads(raw) if raw else None
+
+    def _exchange(self, method: str, target: str, data: bytes | None, headers: dict[str, str],
+                  timeout: float) -> tuple[int, bytes]:
+        """Sends one request on this thread's kept connection; returns (status, body).
+
+        Only a kept connection that the server closed before answering (it stopped, or a proxy cut
+        it) is retried, once, on a new connection: the request never reached the server. Every
+        other failure, a new connection's included, is raised as the OSError it is."""
+        for kept in (True, False):
+            connection, reused = self._connection(timeout, fresh=not kept)
+            try:
+                connection.request(method, target, body=data, headers=headers)
+                response = connection.getresponse()
+                raw = response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self._close()
+                if reused:
+                    continue
+                raise
+            except http.client.HTTPException as e:  # a malformed or cut answer: the connection is spoilt
+                self._close()
+                raise ConnectionError(f"{method} {target}: {e!r}") from e
+            except BaseException:
+                self._close()
+                raise
+            if response.will_close:
+                self._close()
+            else:
+                self._local.last_used = time.monotonic()
+            return response.status, raw
+        raise AssertionError("unreachable: the second try is on a new connection")
+
+    def _connection(self, timeout: float, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection (reused: True), or a new one where it has none, it idled past
+        IDLE_SECONDS, or ``fresh`` is asked for."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None and (fresh or time.monotonic() - self._local.last_used > IDLE_SECONDS):
+            self._close()
+            connection = None
+        reused = connection is not None
+        if connection is None:
+            host, port = self._target.hostname, self._target.port
+            if self._target.scheme == "https":
+                connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=self.ssl_context)
+            else:
+                connection = http.client.HTTPConnection(host, port, timeout=timeout)
+            self._local.connection = connection
+        connection.timeout = timeout
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout)
+        return connection, reused
+
+    def _close(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
 
     def create(self, resource: str, body: Mapping[str, Any], namespace: str | None = None) -> dict:
         return self.request("POST", self.path(resource, namespace=namespace), body)
