@@ -9,7 +9,7 @@ import contextlib
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_sandbox.readers import condition, events, pod_names, status
+from ddpjob_sandbox.readers import condition, events, pod_names, status, wait_for_event
 from ddpjob_sandbox.scripted import set_running, set_terminated
 from tests.cluster.operators import fail_store, status_manifest, store_running
 
@@ -85,6 +85,7 @@ def test_losing_the_c10d_store_host_restarts_every_node_once_under_a_new_rendezv
     fresh = kube.wait_for(lambda: new_group(kube, old, names), timeout=30, what="all three nodes replaced")
     assert {rdzv_id(p) for p in fresh} == {f"{uid}-1"} and {generation(p) for p in fresh} == {"1"}
     assert (status(kube, job)["rendezvousGeneration"], status(kube, job)["restarts"]) == (1, 1)
+    wait_for_event(kube, C.REASON_GROUP_RESTART, timeout=10, job=job)  # posted after the pass's writes
     warnings = [(reason, message) for kind, reason, message in events(kube, job) if kind == "Warning"]
     assert [reason for reason, _ in warnings] == [C.REASON_GROUP_RESTART], warnings
     assert f"{names[0]} (the c10d store host) failed (exit code 1, Error)" in warnings[0][1]
@@ -126,6 +127,7 @@ def test_the_store_pod_is_created_first_and_its_failure_replaces_it_and_restarts
     fresh = kube.wait_for(lambda: new_group(kube, old, group), timeout=60, what="the store and both nodes replaced")
     assert [generation(p) for p in fresh[1:]] == ["1", "1"]
     assert (status(kube, job)["rendezvousGeneration"], status(kube, job)["restarts"]) == (1, 1)
+    wait_for_event(kube, C.REASON_GROUP_RESTART, timeout=10, job=job)
     assert [r for kind, r, _ in events(kube, job) if kind == "Warning"] == [C.REASON_GROUP_RESTART]
 
 
@@ -192,6 +194,7 @@ def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_sched
         [entry] = current["unschedulable"]
         assert entry.startswith(f"{late}: Unschedulable: 0/") and "Insufficient cpu" in entry, entry
         assert "training continues on 2 node(s)" in condition(kube, C.COND_NODES_UNSCHEDULABLE, job)["message"]
+        wait_for_event(kube, C.REASON_UNSCHEDULABLE, timeout=10, job=job)
         assert [r for _, r, _ in events(kube, job)].count(C.REASON_UNSCHEDULABLE) == 1
 
         add(last)  # capacity came: the scheduler places the waiting pod on the third Node
@@ -201,7 +204,7 @@ def test_a_node_waiting_for_capacity_does_not_block_the_job_and_joins_when_sched
         kube.wait_for(lambda: condition(kube, C.COND_NODES_UNSCHEDULABLE, job)["status"] == "False", timeout=20,
                       what="NodesUnschedulable cleared")
         assert status(kube, job).get("unschedulable") is None
-        assert C.REASON_SCHEDULED in [r for _, r, _ in events(kube, job)]
+        wait_for_event(kube, C.REASON_SCHEDULED, timeout=10, job=job)
 
 
 def test_topology_spread_is_honoured_by_the_scheduler(operator, status_nodes):
