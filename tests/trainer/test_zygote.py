@@ -1,6 +1,5 @@
 """Workers forked from a per-node server that imported torch once (ddpjob_trainer.zygote),
 driven as torchrun drives a worker: a process per worker, its exit code, its signals."""
-import contextlib
 import os
 import secrets
 import socket
@@ -8,8 +7,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
+
+from ddpjob_sandbox.procs import kill_marked_until_gone
+from ddpjob_sandbox.torchrun import MARKER_ENV
 
 # A worker module: reports whether torch was already imported when it started (it was,
 # in the server), who its parent is, and exits with the code it is given (3 on SIGTERM).
@@ -30,9 +33,9 @@ sys.exit(int(sys.argv[1]))
 def zygote(tmp_path):
     """Runs `python -m ddpjob_trainer.zygote zy_worker ARGS` under a shell standing in for the agent."""
     (tmp_path / "zy_worker.py").write_text(WORKER)
-    socket_path = str(tmp_path / "zygote" / "socket")
+    marker = uuid.uuid4().hex  # every process of this test, the server its client starts included
     # The shell stands in for the agent: it hands its workers the token, as torchrun's agent does.
-    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": socket_path,
+    env = {**os.environ, "DDPJOB_ZYGOTE_SOCKET": str(tmp_path / "zygote" / "socket"), MARKER_ENV: marker,
            "DDPJOB_ZYGOTE_TOKEN": secrets.token_hex(32),
            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = []
@@ -54,22 +57,7 @@ def zygote(tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
     # Without the shell this test process is the client's parent, so the server, which leaves with
     # that agent, would stay until the session ends: it goes with the test.
-    for pid in servers_of(socket_path):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def servers_of(socket_path: str) -> list[int]:
-    """The pids of the fork servers serving ``socket_path`` (``python -m ddpjob_trainer.zygote --serve PATH``)."""
-    wanted = b"\0--serve\0" + socket_path.encode() + b"\0"
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    if wanted in cmdline.read():
-                        pids.append(int(entry))
-    return pids
+    kill_marked_until_gone(marker, key=MARKER_ENV)
 
 
 def facts(line: str) -> tuple[bool, int]:
