@@ -122,8 +122,8 @@ class KubeClient:
         Only a kept connection that the server closed before answering (it stopped, or a proxy cut
         it) is retried, once, on a new connection: the request never reached the server. Every
         other failure, a new connection's included, is raised as the OSError it is."""
-        for kept in (True, False):
-            connection, reused = self._connection(timeout, fresh=not kept)
+        for _ in range(2):  # the second try is on a new connection: _close() dropped the kept one
+            connection, reused = self._connection(timeout)
             try:
                 connection.request(method, target, body=data, headers=headers)
                 response = connection.getresponse()
@@ -146,11 +146,11 @@ class KubeClient:
             return response.status, raw
         raise AssertionError("unreachable: the second try is on a new connection")
 
-    def _connection(self, timeout: float, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
-        """This thread's connection (reused: True), or a new one where it has none, it idled past
-        IDLE_SECONDS, or ``fresh`` is asked for."""
+    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection (reused: True), or a new one where it has none or it idled
+        past IDLE_SECONDS."""
         connection = getattr(self._local, "connection", None)
-        if connection is not None and (fresh or time.monotonic() - self._local.last_used > IDLE_SECONDS):
+        if connection is not None and time.monotonic() - self._local.last_used > IDLE_SECONDS:
             self._close()
             connection = None
         reused = connection is not None
