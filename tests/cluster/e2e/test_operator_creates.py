@@ -148,6 +148,8 @@ def test_an_invalid_pod_shows_the_apis_message_and_clears_once_a_retry_succeeds(
         kube.wait_for(lambda: len(pod_names(kube, job)) == 2, timeout=30, what="the retry after the backoff")
     kube.wait_for(lambda: condition(kube, C.COND_POD_CREATE_FAILED, job)["status"] == "False", timeout=10,
                   what="PodCreateFailed to clear")
+    # The pass writes the cleared condition first, then posts its Event.
+    kube.wait_for(lambda: len(create_events(kube, job)) == 2, timeout=10, what="the Normal Event")
     assert [e[:2] for e in create_events(kube, job)] == [("Warning", C.REASON_POD_CREATE_FAILED),
                                                          ("Normal", C.REASON_CREATES_SUCCEED)]
 
