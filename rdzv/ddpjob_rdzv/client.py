@@ -44,6 +44,10 @@ _GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# etcd3's watch thread opens a new stream the moment its last one failed. While etcd was unreachable,
+# every client that had ever watched spun a core in that loop, starting a gRPC thread per try.
+_WATCH_REOPEN_PAUSE_S = 0.1
+_MAX_WATCH_REOPEN_PAUSE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,7 @@ class EtcdConnection:
                 # watch with a username fails (and the store falls back to polling).
                 self._client.call_credentials = None
                 self._client.watcher._credentials = None
+            self._client.watcher._watch_stub = PacedWatchStub(self._client.watcher._watch_stub)
         return self._client
 
     def _drop_client(self) -> None:
@@ -209,3 +214,31 @@ class EtcdConnection:
             f"read_timeout={self.settings.read_timeout:g} s; tried {tried}. Check that etcd is running and "
             f"reachable at these addresses"
         )
+
+
+class PacedWatchStub:
+    """Stands in for the watch stub of an etcd3 client's watcher, whose thread alone calls it.
+
+    A stream is opened at once when the previous one delivered a response (or there was none);
+    after a stream that failed without one, the next waits 0.1 s, doubling up to 2 s. So an
+    outage costs a watching process one try every 2 s instead of a busy loop, and a watch
+    reconnects within 2 s of etcd's return. Once the client is closed, the thread ends quietly.
+    """
+
+    def __init__(self, stub) -> None:
+        self._stub = stub
+        self._pause = 0.0
+
+    def Watch(self, requests, **kwargs):  # noqa: N802 - the gRPC stub's method name
+        time.sleep(self._pause)
+        self._pause = min(max(self._pause * 2, _WATCH_REOPEN_PAUSE_S), _MAX_WATCH_REOPEN_PAUSE_S)
+        try:
+            stream = self._stub.Watch(requests, **kwargs)
+        except ValueError:  # the client was closed. etcd3's loop has no exit; SystemExit ends a thread silently.
+            raise SystemExit from None
+        return self._responses(stream)
+
+    def _responses(self, stream):
+        for response in stream:
+            self._pause = 0.0
+            yield response

@@ -220,6 +220,45 @@ def test_a_call_made_while_etcd_is_down_succeeds_once_it_is_back(etcd):
     assert time.monotonic() - started >= 1.5
 
 
+class CountedOpens:
+    """In place of an etcd3 watcher's stub: counts the streams its thread opens."""
+
+    def __init__(self, stub):
+        self.stub, self.opened = stub, 0
+
+    def Watch(self, requests, **kwargs):  # noqa: N802 - the gRPC stub's method name
+        self.opened += 1
+        return self.stub.Watch(requests, **kwargs)
+
+
+def test_a_watch_thread_waits_between_tries_while_etcd_is_down_and_watches_again_once_it_is_back(etcd):
+    """etcd3's watch thread used to open a new stream the moment the last one failed: while etcd
+    was down, every process that had ever watched spun a core, starting a gRPC thread per try."""
+    connection = connect(etcd.endpoint)
+    seen = threading.Event()
+    watch_id = connection.call("test watch", lambda client: client.add_watch_prefix_callback("/pace/", lambda _: None))
+    watcher = connection.call("test", lambda client: client.watcher)
+    counted = watcher._watch_stub = CountedOpens(watcher._watch_stub)
+    etcd.stop()
+    try:
+        time.sleep(4)
+        opened_while_down = counted.opened
+    finally:
+        etcd.start()
+    # Pauses of 0, 0.1, 0.2, 0.4, 0.8, 1.6 s: six tries in the first 3.1 s, then one per 2 s.
+    assert 1 <= opened_while_down <= 8, opened_while_down
+
+    def watch_and_write():
+        connection.call("test watch", lambda client: client.add_watch_prefix_callback("/pace/", lambda _: seen.set()))
+        connection.call("test write", lambda client: client.put("/pace/key", "v"))
+        return seen.wait(1)
+
+    deadline = time.monotonic() + 15
+    while not watch_and_write():
+        assert time.monotonic() < deadline, "no watch saw a write after etcd came back"
+    connection.call("test", lambda client: client.cancel_watch(watch_id))
+
+
 def test_create_rdzv_handler_builds_torchs_dynamic_handler_on_etcd_v3_completing_early(etcd):
     params = RendezvousParameters("etcd-v3", etcd.endpoint, unique_run_id(), 1, 2, keep_alive_interval=2)
 
