@@ -4,16 +4,23 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+UV_INSTALL := $(VENV)/bin/uv pip install --compile-bytecode --python $(PY)
 PYTEST_ARGS ?=
 
 .PHONY: setup test soak bench demo crd manifests lock clean cluster-binaries cluster cluster-down
 
 # constraints.txt pins every distribution, transitive ones included (the images install with it
 # too): without it a new release of a dependency's dependency changed what the tests ran with.
+# uv installs the lock: it hard-links each distribution from its cache (~/.cache/uv), so a fresh
+# clone's venv (5 GB with torch's CUDA build) takes about 30 s where pip, copying it all, took about
+# 3 minutes (README, What make setup costs). --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set
+# (as on the CI machines) nothing else would, and every process then compiled torch from source,
+# twice the CPU of its import.
 $(STAMP): requirements-test.txt constraints.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements-test.txt -c constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e rdzv -e trainer -e "operator[controller,local]"
+	$(PY) -m pip install -q -c constraints.txt uv
+	$(UV_INSTALL) -q -r requirements-test.txt -c constraints.txt
+	$(UV_INSTALL) -q -c constraints.txt -e rdzv -e trainer -e "operator[controller,local]"
 	touch $@
 
 setup: $(STAMP) cluster-binaries
