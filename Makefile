@@ -41,8 +41,11 @@ cluster: $(STAMP) cluster-binaries
 cluster-down:
 	PYTHONPATH=sandbox $(PY) -m ddpjob_sandbox.control_plane down
 
+# Two pytest-xdist workers: the suite waits on timers (rendezvous last calls, backoffs) as much as
+# it computes, so a serial run left about half of a 2-core machine idle (README, Testing).
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 soak: setup
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

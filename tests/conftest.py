@@ -11,6 +11,7 @@ import pytest
 from tests.support.fixtures import torch_only_env  # noqa: F401  (a fixture for every test)
 
 KUBECONFIG_ENV = "DDPJOB_TEST_KUBECONFIG"
+SERIAL_GROUP = "one-worker"
 
 
 def pytest_addoption(parser):
@@ -35,6 +36,12 @@ def pytest_collection_modifyitems(config, items):
     # operators) run until the session ends, and run before the torch tests they took CPU from every
     # one of them for the rest of the suite. A stable sort: each part keeps its order.
     items.sort(key=uses_the_cluster)
+    # Under `make test`'s two pytest-xdist workers, the cluster tier and `ddpjob run`'s multi-node
+    # runs go to one worker, one after another: the cluster tier's session fixtures exist once, and
+    # the heaviest multi-process scenarios never run beside each other. The rest is spread over both.
+    for item in items:
+        if uses_the_cluster(item) or item.nodeid.startswith("tests/local/"):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
 
 
 def uses_the_cluster(item) -> bool:
