@@ -13,9 +13,9 @@ PYTEST_ARGS ?=
 # too): without it a new release of a dependency's dependency changed what the tests ran with.
 # uv installs the lock: it hard-links each distribution from its cache (~/.cache/uv), so a fresh
 # clone's venv (5 GB with torch's CUDA build) takes about 30 s where pip, copying it all, took about
-# 3 minutes (README, What make setup costs). --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set
-# (as on the CI machines) nothing else would, and every process then compiled torch from source,
-# twice the CPU of its import.
+# 3 minutes (README, Quickstart: What `make setup` costs). --compile-bytecode: where
+# PYTHONDONTWRITEBYTECODE is set (as on the CI machines) nothing else would, and every process then
+# compiled torch from source, twice the CPU of its import.
 $(STAMP): requirements-test.txt constraints.txt rdzv/pyproject.toml trainer/pyproject.toml operator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt uv
@@ -29,7 +29,7 @@ setup: $(STAMP) cluster-binaries
 # A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler),
 # kubectl and helm at pinned releases, built from their Go modules into a cache outside
 # the clone ($$DDPJOB_CACHE, default ~/.cache/ddpjob) and linked into .cluster/bin/.
-# The first build takes long (see README, Testing); later ones find the cache.
+# The first build takes long (see README, Quickstart: What `make setup` costs); later ones find the cache.
 cluster-binaries:
 	$(PYTHON) scripts/cluster/build-binaries.py
 
@@ -42,7 +42,7 @@ cluster-down:
 	PYTHONPATH=sandbox $(PY) -m ddpjob_sandbox.control_plane down
 
 # Two pytest-xdist workers: the suite waits on timers (rendezvous last calls, backoffs) as much as
-# it computes, so a serial run left about half of a 2-core machine idle (README, Testing).
+# it computes, so a serial run left about half of a 2-core machine idle (README, Quickstart).
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
