@@ -22,6 +22,10 @@ def pytest_addoption(parser):
              f"own control plane are deselected, with the reason in the summary")
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own modifyitems hook (it turns
+# them into the node id's "@group" suffix that --dist loadgroup schedules by), and without this it
+# ran before the marks below existed, so the cluster tier was split over both workers.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
