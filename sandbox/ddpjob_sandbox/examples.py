@@ -37,7 +37,8 @@ def example_job(file: str = "ddpjob-c10d.yaml", *, args: list[str], rdzv_port: i
 
     ``args`` replace the trainer's (fewer samples, --step-sleep, --snapshot-every-steps), a free
     rendezvous port (tests run side by side on one loopback), FAST_RDZV_TIMEOUTS, and a
-    ``backoff_seconds`` first replacement delay (the example waits 10 s).
+    ``backoff_seconds`` as the delay of a crash loop's replacements (the example's is 10 s; a
+    first incident is replaced at once either way).
     """
     body = load_example(file)
     spec = body["spec"]

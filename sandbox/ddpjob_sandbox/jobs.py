@@ -23,7 +23,7 @@ from ddpjob_operator.render.node_pod import snapshot_subpath
 
 IMAGE = "ghcr.io/ddpjob/trainer:0.1.0"
 MODULE = "ddpjob_trainer.examples.mlp"
-# A replacement after 1-2 s instead of the default backoff's 10 s and more: failure tests stay fast.
+# A crash loop replaced after 1-2 s instead of the default backoff's 10 s and more: failure tests stay fast.
 FAST_FAILURE_POLICY = {"maxRestarts": 3, "backoffSeconds": 1, "maxBackoffSeconds": 2}
 SHORT_RUN_ARGS = ["--epochs", "2"]  # the trainer's arguments in an applied manifest (pods never run it)
 

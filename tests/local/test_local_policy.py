@@ -38,12 +38,14 @@ def test_a_permanent_exit_code_fails_the_run_at_once_without_using_the_budget():
     assert b.restarts == 0
 
 
-def test_a_retryable_failure_is_replaced_after_the_backoff_and_counted():
+def test_a_retryable_failure_is_counted_and_the_first_is_replaced_at_once_the_next_after_the_backoff():
     b = budget(backoff_seconds=10, max_backoff_seconds=300)
     decision = b.node_exited(1, 137, started_at=at(0), failed_at=at(30))
-    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 10.0, 1)
+    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 0.0, 1)
     assert decision.message == ("node 1 failed (exit code 137, SIGKILL); "
                                 "1 of spec.failurePolicy.maxRestarts (5) used")
+    again = b.node_exited(1, 137, started_at=at(31), failed_at=at(40))  # the replacement crashed too
+    assert (again.action, again.delay, b.restarts) == (Action.REPLACE, 10.0, 2)
 
 
 def test_a_node_lost_with_its_machine_is_free_and_replaced_at_once_as_the_operator_does():
@@ -56,25 +58,27 @@ def test_a_node_lost_with_its_machine_is_free_and_replaced_at_once_as_the_operat
 
 def test_a_lost_node_still_waits_out_the_backoff_of_an_incident_that_is_running():
     b = budget(backoff_seconds=10, max_backoff_seconds=300)
-    b.node_exited(0, 1, started_at=at(0), failed_at=at(30))  # a crash: an incident, 10 s backoff
+    b.node_exited(0, 1, started_at=at(0), failed_at=at(20))  # a crash: replaced at once
+    b.node_exited(0, 1, started_at=at(21), failed_at=at(30))  # its replacement's crash: 10 s backoff
     decision = b.node_exited(1, 137, started_at=at(0), failed_at=at(34), lost=True)
-    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 6.0, 1)
+    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 6.0, 2)
 
 
 def test_the_backoff_doubles_with_each_new_incident_and_is_capped():
     b = budget(backoff_seconds=10, max_backoff_seconds=25)
     delays = []
-    for n in range(3):
+    for n in range(4):
         start = at(100 * n)
         delays.append(b.node_exited(1, 1, started_at=start, failed_at=at(100 * n + 50)).delay)
-    assert delays == [10.0, 20.0, 25.0]
+    assert delays == [0.0, 10.0, 20.0, 25.0]
 
 
 def test_nodes_failing_together_are_one_incident_and_share_its_backoff():
     b = budget(backoff_seconds=10)
-    first = b.node_exited(0, 1, started_at=at(0), failed_at=at(100))
+    b.node_exited(0, 1, started_at=at(0), failed_at=at(50))  # the first incident: replaced at once
+    first = b.node_exited(0, 1, started_at=at(60), failed_at=at(100))
     second = b.node_exited(1, 1, started_at=at(0), failed_at=at(102))  # the store host's cascade
-    assert b.restarts == 1
+    assert b.restarts == 2
     assert (first.delay, second.delay) == (10.0, 8.0)
 
 
@@ -114,7 +118,7 @@ def test_a_late_replacement_on_the_closed_rendezvous_cannot_fail_a_finished_run(
 def test_any_exit_of_the_rendezvous_store_is_a_failure_that_restarts_the_group():
     b = budget(backoff_seconds=10)
     decision = b.store_exited(0, started_at=at(0), failed_at=at(50))
-    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 10.0, 1)
+    assert (decision.action, decision.delay, b.restarts) == (Action.REPLACE, 0.0, 1)
     assert decision.what == "the rendezvous store failed (exit code 0)"
 
 
@@ -139,15 +143,17 @@ def snap(step, second):
     return {"step": step, "epoch": 0, "time": f"2026-01-01T12:00:{second:02d}Z"}
 
 
-def test_a_failure_after_a_newer_snapshot_is_not_charged_and_restarts_the_backoff():
+def test_a_failure_after_a_newer_snapshot_is_not_charged_and_is_replaced_at_once():
     b = budget(max_restarts=1, backoff_seconds=10)
     first = b.node_exited(1, 137, started_at=at(0), failed_at=at(20), snapshot=snap(40, 10))
+    looped = b.node_exited(1, 137, started_at=at(21), failed_at=at(30), snapshot=snap(40, 10))
     second = b.node_exited(1, 137, started_at=at(40), failed_at=at(50), snapshot=snap(80, 45))
-    assert (first.action, second.action) == (Action.REPLACE, Action.REPLACE)
-    assert (b.restarts, b.charged) == (2, 0)
-    assert second.message == ("node 1 failed (exit code 137, SIGKILL); 0 of "
+    assert [d.action for d in (first, looped, second)] == [Action.REPLACE] * 3
+    assert (b.restarts, b.charged) == (3, 1)
+    assert second.message == ("node 1 failed (exit code 137, SIGKILL); 1 of "
                               "spec.failurePolicy.maxRestarts (1) used; not charged: a newer snapshot (step 80) was complete")
-    assert second.delay == 10.0  # progress: the first delay again, not 20 s
+    # the crash without progress backed off; progress starts the streak over: at once, not 20 s
+    assert [d.delay for d in (first, looped, second)] == [0.0, 10.0, 0.0]
 
 
 def test_failures_in_a_row_without_a_newer_snapshot_fail_with_no_progress():

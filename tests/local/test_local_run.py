@@ -77,19 +77,19 @@ def test_a_killed_node_is_replaced_and_training_resumes_from_its_snapshot(tmp_pa
                          ("started", None, None), ("exited", 0, "finished")], node1
     by_kind = {(e["event"], e.get("node"), e.get("start")): e for e in events(run_dir)}
     exited = next(e for e in events(run_dir) if e["event"] == "exited" and e.get("code") == 137)
-    assert by_kind[("started", 1, 2)]["t"] - exited["t"] >= 2.0, "the replacement waited for the backoff"
     killed = next(e for e in events(run_dir) if e["event"] == "killed")
     snapshots = [e for e in read_events(run_dir / "snapshots" / "metrics.jsonl")
                  if e["event"] == "snapshot" and e["time"] < killed["time"]]
     if snapshots:  # as in the operator: a failure after a newer snapshot is not charged
         assert exited["message"] == ("node 1 failed (exit code 137, SIGKILL); 0 of "
                                      "spec.failurePolicy.maxRestarts (5) used; not charged: a newer snapshot "
-                                     f"(step {snapshots[-1]['step']}) was complete; replacing it in 2 s")
+                                     f"(step {snapshots[-1]['step']}) was complete; replacing it now")
     else:
         assert exited["message"].startswith("node 1 failed (exit code 137, SIGKILL); 1 of spec.failurePolicy.maxRestarts")
+    # The job's first incident is no crash loop: no backoff (the second in a row would wait 2 s).
+    assert exited["message"].endswith("; replacing it now"), exited["message"]
 
-    # The replacement waits for the survivors' resumed step: held when its backoff ends first
-    # (with the fork server and the early rendezvous the survivors often resume within 2 s).
+    # The replacement waits for the survivors' resumed step instead: held while they re-form.
     held = [e for e in events(run_dir) if e["event"] == "held"]
     assert all(e["nodes"] == [1] and by_kind[("started", 1, 2)]["t"] > e["t"] for e in held), held
 

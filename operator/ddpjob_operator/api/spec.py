@@ -546,7 +546,10 @@ class FailurePolicy(ApiModel):
         "it (a cascade); a replacement that fails again starts a new one; evictions, "
         "preemptions, lost nodes and incidents after a newer snapshot do not count."))
     backoff_seconds: int = Field(10, ge=0, description=(
-        "Delay before the first replacement; doubles with each incident."))
+        "Delay before replacing the nodes of an incident that follows another with no newer "
+        "snapshot in between (a crash loop); doubles with each such incident in a row. The job's "
+        "first incident, and the first after a newer snapshot, are replaced at once, as a "
+        "Kubernetes Job creates its second pod at once and backs off from the second failure."))
     max_backoff_seconds: int = Field(300, ge=0, description="Upper bound of the delay.")
     permanent_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
         default_factory=lambda: [126, 127], description=(

@@ -7,6 +7,12 @@ keeps it in memory; both charge incidents, check the limits and compute the back
 with these functions. An incident after which a newer snapshot was complete is free
 (progress-aware budgets, docs/recovery.md); a crash loop at one step is stopped by
 `failurePolicy.maxRestartsWithoutProgress`.
+
+The backoff slows crash loops, so it starts with the second incident of a streak: the job's
+first incident, and the first after a newer snapshot, are replaced at once (as a Kubernetes Job
+creates its second pod at once and backs off from the second failure, kubernetes#115022); each
+further incident in a row without progress waits backoffSeconds, then twice that, up to
+maxBackoffSeconds.
 """
 
 from __future__ import annotations
@@ -38,7 +44,11 @@ def starts_new_incident(failed_at: datetime, started_at: datetime | None,
     It joins the current incident only when the failed node already existed when the
     incident began (a cascade, e.g. agents losing node 0's store) and it failed within
     INCIDENT_WINDOW_SECONDS of it. A replacement that fails again is always new:
-    otherwise a node crashing right after start would never use up the budget.
+    otherwise a node crashing right after start would never use up the budget. A node created
+    in the incident's own second counts as a replacement: a pod's creationTimestamp and a
+    container's finishedAt have whole seconds, and the first incident is replaced at once, so its
+    replacement is often created within the second of the failure (a cascade node created in
+    that second is charged once too often, the safe side of the two).
 
     Args:
         failed_at: when the node's process exited.
@@ -47,7 +57,7 @@ def starts_new_incident(failed_at: datetime, started_at: datetime | None,
     """
     if incident_start is None:
         return True
-    if started_at is not None and started_at > incident_start:
+    if started_at is not None and started_at >= incident_start:
         return True
     return abs((failed_at - incident_start).total_seconds()) > INCIDENT_WINDOW_SECONDS
 
@@ -132,12 +142,15 @@ def budget_limit_passed(budget: RestartBudget, max_restarts: int, max_without_pr
 
 
 def backoff_exponent(budget: RestartBudget, progress_known: bool) -> int:
-    """Which replacement the backoff treats this as (1-based): a failure after progress starts
-    over at the first delay, a crash loop doubles it; without progress reports every charged
-    incident doubles it."""
+    """Which delay of backoff_seconds the current incident waits (0: none, 1: the first).
+
+    A failure after progress is not a crash loop: it is replaced at once, and each further
+    incident in a row without a newer snapshot waits the next delay (its place in the streak).
+    Without progress reports the streak cannot be judged: the first charged incident is replaced
+    at once and each later one waits the next delay."""
     if budget.restarts <= 0:
         return 0
-    return budget.without_progress + 1 if progress_known else max(budget.charged, 1)
+    return budget.without_progress if progress_known else max(budget.charged - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -215,7 +228,7 @@ def failure_message(what: str, ledger: Ledger, policy: FailurePolicy, free: bool
 
 def backoff_left(ledger: Ledger, policy: FailurePolicy, progress_known: bool, now: datetime) -> float:
     """Seconds until replacements may start (0: now): the backoff counted from the incident's
-    start. A failure after progress starts over at the first delay; a crash loop doubles it."""
+    start. A failure after progress is replaced at once; a crash loop waits, doubling."""
     nth = backoff_exponent(ledger.budget, progress_known)
     if nth == 0 or ledger.incident_start is None:
         return 0.0

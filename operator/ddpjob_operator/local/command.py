@@ -168,8 +168,9 @@ def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str
              f"rdzv id {plan.rdzv_id}",
              f"run directory {run_dir}: snapshots/, logs/node-<i>.log, events.jsonl, launch.json, "
              "at the end timeline.json and timeline.svg",
-             f"failure policy: maxRestarts {fp.max_restarts}, backoff {fp.backoff_seconds} s doubling to "
-             f"{fp.max_backoff_seconds} s, permanent exit codes {fp.permanent_exit_codes}"]
+             f"failure policy: maxRestarts {fp.max_restarts}, a crash replaced at once, in a row without progress "
+             f"after {fp.backoff_seconds} s doubling to {fp.max_backoff_seconds} s, "
+             f"permanent exit codes {fp.permanent_exit_codes}"]
     lines += [f"note: {note}" for note in plan.notes]
     if args.kill_node_after is not None:
         victim = args.kill_node if args.kill_node is not None else plan.replicas - 1

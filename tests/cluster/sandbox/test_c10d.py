@@ -5,7 +5,7 @@ Nodes (the real scheduler places each pod); then faults.
 Test-speed overrides (see ``ddpjob_sandbox.examples.example_job``): a copy of
 manifests/examples/ddpjob-c10d.yaml is applied with fewer samples, ``--step-sleep`` and
 ``--snapshot-every-steps`` in the trainer args, one worker per node, a free rendezvous port,
-short rdzvTimeouts (3 s last call, 2 s x 3 keep-alive) and a 1 s replacement backoff, under a
+short rdzvTimeouts (3 s last call, 2 s x 3 keep-alive) and a 1 s crash-loop backoff, under a
 job name and on a snapshot claim of the test's own (tests/cluster/sandbox/scenarios.py).
 Everything else (replicas 2, minReplicas 1, maxReplicas 4, the failure policy's budget and
 permanent codes) is the example's.

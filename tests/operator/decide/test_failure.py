@@ -66,6 +66,7 @@ def test_classify_pod_reads_phase_exit_code_reason_and_disruption_condition():
     (59, -100, 0, False),        # still inside the 60 s window
     (61, -100, 0, True),         # outside the window
     (5, 2, 0, True),             # a replacement created after the incident failed again
+    (5, 0, 0, True),             # ... created in the incident's second (timestamps have whole seconds)
     (-3, -100, 0, False),        # observed out of order, still within the window
 ])
 def test_failures_group_into_incidents(failed, started, incident, new):

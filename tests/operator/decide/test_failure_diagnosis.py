@@ -155,7 +155,11 @@ def test_the_budget_limit_passed_names_the_field(budget, max_restarts, max_strea
 
 
 @pytest.mark.parametrize("budget,known,nth", [
-    (RestartBudget(0, 0, 0), True, 0), (RestartBudget(5, 5, 0), True, 1), (RestartBudget(5, 2, 3), True, 4),
-    (RestartBudget(3, 0, 0), False, 3), (RestartBudget(3, 2, 0), False, 1)])
-def test_backoff_starts_over_after_progress_and_doubles_in_a_crash_loop(budget, known, nth):
+    (RestartBudget(0, 0, 0), True, 0),
+    (RestartBudget(5, 5, 0), True, 0),  # after progress: at once
+    (RestartBudget(5, 4, 1), True, 1),  # the first incident in a row without progress: the first delay
+    (RestartBudget(5, 2, 3), True, 3),
+    (RestartBudget(1, 0, 0), False, 0),  # no progress reports: the first charged incident at once
+    (RestartBudget(3, 0, 0), False, 2), (RestartBudget(3, 2, 0), False, 0)])
+def test_backoff_is_none_after_progress_and_doubles_in_a_crash_loop(budget, known, nth):
     assert backoff_exponent(budget, known) == nth

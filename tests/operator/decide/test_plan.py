@@ -70,22 +70,29 @@ def test_scaling_down_deletes_the_highest_indexes_first():
     assert deleted(actions) == ["mlp-node-3", "mlp-node-2"] and created(actions) == []
 
 
-def test_a_failed_pod_is_deleted_then_recreated_under_its_name_after_the_backoff():
-    job = make_ddpjob(replicas=2)  # backoff 10 s after the first failure
+def test_a_failed_pod_is_deleted_then_recreated_under_its_name_at_once_the_first_time():
+    job = make_ddpjob(replicas=2)  # backoff 10 s, from the second incident in a row
     actions_at(job, running_pods(job), 0)
     first = actions_at(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", finished_at=at(20))], 21)
-    assert (deleted(first), created(first), requeues(first)) == (["mlp-node-1"], [], [9.0])
-    waiting = actions_at(job, [make_pod(job, 0)], 25)
-    assert (created(waiting), requeues(waiting)) == ([], [5.0])
-    replaced = actions_at(job, [make_pod(job, 0)], 30)
+    assert (deleted(first), created(first), requeues(first)) == (["mlp-node-1"], [], [2.0])  # the name frees first
+    replaced = actions_at(job, [make_pod(job, 0)], 22)
     assert (created(replaced), requeues(replaced)) == (["mlp-node-1"], [])
 
 
-def test_the_second_incident_waits_twice_as_long():
-    job = make_ddpjob(replicas=1)
-    actions_at(job, [make_pod(job, 0, phase="Failed", finished_at=at(0), uid="a")], 0)
-    actions = actions_at(job, [make_pod(job, 0, phase="Failed", finished_at=at(100), uid="b")], 100)
-    assert requeues(actions) == [20.0]
+def test_a_replacement_that_fails_again_waits_the_backoff_and_the_next_twice_as_long():
+    job = make_ddpjob(replicas=2)
+    actions_at(job, running_pods(job), 0)
+    actions_at(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", finished_at=at(20), uid="a")], 21)
+    again = actions_at(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", finished_at=at(40), uid="b",
+                                                         created_at=at(22))], 41)
+    assert (deleted(again), created(again), requeues(again)) == (["mlp-node-1"], [], [9.0])
+    waiting = actions_at(job, [make_pod(job, 0)], 45)
+    assert (created(waiting), requeues(waiting)) == ([], [5.0])
+    replaced = actions_at(job, [make_pod(job, 0)], 50)
+    assert (created(replaced), requeues(replaced)) == (["mlp-node-1"], [])
+    third = actions_at(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", finished_at=at(100), uid="c",
+                                                         created_at=at(50))], 100)
+    assert requeues(third) == [20.0]
 
 
 def test_an_evicted_pod_is_replaced_without_backoff_once_it_is_gone():

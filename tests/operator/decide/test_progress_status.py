@@ -194,15 +194,17 @@ def test_time_to_recover_and_lost_time_come_from_the_next_record():
     assert step(job, done, 402).status["recovery"] == recovery  # counted once
 
 
-def test_backoff_starts_over_after_progress():
+def test_a_failure_after_progress_is_replaced_at_once_and_a_crash_loop_backs_off():
     job = etcd_job(failurePolicy={"backoffSeconds": 10, "maxBackoffSeconds": 300, "maxRestarts": 10})
     step(job, running_pods(job), 0)
-    for n in (1, 2, 3):
-        fail_node_1(job, 200 * n, snap(7, 150), n)  # progress once, then stuck at step 7
     spec = parse_spec(job["spec"])
-    assert replacement_delay(spec, job["status"], at(601)) == pytest.approx(40 - 1)  # 3rd in a row: 4x
+    fail_node_1(job, 200, snap(7, 150), 1)  # progress since the start: not a crash loop
+    assert replacement_delay(spec, job["status"], at(201)) == 0
+    for n in (2, 3):
+        fail_node_1(job, 200 * n, snap(7, 150), n)  # then stuck at step 7
+    assert replacement_delay(spec, job["status"], at(601)) == pytest.approx(20 - 1)  # 2nd in a row: 2x
     fail_node_1(job, 800, snap(8, 790), 4)
-    assert replacement_delay(spec, job["status"], at(801)) == pytest.approx(10 - 1)
+    assert replacement_delay(spec, job["status"], at(801)) == 0
 
 
 def test_a_pass_looks_again_when_an_image_pull_error_reaches_the_timeout():

@@ -49,17 +49,22 @@ def test_an_evicted_node_is_replaced_without_backoff_and_free():
     assert job["status"].get("restarts", 0) == 0
 
 
-def test_a_job_caused_failure_still_backs_off_before_the_new_spare_so_a_crash_loop_cannot_burn_spares():
+def test_a_job_caused_failure_in_a_row_backs_off_before_the_new_spare_so_a_crash_loop_cannot_burn_spares():
     """The spare joins the round by itself (torch's doing); the operator's part, creating the next
-    spare, waits the backoff of a failure the job's code caused, and the incident is charged."""
-    job = spare_job()  # backoff 10 s after the first failure
+    spare, follows the failure policy of a failure the job's code caused: the incident is charged,
+    the first is replaced at once and the next in a row waits the backoff, as without spares."""
+    job = spare_job()  # backoff 10 s, from the second incident in a row
     actions_at(job, running_pods(job, 3), 0)
     first = actions_at(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=1, finished_at=at(20)),
                              make_pod(job, 2)], 21)
-    assert (deleted(first), created(first), requeues(first)) == (["mlp-node-1"], [], [9.0])
-    assert job["status"]["restarts"] == 1
-    assert (created(actions_at(job, [make_pod(job, 0), make_pod(job, 2)], 25))) == []
-    assert created(actions_at(job, [make_pod(job, 0), make_pod(job, 2)], 30)) == ["mlp-node-1"]
+    assert (deleted(first), created(first), job["status"]["restarts"]) == (["mlp-node-1"], [], 1)
+    assert created(actions_at(job, [make_pod(job, 0), make_pod(job, 2)], 22)) == ["mlp-node-1"]
+    again = actions_at(job, [make_pod(job, 0), make_pod(job, 1, phase="Failed", exit_code=1, finished_at=at(40),
+                                                        uid="again", created_at=at(22)), make_pod(job, 2)], 41)
+    assert (deleted(again), created(again), requeues(again)) == (["mlp-node-1"], [], [9.0])
+    assert job["status"]["restarts"] == 2
+    assert created(actions_at(job, [make_pod(job, 0), make_pod(job, 2)], 45)) == []
+    assert created(actions_at(job, [make_pod(job, 0), make_pod(job, 2)], 50)) == ["mlp-node-1"]
 
 
 def test_the_status_counts_the_spares_waiting_outside_the_round():

@@ -60,16 +60,21 @@ def test_agents_that_die_with_the_store_add_no_incident_and_no_event():
     assert result.events == []
 
 
-def test_the_new_group_is_created_together_after_the_backoff_with_a_new_rendezvous_id():
-    job = make_ddpjob(replicas=3, **STORE_ON_NODE)  # default failurePolicy: first backoff 10 s
+def test_the_new_group_is_created_together_with_a_new_rendezvous_id_and_again_after_the_backoff():
+    job = make_ddpjob(replicas=3, **STORE_ON_NODE)  # default failurePolicy: backoff 10 s from the 2nd in a row
     step(job, running(job), 0)
     step(job, [gen_pod(job, 0, 0, phase="Failed", finished_at=at(10)), gen_pod(job, 1, 0), gen_pod(job, 2, 0)], 10)
-    assert created(step(job, [], 12)) == []  # the old group is gone, the backoff is not over
-    result = step(job, [], 25)
+    result = step(job, [], 12)  # the old group is gone: the first incident is replaced at once
     assert created(result) == ["mlp-node-0", "mlp-node-1", "mlp-node-2"]
     for pod in created_pods(result):
         assert pod["metadata"]["labels"][C.LABEL_RDZV_GENERATION] == "1"
         assert env_of(pod)["PET_RDZV_ID"] == "uid-mlp-1"
+    step(job, [gen_pod(job, 0, 1, phase="Failed", finished_at=at(20), created_at=at(12)),
+               gen_pod(job, 1, 1, created_at=at(12)), gen_pod(job, 2, 1, created_at=at(12))], 20)
+    assert created(step(job, [], 22)) == []  # the store host failed again at once: the backoff
+    result = step(job, [], 30)
+    assert created(result) == ["mlp-node-0", "mlp-node-1", "mlp-node-2"]
+    assert {env_of(pod)["PET_RDZV_ID"] for pod in created_pods(result)} == {"uid-mlp-2"}
 
 
 def test_no_pod_of_the_new_generation_is_created_while_one_of_the_old_is_still_there():
