@@ -24,7 +24,10 @@ Wall time is the local run's own clock: its first events.jsonl record to `phase 
 Next to the clean and the 1-kill run, the same job runs as two bare torchrun agents (the local
 plan's command, environment and rendezvous settings, torch's c10d backend, fresh Python workers),
 clean and with the same kill, node 1 started again by hand after the spec's backoff; the
-wall time lost per kill (1-kill wall minus clean wall) is compared between the two.
+wall time lost per kill (1-kill wall minus clean wall) is compared between the two. The bare side
+keeps that backoff as the reference it has been since 7750f09; `ddpjob run`, as the operator,
+replaces a job's first failure incident at once and backs off only in a crash loop
+(docs/recovery.md, The restart budget by progress), so its kill is replaced at once too.
 Two more runs per round give the spares column: the job with one warm spare
 (``spec.elasticPolicy.spareReplicas: 1``, maxReplicas 2 as a spare needs), clean and with the same
 kill. Its lost time is against that clean run with the spare: on one machine the waiting spare is a

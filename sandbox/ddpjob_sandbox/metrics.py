@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ddpjob_operator.api import constants as C
 
 if TYPE_CHECKING:
     from ddpjob_sandbox.client import KubeClient
@@ -130,6 +133,22 @@ class JobProgress:
         tail = "\n".join(json.dumps(e) for e in self.events()[-8:])
         raise AssertionError(f"{message}\njob status: {json.dumps(self.status(), indent=1)}\n"
                              f"last metrics:\n{tail}\ncontainers:\n{self.agent.logs()}")
+
+
+def trains(k8s: "KubeClient", pod_name: str) -> bool:
+    """Whether node pod ``pod_name`` trains: its worker serves the progress record. A warm spare's
+    agent has no worker, so nothing listens on its progress port: this tells the spare among the
+    node pods, which the rendezvous (not the pod index) chose."""
+    pod = k8s.find("pods", pod_name)
+    ip = ((pod or {}).get("status") or {}).get("podIP")
+    if not ip:
+        return False
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    url = f"http://{ip}:{env[C.ENV_PROGRESS_PORT]}/progress"
+    with contextlib.suppress(OSError, ValueError):
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return json.loads(answer.read()).get("pod") in (None, pod_name)
+    return False
 
 
 def is_event(kind: str, **fields) -> Predicate:

@@ -6,20 +6,18 @@ again at once as the new spare, free of the restart budget, and the job succeeds
 trained once in the example trainer's effective history."""
 from __future__ import annotations
 
-import contextlib
-import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from ddpjob_operator.api import constants as C
-from ddpjob_sandbox.metrics import read_events
+from ddpjob_sandbox.metrics import read_events, trains
 from tests.cluster.installed_operator import (
     JOB_SECONDS, OPERATOR_READY_SECONDS, Installed, diagnosis, example_body, submit, wait, wait_finished,
 )
 from ddpjob_sandbox.examples import trainer_args
+from ddpjob_sandbox.jobs import job_snapshot_dir
 from tests.support.elastic_checks import assert_ran_exactly_once
 
 pytestmark = pytest.mark.cluster
@@ -35,34 +33,19 @@ def job_status(installed: Installed) -> dict:
     return installed.kube.get("ddpjobs", JOB).get("status") or {}
 
 
-def training(installed: Installed, name: str) -> bool:
-    """Whether node pod `name` trains: its worker serves the progress record (the spare's agent has
-    no worker, so nothing listens on its progress port)."""
-    pod = installed.kube.find("pods", name)
-    ip = ((pod or {}).get("status") or {}).get("podIP")
-    if not ip:
-        return False
-    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    url = f"http://{ip}:{env[C.ENV_PROGRESS_PORT]}/progress"
-    with contextlib.suppress(OSError, ValueError):
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return json.loads(answer.read()).get("pod") in (None, name)
-    return False
-
-
 def two_training(installed: Installed) -> list[str] | None:
-    names = [n for n in NODES if training(installed, n)]
+    names = [n for n in NODES if trains(installed.kube, n)]
     return names if len(names) == 2 else None
 
 
 def metrics_file(installed: Installed) -> Path:
-    """The example trainer's metrics.jsonl on the hostPath volume bound to the job's claim."""
+    """The example trainer's metrics.jsonl in the job's own directory of the hostPath volume bound to its claim."""
     kube = installed.kube
     claim = installed.kube.get("persistentvolumeclaims",
                                kube.get("ddpjobs", JOB)["spec"]["snapshot"]["volume"]["persistentVolumeClaim"]
                                ["claimName"])
     volume = kube.get("persistentvolumes", claim["spec"]["volumeName"])
-    return Path(volume["spec"]["hostPath"]["path"]) / "metrics.jsonl"
+    return job_snapshot_dir(Path(volume["spec"]["hostPath"]["path"]), JOB) / "metrics.jsonl"
 
 
 @pytest.mark.slow  # 3 node pods importing torch, a loss and a replacement (~2-3 min on a loaded 2-core machine)
@@ -95,7 +78,7 @@ def test_a_spare_takes_a_lost_nodes_place_at_once_with_one_pause_and_a_new_spare
         status = job_status(installed)
         state = (round(time.monotonic() - lost_at, 1), status.get("phase"), status.get("spares"),
                  status.get("rendezvousReplicas"), status.get("ready"),
-                 {n: training(installed, n) for n in NODES},
+                 {n: trains(installed.kube, n) for n in NODES},
                  {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in kube.list("pods")})
         if not seen_states or seen_states[-1][1:] != state[1:]:
             seen_states.append(state)
