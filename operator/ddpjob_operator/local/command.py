@@ -168,8 +168,8 @@ def header(plan: LocalPlan, run_dir: Path, args: argparse.Namespace) -> list[str
              f"rdzv id {plan.rdzv_id}",
              f"run directory {run_dir}: snapshots/, logs/node-<i>.log, events.jsonl, launch.json, "
              "at the end timeline.json and timeline.svg",
-             f"failure policy: maxRestarts {fp.max_restarts}, a crash replaced at once, in a row without progress "
-             f"after {fp.backoff_seconds} s doubling to {fp.max_backoff_seconds} s, "
+             f"failure policy: maxRestarts {fp.max_restarts}, a crash loop backs off {fp.backoff_seconds} s "
+             f"doubling to {fp.max_backoff_seconds} s (a first crash is replaced at once), "
              f"permanent exit codes {fp.permanent_exit_codes}"]
     lines += [f"note: {note}" for note in plan.notes]
     if args.kill_node_after is not None:

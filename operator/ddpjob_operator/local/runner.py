@@ -244,7 +244,8 @@ class Runner:
             if decision.action == Action.REPLACE:
                 replace_at = self.clock() + decision.delay
                 self.due[index] = replace_at
-                message += f"; replacing it in {decision.delay:.0f} s" if decision.delay >= 0.5 else "; replacing it now"
+                message += (f"; replacing it in {decision.delay:.0f} s" if decision.delay >= 0.5
+                            else "; replacing it now")
                 if index in self.spares:
                     message += " (a spare: training goes on without a pause)"
                 else:
