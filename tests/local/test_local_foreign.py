@@ -103,7 +103,7 @@ def test_the_plain_tutorial_script_resumes_from_its_last_save_after_a_killed_nod
     assert killed["why"] == "--kill-node-after 25 s after the start (no training step is reported)"
     exited = next(e for e in events if e["event"] == "exited" and e["code"] == 137)
     assert "1 of spec.failurePolicy.maxRestarts (5) used" in exited["message"], "no progress seen: charged"
-    work = run_dir / "snapshots" / "work" / "tut"
+    work = run_dir / "snapshots" / "work"  # the plan's cwd for a script (test above)
     assert (work / "snapshot.pt").is_file() and not (Path.cwd() / "snapshot.pt").exists()
     first, replacement = node_log(run_dir, 1).split("=== ddpjob run: node 1, start 2")
     resumed = [int(n) for n in re.findall(r"Resuming training from snapshot at Epoch (\d+)", replacement)]
