@@ -7,7 +7,7 @@ modules (render, plan, status) and the Kubernetes wiring all import from here.
 from __future__ import annotations
 
 from ddpjob_rdzv import contract
-from ddpjob_rdzv.contract import progress_record
+from ddpjob_rdzv.contract import fast_tier, progress_record
 
 # --- API -------------------------------------------------------------------
 GROUP = "ddpjob.io"  # API group of the DDPJob custom resource
@@ -62,6 +62,7 @@ POD_GID = 65532  # runAsGroup and fsGroup: volumes become group-writable for the
 ENV_SNAPSHOT_DIR = contract.SNAPSHOT_DIR_ENV  # where the trainer reads and writes snapshots
 ENV_JOB_NAME = contract.JOB_NAME_ENV  # metadata.name of the job, for logs and metrics
 ENV_NODE_INDEX = contract.NODE_INDEX_ENV  # node index of this pod or local agent
+ENV_FAST_SNAPSHOT_ROOT = fast_tier.FAST_ROOT_ENV  # where the fast snapshot tier keeps its copies
 ENV_NAMESPACE = contract.NAMESPACE_ENV  # namespace of the job ("" for local runs)
 ENV_JOB_UID = contract.JOB_UID_ENV  # metadata.uid of the job (a local run's rendezvous id): the progress record's job
 ENV_POD_NAME = contract.POD_NAME_ENV  # the node pod's name (pods only): the progress record's pod

@@ -170,7 +170,12 @@ def _env(launch: NodeLaunch, spec: DDPJobSpec, pod: str) -> list[dict[str, Any]]
     # Not in the launch plan: local runs have no kubelet, and their nodes share one address.
     pod_only = {C.ENV_TERMINATION_LOG: C.TERMINATION_LOG_PATH, C.ENV_PROGRESS_PORT: str(C.PROGRESS_PORT),
                 # The progress record names its pod: the operator refuses one read from another pod.
-                C.ENV_POD_NAME: pod}
+                C.ENV_POD_NAME: pod,
+                # The fast tier's copies on this pod's own memory volume, named rather than assumed
+                # (the trainer's default is the same path): its sizeLimit is computed for them, and a
+                # node that maps volumes to directories (the sandbox's) maps this with it, so the
+                # copies end with the pod there too, as with a kubelet's per-pod emptyDir.
+                C.ENV_FAST_SNAPSHOT_ROOT: C.SHM_MOUNT_PATH}
     ours = [{"name": k, "value": v} for k, v in {**launch.env, **pod_only}.items() if k not in overridden]
     return ours + user
 
